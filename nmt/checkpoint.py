@@ -1,0 +1,89 @@
+"""Checkpoints for inference: rebuild the model from the config saved in the checkpoint, check
+that the weights fit it, and restore the SentencePiece models saved beside them."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sentencepiece as spm
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from nmt.data.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Loaded:
+    model: torch.nn.Module
+    src_vocab: Tokenizer
+    tgt_vocab: Tokenizer
+    run_config: dict[str, Any]
+
+
+def tokenizer_protos(src_vocab: Tokenizer, tgt_vocab: Tokenizer) -> dict[str, bytes]:
+    """The serialized SentencePiece models, stored in every checkpoint."""
+    return {"src": src_vocab.sp.serialized_model_proto(), "tgt": tgt_vocab.sp.serialized_model_proto()}
+
+
+def tokenizer_from_proto(proto: bytes, name: str) -> Tokenizer:
+    tok = Tokenizer.__new__(Tokenizer)
+    tok.model_file, tok.trained = f"<checkpoint:{name}>", False
+    tok.sp = spm.SentencePieceProcessor(model_proto=proto)
+    return tok
+
+
+def check_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], source: str) -> None:
+    """Raise a ValueError naming every missing, unexpected or differently shaped weight."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(own))
+    shapes = [
+        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs config {tuple(own[k].shape)}"
+        for k in sorted(set(own) & set(state_dict))
+        if own[k].shape != state_dict[k].shape
+    ]
+    if missing or unexpected or shapes:
+        parts = []
+        if shapes:
+            parts.append("different shapes:\n  " + "\n  ".join(shapes[:20]))
+        if missing:
+            parts.append("missing from the checkpoint: " + ", ".join(missing[:20]))
+        if unexpected:
+            parts.append("not in the model: " + ", ".join(unexpected[:20]))
+        raise ValueError(
+            f"{source} does not match the model config (model type, sizes or vocabulary differ):\n"
+            + "\n".join(parts)
+            + "\nUse the config the checkpoint was trained with (it is saved in the checkpoint)."
+        )
+
+
+def model_state(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The Seq2Seq weights of a Lightning checkpoint (the module's ``model.`` prefix removed)."""
+    return {k[len("model."):]: v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
+
+
+def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", model_config: dict | None = None) -> Loaded:
+    """Model (in eval mode), tokenizers and run config of a checkpoint written by ``train.py``.
+    ``model_config`` replaces the saved model config (it must fit the weights)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path} (set ckpt=<run>/checkpoints/<file>.ckpt)")
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    if "run_config" not in checkpoint or "tokenizers" not in checkpoint:
+        raise ValueError(f"{path} has no saved run config/tokenizers: it was not written by nmt's train.py")
+    run_config = checkpoint["run_config"]
+    model_cfg = OmegaConf.create(model_config if model_config is not None else run_config["model"])
+    model = instantiate(model_cfg)
+    state = model_state(checkpoint)
+    check_weights(model, state, str(path))
+    model.load_state_dict(state)
+    model.to(device).eval()
+    protos = checkpoint["tokenizers"]
+    log.info("loaded %s (step %s)", path, checkpoint.get("global_step"))
+    return Loaded(model, tokenizer_from_proto(protos["src"], "src"), tokenizer_from_proto(protos["tgt"], "tgt"), run_config)

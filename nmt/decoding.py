@@ -1,0 +1,172 @@
+"""Greedy and batched beam search: the only decoding code, for every model.
+
+Both drive a model through the ``Seq2Seq`` interface (``encode``, ``init_state``,
+``decode_step``) and reorder its memory/state with ``nmt.models.base.select``, so they never ask
+which architecture they decode. Outputs are capped at ``max_len_a * source_length + max_len_b``
+tokens (EOS forced at the cap).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from nmt.data.tokenizer import BOS, EOS, PAD
+from nmt.models.base import select
+
+
+@dataclass
+class Hypotheses:
+    """Best hypothesis per sentence: token ids without BOS/EOS, its score (sum of log-probs;
+    divided by the length penalty for beam search) and, if asked, attention (T_i, S) over the
+    padded source."""
+
+    tokens: list[list[int]]
+    scores: Tensor
+    attn: list[Tensor] | None = None
+
+
+def _max_lengths(src_mask: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
+    return (max_len_a * src_mask.sum(1).float() + max_len_b).long().clamp(min=1)  # (B,)
+
+
+def _log_probs(logits: Tensor) -> Tensor:
+    """Log-probabilities in fp32; PAD and BOS are never generated."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    logp[..., PAD] = float("-inf")
+    logp[..., BOS] = float("-inf")
+    return logp
+
+
+def _to_lists(tokens: Tensor) -> list[list[int]]:
+    out = []
+    for row in tokens.tolist():
+        out.append(row[: row.index(EOS)] if EOS in row else [t for t in row if t != PAD])
+    return out
+
+
+@torch.no_grad()
+def greedy_search(
+    model, src: Tensor, src_mask: Tensor, max_len_a: float = 1.5, max_len_b: int = 10, need_attn: bool = False
+) -> Hypotheses:
+    """Pick the most probable token at every step. src, src_mask: (B, S)."""
+    batch = src.size(0)
+    max_len = _max_lengths(src_mask, max_len_a, max_len_b)
+    memory = model.encode(src, src_mask)
+    state = model.init_state(memory)
+    prev = src.new_full((batch,), BOS)
+    finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
+    scores = torch.zeros(batch, device=src.device)
+    tokens, attns = [], []
+    for t in range(int(max_len.max())):
+        logits, state, attn = model.decode_step(prev, memory, state, need_attn=need_attn)
+        need_attn = need_attn and attn is not None  # models without attention give None
+        logp = _log_probs(logits)
+        best, token = logp.max(dim=-1)
+        at_cap = t >= max_len - 1
+        token = torch.where(at_cap & ~finished, torch.full_like(token, EOS), token)
+        best = torch.where(at_cap, logp.gather(1, token.unsqueeze(1)).squeeze(1), best)
+        scores += best.masked_fill(finished, 0.0)
+        tokens.append(token.masked_fill(finished, PAD))
+        if need_attn:
+            attns.append(attn.float())
+        finished |= token == EOS
+        if bool(finished.all()):
+            break
+        prev = token
+    token_lists = _to_lists(torch.stack(tokens, 1))
+    attn_out = None
+    if need_attn and attns:
+        stacked = torch.stack(attns, 1)  # (B, T, S)
+        attn_out = [stacked[i, : len(toks) + 1].cpu() for i, toks in enumerate(token_lists)]
+    return Hypotheses(token_lists, scores, attn_out)
+
+
+def length_penalty(length: Tensor, alpha: float) -> Tensor:
+    """GNMT length penalty, Wu et al. 2016 eq. 14: ((5 + |Y|) / 6) ** alpha."""
+    return ((5.0 + length.float()) / 6.0) ** alpha
+
+
+@torch.no_grad()
+def beam_search(
+    model,
+    src: Tensor,
+    src_mask: Tensor,
+    beam_size: int = 5,
+    alpha: float = 0.6,
+    max_len_a: float = 1.5,
+    max_len_b: int = 10,
+    need_attn: bool = False,
+) -> Hypotheses:
+    """Batched beam search; a sentence stops once ``beam_size`` hypotheses have ended, and the
+    search stops when every sentence has. Hypotheses are ranked by score / length_penalty."""
+    batch, k = src.size(0), beam_size
+    device = src.device
+    max_len = _max_lengths(src_mask, max_len_a, max_len_b)
+    steps = int(max_len.max())
+    memory = model.encode(src, src_mask)
+    memory = select(memory, torch.arange(batch, device=device).repeat_interleave(k))  # (B*K, ...)
+    state = model.init_state(memory)
+    prev = src.new_full((batch * k,), BOS)
+    beam_scores = torch.full((batch, k), float("-inf"), device=device)
+    beam_scores[:, 0] = 0.0  # all beams start identical: keep one
+    history = src.new_zeros(batch * k, 0)  # (B*K, t)
+    attn_hist = None
+    best_scores = torch.full((batch,), float("-inf"), device=device)
+    best_tokens = src.new_full((batch, steps + 1), PAD)
+    best_attn = src.new_zeros((batch, steps + 1, src.size(1)), dtype=torch.float) if need_attn else None
+    num_finished = torch.zeros(batch, dtype=torch.long, device=device)
+    offsets = (torch.arange(batch, device=device) * k).unsqueeze(1)  # (B, 1)
+    for t in range(steps):
+        logits, state, attn = model.decode_step(prev, memory, state, need_attn=need_attn)
+        if need_attn and attn is None:  # a model without attention
+            need_attn, best_attn = False, None
+        logp = _log_probs(logits).view(batch, k, -1)  # (B, K, V)
+        vocab = logp.size(-1)
+        at_cap = (t >= max_len - 1).view(batch, 1, 1)
+        eos_only = torch.full_like(logp, float("-inf"))
+        eos_only[..., EOS] = 0.0
+        logp = torch.where(at_cap, logp + eos_only, logp)
+        cand = (beam_scores.unsqueeze(-1) + logp).view(batch, -1)  # (B, K*V)
+        top_scores, top_idx = cand.topk(2 * k, dim=1)  # (B, 2K)
+        origin = top_idx // vocab + offsets  # flat beam index (B, 2K)
+        token = top_idx % vocab
+        if need_attn:
+            step_attn = attn.float().unsqueeze(1)
+            attn_hist = step_attn if attn_hist is None else torch.cat([attn_hist, step_attn], 1)
+        # Hypotheses ending here: EOS among the K best candidates of sentences still searching.
+        done = num_finished >= k
+        ended = (token == EOS) & (torch.arange(2 * k, device=device) < k) & ~done.unsqueeze(1)
+        ended &= top_scores > float("-inf")
+        norm = (top_scores / length_penalty(torch.tensor(t + 1, device=device), alpha)).masked_fill(~ended, float("-inf"))
+        cand_best, cand_pos = norm.max(dim=1)  # (B,)
+        improve = cand_best > best_scores
+        if bool(improve.any()):
+            src_beam = origin.gather(1, cand_pos.unsqueeze(1)).squeeze(1)  # (B,)
+            hist = history.index_select(0, src_beam)  # (B, t)
+            best_tokens[:, :t] = torch.where(improve.unsqueeze(1), hist, best_tokens[:, :t])
+            best_tokens[:, t:] = torch.where(improve.unsqueeze(1), PAD, best_tokens[:, t:])
+            best_scores = torch.where(improve, cand_best, best_scores)
+            if need_attn:
+                ah = attn_hist.index_select(0, src_beam)  # (B, t+1, S)
+                best_attn[:, : t + 1] = torch.where(improve.view(-1, 1, 1), ah, best_attn[:, : t + 1])
+        num_finished += ended.sum(1)
+        if bool((num_finished >= k).all()):
+            break
+        # The K best candidates that did not end continue.
+        alive_scores = top_scores.masked_fill(token == EOS, float("-inf"))
+        alive_scores, keep = alive_scores.topk(k, dim=1)  # (B, K)
+        beam_scores = alive_scores
+        reorder = origin.gather(1, keep).view(-1)  # (B*K,)
+        prev = token.gather(1, keep).view(-1)
+        history = torch.cat([history.index_select(0, reorder), prev.unsqueeze(1)], 1)
+        if need_attn:
+            attn_hist = attn_hist.index_select(0, reorder)
+        state = select(state, reorder)
+    token_lists = _to_lists(best_tokens)
+    attn_out = None
+    if need_attn:
+        attn_out = [best_attn[i, : len(toks) + 1].cpu() for i, toks in enumerate(token_lists)]
+    return Hypotheses(token_lists, best_scores, attn_out)

@@ -1,0 +1,168 @@
+"""TranslationModule: the one LightningModule that trains every model.
+
+Label-smoothed cross-entropy on teacher-forced logits; validation and test decode with the
+configured search (greedy for validation by default, beam for test) and score corpus BLEU/chrF
+with sacreBLEU on detokenized text, once per epoch, over hypotheses gathered from all ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any, Callable
+
+import pytorch_lightning as L
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt.data.tokenizer import PAD
+from nmt.metrics import corpus_scores
+
+log = logging.getLogger(__name__)
+
+
+class TranslationModule(L.LightningModule):
+    """Args:
+    model: a ``nmt.models.base.Seq2Seq``.
+    optimizer: partial optimizer (``params`` filled here).
+    scheduler: partial ``LambdaLR`` (stepped every optimizer step) or ``ReduceLROnPlateau``
+        (stepped after each validation on ``monitor``) builder, or None.
+    val_decoding, test_decoding: partial ``greedy_search``/``beam_search``.
+    label_smoothing: epsilon of the smoothed cross-entropy (Szegedy et al. 2016).
+    num_samples: validation translations written to the log each epoch.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: Callable[..., torch.optim.Optimizer],
+        scheduler: Callable[..., Any] | None = None,
+        monitor: str = "val/bleu",
+        val_decoding: Callable[..., Any] | None = None,
+        test_decoding: Callable[..., Any] | None = None,
+        label_smoothing: float = 0.1,
+        num_samples: int = 3,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["model"], logger=False)
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.val_decoding = val_decoding
+        self.test_decoding = test_decoding or val_decoding
+        self._outputs: dict[str, list[tuple[int, str]]] = {"val": [], "test": []}
+        self._tick: float | None = None
+        self.best_bleu = -math.inf
+        self.last_results: dict[str, Any] = {}
+        # Set by train(): saved in every checkpoint so translation needs nothing else.
+        self.run_config: dict[str, Any] | None = None
+        self.tokenizer_protos: dict[str, bytes] | None = None
+
+    # --- training -------------------------------------------------------------------------
+    def loss(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
+        """Label-smoothed loss per target token, and the plain NLL (for perplexity)."""
+        logits = self.model(batch["src"], batch["src_mask"], batch["tgt_in"])  # (B, T, V)
+        logits = logits.float().flatten(0, 1)
+        target = batch["tgt_out"].flatten()
+        loss = F.cross_entropy(logits, target, ignore_index=PAD, label_smoothing=self.hparams.label_smoothing)
+        with torch.no_grad():
+            nll = F.cross_entropy(logits, target, ignore_index=PAD)
+        return loss, nll
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        loss, nll = self.loss(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/ppl", torch.exp(nll))
+        now = time.perf_counter()
+        if self._tick is not None:
+            self.log("train/tokens_per_sec", (batch["num_src_tokens"] + batch["num_tgt_tokens"]) / (now - self._tick))
+        self._tick = now
+        return loss
+
+    def on_train_epoch_start(self) -> None:
+        self._tick = None
+
+    def on_validation_epoch_start(self) -> None:
+        self._tick = None
+
+    def configure_optimizers(self) -> Any:
+        optimizer = self.optimizer(params=self.parameters())
+        if self.scheduler is None:
+            return optimizer
+        built = self.scheduler(optimizer)
+        scheduler = {"scheduler": built, "interval": "step"}
+        if isinstance(built, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            scheduler.update(interval="epoch", monitor=self.hparams.monitor)
+        return {"optimizer": optimizer, "lr_scheduler": scheduler}
+
+    # --- evaluation -----------------------------------------------------------------------
+    def _decode(self, batch: dict[str, Any], stage: str) -> None:
+        search = self.val_decoding if stage == "val" else self.test_decoding
+        hyps = search(self.model, batch["src"], batch["src_mask"])
+        tgt_vocab = self.trainer.datamodule.tgt_vocab
+        texts = tgt_vocab.decode_batch(hyps.tokens)
+        self._outputs[stage].extend(zip(batch["ids"].tolist(), texts))
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        loss, nll = self.loss(batch)
+        tokens = batch["num_tgt_tokens"]
+        self.log("val/loss", loss, batch_size=tokens, sync_dist=True)
+        self.log("val/nll", nll, batch_size=tokens, sync_dist=True)
+        self._decode(batch, "val")
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._decode(batch, "test")
+
+    def _gather(self, stage: str) -> list[str]:
+        """Hypotheses of every rank, in data set order, each sentence once."""
+        outputs = self._outputs[stage]
+        self._outputs[stage] = []
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            gathered: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, outputs)
+            outputs = [pair for part in gathered for pair in part]
+        return [text for _, text in sorted(dict(outputs).items())]
+
+    def _score(self, stage: str, split: str) -> dict[str, Any]:
+        hyps = self._gather(stage)
+        sources, refs = self.trainer.datamodule.raw(split)
+        if len(hyps) != len(refs):
+            raise RuntimeError(f"{stage}: decoded {len(hyps)} sentences but the {split} split has {len(refs)}")
+        scores = corpus_scores(hyps, refs)
+        self.last_results[stage] = {"hyps": hyps, "refs": refs, "sources": sources, **scores}
+        return scores
+
+    def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking:
+            self._outputs["val"] = []
+            return
+        scores = self._score("val", "valid")
+        self.best_bleu = max(self.best_bleu, scores["bleu"])
+        self.log("val/bleu", scores["bleu"], prog_bar=True, sync_dist=False, rank_zero_only=False)
+        self.log("val/chrf", scores["chrf"], rank_zero_only=False)
+        self.log("val/bleu_best", self.best_bleu, rank_zero_only=False)
+        ppl = self.trainer.callback_metrics.get("val/nll")
+        if ppl is not None:
+            self.log("val/ppl", torch.exp(ppl))
+        results = self.last_results["val"]
+        for i in range(min(self.hparams.num_samples, len(results["hyps"]))):
+            log.info("sample %d\n  src: %s\n  ref: %s\n  hyp: %s", i, results["sources"][i], results["refs"][i], results["hyps"][i])
+
+    def on_test_epoch_end(self) -> None:
+        scores = self._score("test", "test")
+        self.log("test/bleu", scores["bleu"], rank_zero_only=False)
+        self.log("test/chrf", scores["chrf"], rank_zero_only=False)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["best_bleu"] = self.best_bleu
+        if self.run_config is not None:
+            checkpoint["run_config"] = self.run_config
+        if self.tokenizer_protos is not None:
+            checkpoint["tokenizers"] = self.tokenizer_protos
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.best_bleu = checkpoint.get("best_bleu", -math.inf)
+

@@ -1,0 +1,142 @@
+"""The one model interface every encoder/decoder pair is used through.
+
+A ``Seq2Seq`` holds an encoder and a decoder (chosen separately in ``conf/model/encoder`` and
+``conf/model/decoder``) and, when the decoder needs an initial state the encoder does not give
+(an LSTM decoder after a Transformer encoder), a bridge. Nothing outside this file needs to know
+which encoder or decoder it holds:
+
+- ``forward(src, src_mask, tgt_in) -> logits (B, T, V)``: teacher forcing, for the loss.
+- ``encode(src, src_mask) -> memory``; ``init_state(memory) -> state``;
+  ``decode_step(prev (B,), memory, state) -> (logits (B, V), state, attn (B, S) | None)``.
+
+``memory`` and ``state`` are dicts of batch-first tensors (or None), so decoding reorders or
+repeats them with ``select`` alone.
+
+Encoders return ``{"enc_out": (B, S, H), "src_mask": (B, S)}`` and, if recurrent, the final
+states ``"final_h"``/``"final_c"`` (B, L, H). Decoders expose ``prepare_memory`` (precompute what
+depends on the source only, e.g. projected attention keys), ``init_state``, ``step_logits`` and
+``forward``, and say through ``needs_init_state`` whether they start from a source summary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+Tree = Any  # nested dict / list / tuple of tensors (or None)
+
+
+def select(tree: Tree, index: Tensor) -> Tree:
+    """Index the batch (first) dimension of every tensor in a nested structure."""
+    if isinstance(tree, Tensor):
+        return tree.index_select(0, index)
+    if isinstance(tree, dict):
+        return {k: select(v, index) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(select(v, index) for v in tree)
+    return tree
+
+
+class MeanPoolBridge(nn.Module):
+    """Initial LSTM decoder state from an encoder without final states:
+    ``h_0 = tanh(W mean_j(h_j))`` for every layer, ``c_0 = 0`` (the mean runs over real tokens).
+    Bahdanau et al. 2015 initialise from the backward encoder state in the same ``tanh(W .)`` way."""
+
+    def __init__(self, hidden_size: int, num_layers: int) -> None:
+        super().__init__()
+        self.num_layers = num_layers
+        self.proj = nn.Linear(hidden_size, hidden_size * num_layers)
+
+    def forward(self, memory: dict[str, Tensor]) -> dict[str, Tensor]:
+        mask = memory["src_mask"].unsqueeze(-1).to(memory["enc_out"].dtype)  # (B, S, 1)
+        mean = (memory["enc_out"] * mask).sum(1) / mask.sum(1).clamp(min=1)  # (B, H)
+        h = torch.tanh(self.proj(mean)).view(mean.size(0), self.num_layers, -1)  # (B, L, H)
+        return {**memory, "final_h": h, "final_c": torch.zeros_like(h)}
+
+
+class Seq2Seq(nn.Module):
+    """Encoder + decoder (+ bridge), with optional embedding tying.
+
+    Args:
+        encoder, decoder: built from ``conf/model/encoder`` and ``conf/model/decoder``.
+        tie_embeddings: share the decoder's input embedding with its output projection
+            (Press & Wolf 2017).
+        share_src_tgt_embeddings: also share the encoder's embedding (needs a joint vocabulary).
+        The remaining arguments are the preset's shared sizes, which reach the encoder and
+        decoder configs by interpolation; they are kept for the checkpoint's record.
+    """
+
+    def __init__(
+        self,
+        encoder: nn.Module,
+        decoder: nn.Module,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        emb_size: int,
+        hidden_size: int,
+        dropout: float = 0.0,
+        tie_embeddings: bool = False,
+        share_src_tgt_embeddings: bool = False,
+        gradient_checkpointing: bool = False,
+    ) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.decoder = decoder
+        self.src_vocab_size = src_vocab_size
+        self.tgt_vocab_size = tgt_vocab_size
+        self.bridge = None
+        enc_layers = getattr(encoder, "final_state_layers", 0)
+        dec_layers = getattr(decoder, "needs_init_state", 0)
+        if dec_layers and enc_layers != dec_layers:
+            self.bridge = MeanPoolBridge(hidden_size, dec_layers)
+        if tie_embeddings:
+            if decoder.embed.weight.shape != decoder.out.weight.shape:
+                raise ValueError(
+                    f"tie_embeddings needs the decoder output size to equal emb_size: "
+                    f"embedding {tuple(decoder.embed.weight.shape)} vs output "
+                    f"{tuple(decoder.out.weight.shape)}"
+                )
+            decoder.out.weight = decoder.embed.weight
+        if share_src_tgt_embeddings:
+            if src_vocab_size != tgt_vocab_size or encoder.embed.weight.shape != decoder.embed.weight.shape:
+                raise ValueError(
+                    "share_src_tgt_embeddings needs a joint vocabulary (data.tokenizer.joint=true) "
+                    "and equal encoder/decoder embedding sizes"
+                )
+            encoder.embed.weight = decoder.embed.weight
+        self.set_gradient_checkpointing(gradient_checkpointing)
+
+    def set_gradient_checkpointing(self, enabled: bool) -> None:
+        """Recompute each layer's activations in the backward pass (non-reentrant)."""
+        for module in (self.encoder, self.decoder):
+            if hasattr(module, "gradient_checkpointing"):
+                module.gradient_checkpointing = enabled
+
+    def encode(self, src: Tensor, src_mask: Tensor) -> dict[str, Tensor]:
+        memory = self.encoder(src, src_mask)
+        if self.bridge is not None:
+            memory = self.bridge(memory)
+        return self.decoder.prepare_memory(memory)
+
+    def init_state(self, memory: dict[str, Tensor]) -> dict[str, Any]:
+        return self.decoder.init_state(memory)
+
+    def decode_step(
+        self, prev: Tensor, memory: dict[str, Tensor], state: dict[str, Any], need_attn: bool = False
+    ) -> tuple[Tensor, dict[str, Any], Tensor | None]:
+        """One decoder step: prev (B,) -> logits (B, V), new state, attention (B, S) or None."""
+        return self.decoder.decode_step(prev, memory, state, need_attn=need_attn)
+
+    def forward(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced logits (B, T, V)."""
+        memory = self.encode(src, src_mask)
+        return self.decoder(tgt_in, memory)
+
+    def cross_attention(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor | None:
+        """Attention of every target position over the source, for plots:
+        (B, layers, heads, T, S) for a Transformer, (B, 1, 1, T, S) for an RNN; None without
+        attention."""
+        memory = self.encode(src, src_mask)
+        return self.decoder.cross_attention(tgt_in, memory)

@@ -1,0 +1,328 @@
+"""Transformer encoder and decoder (Vaswani et al. 2017) on ``scaled_dot_product_attention``.
+
+Options: ``norm: pre | post`` (Xiong et al. 2020 / the original), ``positions: sinusoidal |
+learned | rope`` (Su et al. 2021, applied to self-attention queries and keys), ``window``: local
+self-attention over the ``window`` nearest positions on each side (the decoder: the last
+``window``), and gradient checkpointing per layer. The decoder decodes incrementally: its
+``state`` keeps each layer's self-attention keys/values, and the cross-attention keys/values are
+projected once per sentence in ``prepare_memory``. SDPA returns no weights, so attention plots
+take an eager path (``need_attn``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from nmt.data.tokenizer import PAD
+
+POSITIONS = ("sinusoidal", "learned", "rope")
+
+
+def sinusoids(length: int, size: int) -> Tensor:
+    """Sinusoidal position table (length, size), Vaswani et al. 2017 sec. 3.5."""
+    pos = torch.arange(length, dtype=torch.float32).unsqueeze(1)
+    freq = torch.exp(torch.arange(0, size, 2, dtype=torch.float32) * (-math.log(10000.0) / size))
+    table = torch.zeros(length, size)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq)
+    return table
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding on (B, heads, T, d) tensors, starting at position ``offset``."""
+
+    def __init__(self, head_size: int, max_len: int) -> None:
+        super().__init__()
+        inv_freq = 1.0 / 10000 ** (torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
+        angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)  # (T, d/2)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        cos = self.cos[offset : offset + x.size(-2)].to(x.dtype)
+        sin = self.sin[offset : offset + x.size(-2)].to(x.dtype)
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention; ``mask`` is a bool (B or 1, 1, T or 1, S) tensor, True = attend."""
+
+    def __init__(self, hidden_size: int, num_heads: int, dropout: float, kv_size: int | None = None) -> None:
+        super().__init__()
+        if hidden_size % num_heads:
+            raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.q_proj = nn.Linear(hidden_size, hidden_size)
+        self.kv_proj = nn.Linear(kv_size or hidden_size, 2 * hidden_size)
+        self.out_proj = nn.Linear(hidden_size, hidden_size)
+
+    def split(self, x: Tensor) -> Tensor:  # (B, T, H) -> (B, heads, T, d)
+        return x.view(x.size(0), x.size(1), self.num_heads, -1).transpose(1, 2)
+
+    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        k, v = self.kv_proj(x).chunk(2, dim=-1)
+        return self.split(k), self.split(v)
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """q (B, heads, T, d), k/v (B, heads, S, d) -> output (B, T, H), weights (B, heads, T, S) | None."""
+        dropout = self.dropout if self.training else 0.0
+        if need_weights:  # eager path: SDPA does not return weights
+            scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+            if is_causal:
+                mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            weights = torch.softmax(scores, dim=-1)
+            out = F.dropout(weights, dropout, self.training) @ v
+        else:
+            weights = None
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)
+        out = out.transpose(1, 2).reshape(q.size(0), q.size(2), -1)  # (B, T, H)
+        return self.out_proj(out), weights
+
+
+class FeedForward(nn.Sequential):
+    def __init__(self, hidden_size: int, ff_size: int, dropout: float) -> None:
+        super().__init__(nn.Linear(hidden_size, ff_size), nn.ReLU(), nn.Dropout(dropout), nn.Linear(ff_size, hidden_size))
+
+
+class _Block(nn.Module):
+    """Residual sublayer wiring shared by encoder and decoder layers (pre- or post-norm)."""
+
+    def __init__(self, hidden_size: int, dropout: float, norm: str, num_sublayers: int) -> None:
+        super().__init__()
+        if norm not in ("pre", "post"):
+            raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
+        self.pre_norm = norm == "pre"
+        self.norms = nn.ModuleList(nn.LayerNorm(hidden_size) for _ in range(num_sublayers))
+        self.drop = nn.Dropout(dropout)
+
+    def residual(self, i: int, x: Tensor, fn) -> Tensor:
+        if self.pre_norm:
+            return x + self.drop(fn(self.norms[i](x)))
+        return self.norms[i](x + self.drop(fn(x)))
+
+
+class EncoderLayer(_Block):
+    def __init__(self, hidden_size: int, num_heads: int, ff_size: int, dropout: float, norm: str, rotary: Rotary | None):
+        super().__init__(hidden_size, dropout, norm, 2)
+        self.self_attn = MultiHeadAttention(hidden_size, num_heads, dropout)
+        self.ff = FeedForward(hidden_size, ff_size, dropout)
+        self.rotary = rotary
+
+    def _attend(self, x: Tensor, mask: Tensor) -> Tensor:
+        q, (k, v) = self.self_attn.split(self.self_attn.q_proj(x)), self.self_attn.project_kv(x)
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
+        return self.self_attn(q, k, v, mask)[0]
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        x = self.residual(0, x, lambda y: self._attend(y, mask))
+        return self.residual(1, x, self.ff)
+
+
+class DecoderLayer(_Block):
+    def __init__(
+        self, hidden_size: int, num_heads: int, ff_size: int, dropout: float, norm: str, rotary: Rotary | None, memory_size: int
+    ):
+        super().__init__(hidden_size, dropout, norm, 3)
+        self.self_attn = MultiHeadAttention(hidden_size, num_heads, dropout)
+        self.cross_attn = MultiHeadAttention(hidden_size, num_heads, dropout, kv_size=memory_size)
+        self.ff = FeedForward(hidden_size, ff_size, dropout)
+        self.rotary = rotary
+
+    def _self(self, x: Tensor, cache: dict | None, offset: int, mask: Tensor | None) -> Tensor:
+        q, (k, v) = self.self_attn.split(self.self_attn.q_proj(x)), self.self_attn.project_kv(x)
+        if self.rotary is not None:
+            q, k = self.rotary(q, offset), self.rotary(k, offset)
+        if cache is not None:  # incremental: append this step's key/value to the cache
+            k = cache["k"] = torch.cat([cache["k"], k], dim=2)
+            v = cache["v"] = torch.cat([cache["v"], v], dim=2)
+            return self.self_attn(q, k, v, mask)[0]
+        return self.self_attn(q, k, v, mask, is_causal=mask is None)[0]
+
+    def forward(
+        self,
+        x: Tensor,
+        cross_kv: tuple[Tensor, Tensor],
+        src_mask: Tensor,
+        self_mask: Tensor | None = None,
+        cache: dict | None = None,
+        offset: int = 0,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        x = self.residual(0, x, lambda y: self._self(y, cache, offset, self_mask))
+        weights = []
+
+        def cross(y: Tensor) -> Tensor:
+            out, w = self.cross_attn(self.cross_attn.split(self.cross_attn.q_proj(y)), *cross_kv, src_mask, need_weights=need_weights)
+            weights.append(w)
+            return out
+
+        x = self.residual(1, x, cross)
+        return self.residual(2, x, self.ff), weights[0]
+
+
+class _Embedding(nn.Module):
+    """Token embedding scaled by sqrt(H), plus absolute positions unless they are rotary."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, dropout: float, positions: str, max_len: int):
+        super().__init__()
+        if positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
+        self.embed = nn.Embedding(vocab_size, hidden_size, padding_idx=PAD)
+        self.scale = math.sqrt(hidden_size)
+        self.positions = positions
+        self.max_len = max_len
+        if positions == "learned":
+            self.pos = nn.Embedding(max_len, hidden_size)
+        elif positions == "sinusoidal":
+            self.register_buffer("pos_table", sinusoids(max_len, hidden_size), persistent=False)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
+        if offset + tokens.size(1) > self.max_len:
+            raise ValueError(f"sequence of {offset + tokens.size(1)} tokens exceeds the model's max_len {self.max_len}")
+        x = self.embed(tokens) * self.scale  # (B, T, H)
+        if self.positions == "learned":
+            x = x + self.pos.weight[offset : offset + tokens.size(1)]
+        elif self.positions == "sinusoidal":
+            x = x + self.pos_table[offset : offset + tokens.size(1)].to(x.dtype)
+        return self.drop(x)
+
+
+def _band(length_q: int, length_k: int, window: int, causal: bool, device: torch.device) -> Tensor:
+    """Local attention mask (1, 1, T, S): |i - j| <= window, or i - window <= j <= i if causal."""
+    i = torch.arange(length_q, device=device).unsqueeze(1) + (length_k - length_q)
+    j = torch.arange(length_k, device=device).unsqueeze(0)
+    band = (i - j).abs() <= window if not causal else (j <= i) & (j >= i - window)
+    return band[None, None]
+
+
+class TransformerEncoder(nn.Module):
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int = 256,
+        num_layers: int = 3,
+        num_heads: int = 4,
+        ff_size: int = 1024,
+        dropout: float = 0.1,
+        norm: str = "pre",
+        positions: str = "sinusoidal",
+        max_len: int = 1024,
+        window: int | None = None,
+    ) -> None:
+        super().__init__()
+        rotary = Rotary(hidden_size // num_heads, max_len) if positions == "rope" else None
+        self.embed_tokens = _Embedding(vocab_size, hidden_size, dropout, positions, max_len)
+        self.embed = self.embed_tokens.embed  # for embedding tying
+        self.layers = nn.ModuleList(EncoderLayer(hidden_size, num_heads, ff_size, dropout, norm, rotary) for _ in range(num_layers))
+        self.final_norm = nn.LayerNorm(hidden_size) if norm == "pre" else nn.Identity()
+        self.window = window
+        self.gradient_checkpointing = False
+
+    def forward(self, src: Tensor, src_mask: Tensor) -> dict[str, Tensor]:
+        x = self.embed_tokens(src)  # (B, S, H)
+        mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
+        if self.window is not None:
+            mask = mask & _band(src.size(1), src.size(1), self.window, False, src.device)
+        for layer in self.layers:
+            if self.gradient_checkpointing and self.training:
+                x = checkpoint(layer, x, mask, use_reentrant=False)
+            else:
+                x = layer(x, mask)
+        return {"enc_out": self.final_norm(x), "src_mask": src_mask}
+
+
+class TransformerDecoder(nn.Module):
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int = 256,
+        num_layers: int = 3,
+        num_heads: int = 4,
+        ff_size: int = 1024,
+        dropout: float = 0.1,
+        norm: str = "pre",
+        positions: str = "sinusoidal",
+        max_len: int = 1024,
+        window: int | None = None,
+        memory_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        rotary = Rotary(hidden_size // num_heads, max_len) if positions == "rope" else None
+        self.embed_tokens = _Embedding(vocab_size, hidden_size, dropout, positions, max_len)
+        self.embed = self.embed_tokens.embed
+        self.layers = nn.ModuleList(
+            DecoderLayer(hidden_size, num_heads, ff_size, dropout, norm, rotary, memory_size or hidden_size)
+            for _ in range(num_layers)
+        )
+        self.final_norm = nn.LayerNorm(hidden_size) if norm == "pre" else nn.Identity()
+        self.out = nn.Linear(hidden_size, vocab_size, bias=False)
+        self.num_heads = num_heads
+        self.window = window
+        self.gradient_checkpointing = False
+
+    def prepare_memory(self, memory: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Project every layer's cross-attention keys/values once per sentence."""
+        cross_kv = [layer.cross_attn.project_kv(memory["enc_out"]) for layer in self.layers]
+        return {**memory, "cross_kv": cross_kv}
+
+    def init_state(self, memory: dict[str, Tensor]) -> dict[str, Any]:
+        k = memory["cross_kv"][0][0]
+        empty = k.new_zeros(k.size(0), k.size(1), 0, k.size(3))  # (B, heads, 0, d)
+        return {"pos": 0, "cache": [{"k": empty, "v": empty} for _ in self.layers]}
+
+    def _layers(self, x: Tensor, memory: dict, self_mask: Tensor | None, state: dict | None, need_weights: bool):
+        src_mask = memory["src_mask"][:, None, None, :]
+        offset = state["pos"] if state else 0
+        weights = []
+        for i, layer in enumerate(self.layers):
+            cache = state["cache"][i] if state else None
+            if self.gradient_checkpointing and self.training and state is None and not need_weights:
+                x, w = checkpoint(layer, x, memory["cross_kv"][i], src_mask, self_mask, use_reentrant=False)
+            else:
+                x, w = layer(x, memory["cross_kv"][i], src_mask, self_mask, cache, offset, need_weights)
+            weights.append(w)
+        return self.final_norm(x), weights
+
+    def _self_mask(self, length: int, device: torch.device) -> Tensor | None:
+        return None if self.window is None else _band(length, length, self.window, True, device)
+
+    def forward(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> Tensor:
+        x, _ = self._layers(self.embed_tokens(tgt_in), memory, self._self_mask(tgt_in.size(1), tgt_in.device), None, False)
+        return self.out(x)  # (B, T, V)
+
+    def decode_step(
+        self, prev: Tensor, memory: dict[str, Tensor], state: dict[str, Any], need_attn: bool = False
+    ) -> tuple[Tensor, dict[str, Any], Tensor | None]:
+        pos = state["pos"]
+        state = {"pos": pos, "cache": [dict(c) for c in state["cache"]]}
+        self_mask = None
+        if self.window is not None:
+            self_mask = _band(1, pos + 1, self.window, True, prev.device)
+        x, weights = self._layers(self.embed_tokens(prev.unsqueeze(1), pos), memory, self_mask, state, need_attn)
+        state["pos"] = pos + 1
+        attn = weights[-1].mean(1)[:, 0] if need_attn else None  # last layer, mean over heads: (B, S)
+        return self.out(x[:, 0]), state, attn
+
+    def cross_attention(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> Tensor:
+        _, weights = self._layers(self.embed_tokens(tgt_in), memory, self._self_mask(tgt_in.size(1), tgt_in.device), None, True)
+        return torch.stack(weights, dim=1)  # (B, layers, heads, T, S)

@@ -1,0 +1,94 @@
+"""Train a model from the Hydra config in ``conf/train.yaml``: ``python train.py model=transformer``.
+
+``train(cfg)`` builds the data module, the model (its vocabulary sizes read from the trained
+SentencePiece models), the ``TranslationModule``, callbacks, loggers and the Trainer; fits; then
+tests the best checkpoint. It returns the final metrics, which a sweeper optimises.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import hydra
+import pytorch_lightning as L
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from nmt import CONF_DIR
+from nmt.checkpoint import tokenizer_protos
+
+log = logging.getLogger(__name__)
+
+
+def build_model(cfg: DictConfig, src_vocab_size: int, tgt_vocab_size: int) -> torch.nn.Module:
+    """Instantiate ``cfg.model`` with the vocabulary sizes filled in (cfg is updated)."""
+    with open_dict(cfg):
+        cfg.model.src_vocab_size = src_vocab_size
+        cfg.model.tgt_vocab_size = tgt_vocab_size
+    return instantiate(cfg.model)
+
+
+def build_module(cfg: DictConfig, model: torch.nn.Module):
+    return instantiate(
+        cfg.module,
+        model=model,
+        optimizer=instantiate(cfg.optimizer),
+        scheduler=instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
+        val_decoding=instantiate(cfg.val_decoding),
+        test_decoding=instantiate(cfg.test_decoding),
+    )
+
+
+def _instantiate_group(group: DictConfig | None) -> list[Any]:
+    if not group:
+        return []
+    return [instantiate(node) for node in group.values() if isinstance(node, DictConfig) and "_target_" in node]
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Fit and test one model; returns the metrics logged last (``val/bleu``, ``test/bleu``, ...)."""
+    L.seed_everything(cfg.seed, workers=True)
+    datamodule = instantiate(cfg.data)
+    datamodule.setup("fit")
+    model = build_model(cfg, datamodule.src_vocab.vocab_size, datamodule.tgt_vocab.vocab_size)
+    module = build_module(cfg, model)
+    module.run_config = OmegaConf.to_container(cfg, resolve=True)
+    module.tokenizer_protos = tokenizer_protos(datamodule.src_vocab, datamodule.tgt_vocab)
+    log.info("model %s: %s parameters", cfg.model._target_, f"{count_parameters(model):,}")
+
+    callbacks = _instantiate_group(cfg.get("callbacks"))
+    loggers = _instantiate_group(cfg.get("logger"))
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    for logger in loggers:
+        logger.log_hyperparams({**module.run_config, "num_parameters": count_parameters(model)})
+
+    if cfg.get("train", True):
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+
+    if cfg.get("test", False):
+        ckpt = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+        if not ckpt:
+            log.warning("no best checkpoint was saved; testing the current weights")
+        trainer.test(module, datamodule=datamodule, ckpt_path=ckpt or None, weights_only=False)
+        metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
+    log.info("metrics: %s", {k: round(v, 4) for k, v in sorted(metrics.items())})
+    return metrics
+
+
+@hydra.main(config_path=CONF_DIR, config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> float | None:
+    metrics = train(cfg)
+    value = metrics.get(cfg.get("optimized_metric") or "")
+    return None if value is None or math.isnan(value) else value
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Shared fixtures: the Hydra config composed for tiny, fast runs on the tiny corpus."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = ROOT / "conf"
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# Small enough for a CPU test, big enough to exercise every layer.
+TINY = [
+    "data=tiny",
+    "trainer=cpu",
+    "logger=csv",
+    "model.emb_size=16",
+    "model.hidden_size=16",
+    "model.dropout=0.0",
+    "trainer.max_epochs=1",
+    "trainer.log_every_n_steps=1",
+    "trainer.enable_model_summary=false",
+    "callbacks.early_stopping=null",
+    "callbacks.rich_progress_bar=null",
+    "test_decoding.beam_size=2",
+]
+
+
+def heads(model: str) -> list[str]:
+    """Overrides that shrink attention heads/feed-forward for whichever parts are Transformers."""
+    overrides = []
+    for part in ("encoder", "decoder"):
+        if model == "transformer":
+            overrides += [f"model.{part}.num_heads=2", f"model.{part}.ff_size=32", f"model.{part}.num_layers=2"]
+    return overrides
+
+
+def compose_train(tmp_path: Path, overrides: list[str] = (), model: str = "lstm_bahdanau") -> DictConfig:
+    """The train config for a tiny run writing under ``tmp_path``, with Hydra's runtime set."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=[f"model={model}", *TINY, *heads(model), *overrides], return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(tmp_path / "run")
+        cfg.hydra.runtime.cwd = str(ROOT)
+        cfg.hydra.job.num = 0
+        cfg.paths.cache_dir = str(tmp_path.parent / "nmt-cache")
+    HydraConfig().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+@pytest.fixture
+def cfg_train(tmp_path: Path):
+    def make(overrides: list[str] = (), model: str = "lstm_bahdanau") -> DictConfig:
+        return compose_train(tmp_path, list(overrides), model)
+
+    yield make
+    GlobalHydra.instance().clear()

@@ -1,0 +1,65 @@
+"""Greedy and beam search on every model: beam 1 is greedy, batching changes nothing, and beam
+search finds at least as good a hypothesis as greedy under the model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nmt.decoding import beam_search, greedy_search, length_penalty
+from tests.test_models import VARIANTS, batch, build
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_beam_size_one_equals_greedy(name):
+    model = build(name)
+    src, src_mask, _ = batch()
+    greedy = greedy_search(model, src, src_mask, max_len_a=1.0, max_len_b=5)
+    beam = beam_search(model, src, src_mask, beam_size=1, alpha=0.0, max_len_a=1.0, max_len_b=5)
+    assert beam.tokens == greedy.tokens
+    torch.testing.assert_close(beam.scores, greedy.scores, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["lstm_luong", "transformer", "hybrid_transformer_luong"])
+@pytest.mark.parametrize("search", [greedy_search, beam_search])
+def test_batched_decoding_equals_one_by_one(name, search):
+    model = build(name)
+    src, src_mask, _ = batch(lengths=(8, 5, 2))
+    together = search(model, src, src_mask)
+    for i in range(src.size(0)):
+        n = int(src_mask[i].sum())
+        alone = search(model, src[i : i + 1, :n], src_mask[i : i + 1, :n])
+        assert alone.tokens[0] == together.tokens[i]
+
+
+@pytest.mark.parametrize("name", ["lstm_bahdanau", "transformer"])
+def test_beam_finds_a_hypothesis_at_least_as_probable_as_greedy(name):
+    model = build(name)
+    src, src_mask, _ = batch(lengths=(6, 4))
+    greedy = greedy_search(model, src, src_mask)
+    beam = beam_search(model, src, src_mask, beam_size=4, alpha=0.0)
+    assert (beam.scores >= greedy.scores - 1e-4).all()
+
+
+@pytest.mark.parametrize("search", [greedy_search, beam_search])
+def test_output_length_is_capped_and_attention_returned(search):
+    model = build("lstm_bahdanau")
+    src, src_mask, _ = batch(lengths=(6, 3))
+    hyps = search(model, src, src_mask, max_len_a=0.0, max_len_b=4, need_attn=True)
+    assert all(len(t) <= 3 for t in hyps.tokens)  # 4 steps, the last one EOS
+    for tokens, attn, n in zip(hyps.tokens, hyps.attn, src_mask.sum(1).tolist()):
+        assert attn.shape == (len(tokens) + 1, src.size(1))
+        torch.testing.assert_close(attn.sum(-1), torch.ones(len(tokens) + 1))
+        assert attn[:, n:].abs().sum() == 0
+
+
+def test_models_without_attention_return_none():
+    model = build("lstm")
+    src, src_mask, _ = batch()
+    assert greedy_search(model, src, src_mask, need_attn=True).attn is None
+    assert beam_search(model, src, src_mask, need_attn=True).attn is None
+
+
+def test_length_penalty_is_gnmt():
+    assert length_penalty(torch.tensor(1), 0.0).item() == 1.0
+    assert abs(length_penalty(torch.tensor(7), 1.0).item() - 2.0) < 1e-6

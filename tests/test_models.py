@@ -1,0 +1,142 @@
+"""Every encoder/decoder pair behind the Seq2Seq interface: parity between code paths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from omegaconf import open_dict
+
+from nmt.data.tokenizer import BOS, PAD
+from tests.conftest import CONF_DIR
+
+VOCAB = 40
+# (model preset, extra overrides): the four presets, a hybrid each way and Transformer options.
+VARIANTS = {
+    "lstm": ("lstm", []),
+    "lstm_bahdanau": ("lstm_bahdanau", []),
+    "lstm_luong": ("lstm_luong", []),
+    "lstm_luong_dot_nofeed": ("lstm_luong", ["model.decoder.attention.score=dot", "model.decoder.input_feeding=none"]),
+    "lstm_luong_concat": ("lstm_luong", ["model.decoder.attention.score=concat"]),
+    "transformer": ("transformer", []),
+    "transformer_post_learned": ("transformer", ["model.encoder.norm=post", "model.decoder.norm=post", "model.encoder.positions=learned", "model.decoder.positions=learned"]),
+    "transformer_rope_local": ("transformer", ["model.encoder.positions=rope", "model.decoder.positions=rope", "model.encoder.window=2", "model.decoder.window=3"]),
+    "hybrid_transformer_luong": ("transformer", ["model/decoder=lstm_luong"]),
+    "hybrid_transformer_plain_lstm": ("transformer", ["model/decoder=lstm"]),
+    "hybrid_lstm_transformer": ("lstm_bahdanau", ["model/decoder=transformer"]),
+}
+TINY_SIZES = ["model.emb_size=16", "model.hidden_size=16", "model.dropout=0.0", "model.tie_embeddings=false"]
+
+
+def build(name: str) -> torch.nn.Module:
+    preset, overrides = VARIANTS[name]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=[f"model={preset}", *TINY_SIZES, *overrides])
+    model_cfg = cfg.model
+    with open_dict(model_cfg):
+        model_cfg.src_vocab_size = VOCAB
+        model_cfg.tgt_vocab_size = VOCAB
+        model_cfg.share_src_tgt_embeddings = False
+        for part in (model_cfg.encoder, model_cfg.decoder):
+            if "num_heads" in part:
+                part.num_heads, part.ff_size = 2, 32
+    torch.manual_seed(0)
+    return instantiate(model_cfg).eval()
+
+
+def batch(lengths=(7, 5, 3), tgt_len=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, VOCAB, (len(lengths), max(lengths)), generator=g)
+    for i, n in enumerate(lengths):
+        src[i, n:] = PAD
+    tgt_in = torch.randint(4, VOCAB, (len(lengths), tgt_len), generator=g)
+    tgt_in[:, 0] = BOS
+    return src, src != PAD, tgt_in
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_decode_step_equals_forward(name):
+    """Teacher-forced step-by-step decoding (with the key/value cache for Transformers) equals
+    the full forward pass."""
+    model = build(name)
+    src, src_mask, tgt_in = batch()
+    full = model(src, src_mask, tgt_in)
+    memory = model.encode(src, src_mask)
+    state = model.init_state(memory)
+    steps = []
+    for t in range(tgt_in.size(1)):
+        logits, state, _ = model.decode_step(tgt_in[:, t], memory, state)
+        steps.append(logits)
+    torch.testing.assert_close(torch.stack(steps, 1), full, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_padding_does_not_change_a_sentence(name):
+    """A sentence inside a padded batch gives the same logits as the sentence alone."""
+    model = build(name)
+    src, src_mask, tgt_in = batch(lengths=(9, 4))
+    together = model(src, src_mask, tgt_in)
+    alone = model(src[1:, :4], src_mask[1:, :4], tgt_in[1:])
+    torch.testing.assert_close(together[1:], alone, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", [n for n in VARIANTS if n not in ("lstm", "hybrid_transformer_plain_lstm")])
+def test_attention_is_a_distribution_over_real_tokens(name):
+    model = build(name)
+    src, src_mask, tgt_in = batch()
+    attn = model.cross_attention(src, src_mask, tgt_in)  # (B, layers, heads, T, S)
+    assert attn.dim() == 5 and attn.shape[-1] == src.size(1) and attn.shape[-2] == tgt_in.size(1)
+    pad = ~src_mask[:, None, None, None, :].expand_as(attn)
+    assert attn[pad].abs().max() == 0
+    torch.testing.assert_close(attn.sum(-1), torch.ones(attn.shape[:-1]))
+
+
+@pytest.mark.parametrize("name", ["lstm", "hybrid_transformer_plain_lstm"])
+def test_plain_decoder_sees_the_source_only_through_its_initial_state(name):
+    """The bottleneck baseline: no attention, and changing the encoder outputs while keeping the
+    initial state fixed changes nothing."""
+    model = build(name)
+    assert model.cross_attention(*batch()) is None
+    src, src_mask, tgt_in = batch()
+    memory = model.encode(src, src_mask)
+    state = model.init_state(memory)
+    scrambled = {**memory, "enc_out": torch.randn_like(memory["enc_out"])}
+    logits_a, _, attn = model.decode_step(tgt_in[:, 0], memory, state)
+    logits_b, _, _ = model.decode_step(tgt_in[:, 0], scrambled, model.init_state(memory))
+    assert attn is None
+    torch.testing.assert_close(logits_a, logits_b)
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "rope"])
+def test_transformer_encoder_is_order_sensitive(positions):
+    """Swapping two source tokens changes the encoder output at the other positions too
+    (it would not if positions were computed and dropped)."""
+    model = build("transformer")
+    if positions != "sinusoidal":
+        name = "transformer_post_learned" if positions == "learned" else "transformer_rope_local"
+        model = build(name)
+    src, src_mask, _ = batch(lengths=(6,))
+    swapped = src.clone()
+    swapped[0, [1, 2]] = swapped[0, [2, 1]]
+    out = model.encode(src, src_mask)["enc_out"]
+    out_swapped = model.encode(swapped, src_mask)["enc_out"]
+    assert (out[0, 0] - out_swapped[0, 0]).abs().max() > 1e-4
+
+
+def test_tied_and_shared_embeddings():
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["model=transformer", "model.hidden_size=16", "model.encoder.num_heads=2", "model.decoder.num_heads=2"])
+    with open_dict(cfg):
+        cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = VOCAB
+    model = instantiate(cfg.model)
+    assert cfg.model.share_src_tgt_embeddings is True  # the synthetic data's vocabulary is joint
+    assert model.decoder.out.weight is model.decoder.embed.weight
+    assert model.encoder.embed.weight is model.decoder.embed.weight
+
+
+def test_luong_dot_needs_equal_sizes():
+    from nmt.models.attention import LuongAttention
+
+    with pytest.raises(ValueError, match="score='dot' needs query_size == key_size, got 8 and 16"):
+        LuongAttention(8, 16, score="dot")

@@ -1,0 +1,6 @@
+"""python train.py model=transformer  (see conf/train.yaml)"""
+
+from nmt.train import main
+
+if __name__ == "__main__":
+    main()

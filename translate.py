@@ -1,0 +1,6 @@
+"""python translate.py ckpt=<run>/checkpoints/last.ckpt < in.txt > out.txt  (see conf/translate.yaml)"""
+
+from nmt.translate import main
+
+if __name__ == "__main__":
+    main()
