@@ -1,0 +1,1 @@
+"""Data: loading parallel text, SentencePiece, length-bucketed token batches."""

@@ -1,0 +1,223 @@
+"""Length-bucketed batches: at most `max_tokens` padded tokens, or `batch_size` sentences.
+
+Examples are sorted by length (ties broken at random per epoch) and cut into batches, so a
+batch holds sentences of similar length and padding stays low; the batch order is shuffled
+per epoch, deterministically from (seed, epoch). Under DDP each rank takes every
+`num_replicas`-th batch. `TokenizedSplit` holds a split as flat id arrays and `collate` pads
+its examples into the batch dict the models read.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from nmt.data.tokenizer import BOS, EOS, PAD
+
+log = logging.getLogger(__name__)
+
+
+def make_batches(lengths: np.ndarray, order: np.ndarray, max_tokens: int | None,
+                 batch_size: int | None) -> list[list[int]]:
+    """Cut `order` (indices sorted by length) into consecutive batches.
+
+    A batch closes when one more example would make `len(batch) * max_len` exceed
+    `max_tokens` or the batch would exceed `batch_size` sentences; an example longer than
+    `max_tokens` forms a batch of its own.
+    """
+    if max_tokens is None and batch_size is None:
+        raise ValueError("set max_tokens or batch_size")
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    longest = 0
+    for i in order.tolist():
+        n = int(lengths[i])
+        width = max(longest, n)
+        full = ((max_tokens is not None and (len(batch) + 1) * width > max_tokens)
+                or (batch_size is not None and len(batch) >= batch_size))
+        if batch and full:
+            batches.append(batch)
+            batch, width = [], n
+        batch.append(i)
+        longest = width
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+def padding_ratio(batches: Sequence[Sequence[int]], lengths: Sequence[int] | np.ndarray) -> float:
+    """Fraction of padded positions in `batches`: 1 - real tokens / (batch size * longest)."""
+    lengths = np.asarray(lengths)
+    real = padded = 0
+    for b in batches:
+        lens = lengths[np.asarray(b, dtype=np.int64)]
+        real += int(lens.sum())
+        padded += len(b) * int(lens.max())
+    return 1.0 - real / padded if padded else 0.0
+
+
+class TokenBatchSampler(Sampler[list[int]]):
+    """Batches of indices for `DataLoader(batch_sampler=...)`.
+
+    lengths: per example max(source, target) length in tokens, specials included.
+    max_tokens / batch_size: caps on padded tokens and on sentences per batch (either or both).
+    shuffle: training mode (random tie-break and batch order per epoch); otherwise batches come
+        sorted by length, every example exactly once.
+    num_replicas / rank: DDP. Training pads the batch list by repeating batches from its start
+        (or, with `drop_last`, truncates it) so every rank gets the same number of batches;
+        evaluation splits the batches without duplicates (ranks may get unequal counts).
+    The epoch advances after each complete pass or with `set_epoch`; `state_dict` records the
+    batches already yielded in the current epoch so a resumed run skips exactly those.
+    """
+
+    def __init__(self, lengths: Sequence[int] | np.ndarray, max_tokens: int | None = 4096,
+                 batch_size: int | None = None, shuffle: bool = True, seed: int = 0,
+                 num_replicas: int = 1, rank: int = 0, drop_last: bool = False) -> None:
+        if max_tokens is None and batch_size is None:
+            raise ValueError("set max_tokens or batch_size")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} not in [0, {num_replicas})")
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.max_tokens, self.batch_size = max_tokens, batch_size
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.num_replicas, self.rank = num_replicas, rank
+        self.epoch = 0
+        self._yielded = 0   # batches yielded in the current pass
+        self._skip = 0      # batches to skip at the start of the next pass (after a resume)
+        self._num_batches: int | None = None
+
+    def all_batches(self, epoch: int | None = None) -> list[list[int]]:
+        """Every batch of `epoch` in order, before the split over ranks."""
+        epoch = self.epoch if epoch is None else epoch
+        if not self.shuffle:
+            order = np.argsort(self.lengths, kind="stable")
+            return make_batches(self.lengths, order, self.max_tokens, self.batch_size)
+        rng = np.random.default_rng([self.seed, epoch])
+        order = np.lexsort((rng.random(len(self.lengths)), self.lengths))  # by length, random ties
+        batches = make_batches(self.lengths, order, self.max_tokens, self.batch_size)
+        return [batches[i] for i in rng.permutation(len(batches))]
+
+    def rank_batches(self, epoch: int | None = None) -> list[list[int]]:
+        """The batches this rank yields in `epoch`."""
+        batches = self.all_batches(epoch)
+        r = self.num_replicas
+        if r > 1 and self.shuffle and batches:
+            if self.drop_last:
+                batches = batches[: len(batches) // r * r]
+            else:
+                extra = -len(batches) % r
+                batches = batches + (batches * (extra // len(batches) + 1))[:extra]
+        return batches[self.rank :: r]
+
+    def __len__(self) -> int:
+        if self._num_batches is None:  # the same every epoch: ties only swap equal lengths
+            self._num_batches = len(self.rank_batches(0))
+        return self._num_batches
+
+    @property
+    def resume_offset(self) -> int:
+        """Batches the next pass skips (non-zero only after `load_state_dict`)."""
+        return self._skip
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use the order of `epoch`; a pending resume offset survives only for the same epoch."""
+        if epoch != self.epoch:
+            self.epoch, self._skip, self._yielded = epoch, 0, 0
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self.rank_batches(self.epoch)
+        start, self._skip = self._skip, 0
+        self._yielded = start
+        for batch in batches[start:]:
+            self._yielded += 1
+            yield batch
+        self.epoch += 1
+        self._yielded = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "batches_yielded": self._yielded}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the next pass continues `state["epoch"]` after its yielded batches."""
+        epoch, done = int(state["epoch"]), int(state["batches_yielded"])
+        if done >= len(self):  # saved at the very end of an epoch: start the next one
+            epoch, done = epoch + 1, 0
+        self.epoch, self._skip, self._yielded = epoch, done, done
+
+
+class TokenizedSplit(Dataset):
+    """One split as flat token arrays; item i is (i, source ids, target ids or None).
+
+    src / tgt: (tokens, offsets) with the ids of example j at tokens[offsets[j]:offsets[j+1]]
+    (no BOS/EOS). index: which examples of the arrays the split keeps, in order. Sides are cut
+    to max_src_len / max_tgt_len when given.
+    """
+
+    def __init__(self, src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray] | None,
+                 index: np.ndarray | None = None, max_src_len: int | None = None,
+                 max_tgt_len: int | None = None) -> None:
+        self.src, self.tgt = src, tgt
+        self.index = np.arange(len(src[1]) - 1) if index is None else np.asarray(index)
+        self.max_src_len, self.max_tgt_len = max_src_len, max_tgt_len
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @staticmethod
+    def _side(side: tuple[np.ndarray, np.ndarray], j: int, limit: int | None) -> np.ndarray:
+        tokens, offsets = side
+        start, end = int(offsets[j]), int(offsets[j + 1])
+        return tokens[start : end if limit is None else min(end, start + limit)]
+
+    def __getitem__(self, i: int) -> tuple[int, np.ndarray, np.ndarray | None]:
+        j = int(self.index[i])
+        tgt = None if self.tgt is None else self._side(self.tgt, j, self.max_tgt_len)
+        return i, self._side(self.src, j, self.max_src_len), tgt
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[int, np.ndarray, np.ndarray | None]]:
+        return [self[i] for i in indices]
+
+    def lengths(self) -> np.ndarray:
+        """Per example max(source, target) length with EOS/BOS, after truncation."""
+        def side(s: tuple[np.ndarray, np.ndarray], limit: int | None) -> np.ndarray:
+            n = np.diff(s[1])[self.index]
+            return n if limit is None else np.minimum(n, limit)
+
+        n = side(self.src, self.max_src_len)
+        if self.tgt is not None:
+            n = np.maximum(n, side(self.tgt, self.max_tgt_len))
+        return n + 1
+
+
+def _pad(rows: list[np.ndarray], first: int | None, last: int | None) -> tuple[torch.Tensor, int]:
+    """(B, L) int64 of rows with an optional first/last id, padded with PAD; and the token count."""
+    lens = [len(r) + (first is not None) + (last is not None) for r in rows]
+    out = np.full((len(rows), max(lens)), PAD, dtype=np.int64)
+    shift = int(first is not None)
+    for b, r in enumerate(rows):
+        if first is not None:
+            out[b, 0] = first
+        out[b, shift : shift + len(r)] = r
+        if last is not None:
+            out[b, shift + len(r)] = last
+    return torch.from_numpy(out), sum(lens)
+
+
+def collate(items: list[tuple[int, np.ndarray, np.ndarray | None]]) -> dict[str, Any]:
+    """A batch dict: src (B, S) ids+EOS, src_mask (B, S), tgt_in (B, T) BOS+ids,
+    tgt_out (B, T) ids+EOS, ids (B,), num_src_tokens, num_tgt_tokens; no tgt keys without targets."""
+    src, num_src = _pad([s for _, s, _ in items], None, EOS)
+    batch: dict[str, Any] = {"src": src, "src_mask": src != PAD,
+                             "ids": torch.tensor([i for i, _, _ in items], dtype=torch.long),
+                             "num_src_tokens": num_src}
+    if items and items[0][2] is not None:
+        tgts = [t for _, _, t in items]
+        batch["tgt_in"], num_tgt = _pad(tgts, BOS, None)
+        batch["tgt_out"], _ = _pad(tgts, None, EOS)
+        batch["num_tgt_tokens"] = num_tgt
+    return batch

@@ -1,0 +1,194 @@
+"""SentencePiece subwords with fixed special ids, trained once per corpus and cached.
+
+The model is trained on the train split only and stored under
+`<cache_dir>/spm/<hash>/spm.model`, where the hash covers the training text, the options and
+the sentencepiece version; a second run with the same data and options loads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sentencepiece as spm
+
+from nmt.data.sources import DataError
+
+log = logging.getLogger(__name__)
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+
+DEFAULTS: dict[str, Any] = {
+    "model_type": "unigram",          # unigram | bpe
+    "vocab_size": 8000,
+    "joint": True,                    # one vocabulary for source and target
+    "character_coverage": 1.0,        # 0.9995 for Chinese/Japanese
+    "hard_vocab_limit": False,        # vocab_size is an upper bound (tiny corpora)
+    "input_sentence_size": 1_000_000,  # sample at most this many training sentences
+    "byte_fallback": False,
+    "normalization_rule_name": "nmt_nfkc",
+}
+
+
+def _num_threads() -> int:
+    return os.cpu_count() or 1
+
+
+class Tokenizer:
+    """A trained SentencePiece model: text <-> ids with PAD=0, UNK=1, BOS=2, EOS=3."""
+
+    def __init__(self, model_file: str | Path) -> None:
+        self.model_file = str(model_file)
+        self.sp = spm.SentencePieceProcessor(model_file=self.model_file)
+        ids = (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id())
+        if ids != (PAD, UNK, BOS, EOS):
+            raise ValueError(f"{model_file}: special ids (pad, unk, bos, eos) are {ids}, "
+                             f"expected {(PAD, UNK, BOS, EOS)}")
+        self.trained = False  # True when this process trained the model (not read from cache)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({self.model_file!r}, vocab_size={self.vocab_size})"
+
+    def __getstate__(self) -> dict[str, Any]:  # the model travels with the object
+        return {"model_file": self.model_file, "trained": self.trained,
+                "proto": self.sp.serialized_model_proto()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.model_file, self.trained = state["model_file"], state["trained"]
+        self.sp = spm.SentencePieceProcessor(model_proto=state["proto"])
+
+    def encode(self, text: str) -> list[int]:
+        """Subword ids of one sentence, without BOS/EOS."""
+        return self.sp.encode(text, out_type=int)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Subword ids of many sentences, encoded in parallel."""
+        return self.sp.encode(list(texts), out_type=int, num_threads=_num_threads())
+
+    def encode_flat(self, texts: Sequence[str], chunk: int = 20000) -> tuple[np.ndarray, np.ndarray]:
+        """All sentences as (int32 tokens, int64 offsets): sentence j is tokens[offsets[j]:offsets[j+1]].
+
+        Encodes `chunk` sentences at a time, so memory stays near the size of the arrays.
+        """
+        offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+        parts = [np.zeros(0, dtype=np.int32)]
+        for start in range(0, len(texts), chunk):
+            ids = self.encode_batch(texts[start : start + chunk])
+            lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+            parts.append(np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32,
+                                     count=int(lens.sum())))
+            offsets[start + 1 : start + 1 + len(ids)] = lens
+        return np.concatenate(parts), np.cumsum(offsets)
+
+    def _clean(self, ids: Iterable[int]) -> list[int]:
+        ids = ids.tolist() if hasattr(ids, "tolist") else ids  # type: ignore[union-attr]
+        out = []
+        for i in ids:
+            if i == EOS:
+                break
+            if i not in (PAD, BOS):
+                out.append(int(i))
+        return out
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Detokenized text; stops at the first EOS, drops BOS and PAD."""
+        return self.sp.decode(self._clean(ids))
+
+    def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:
+        return self.sp.decode([self._clean(ids) for ids in batch])
+
+    def pieces(self, ids: Iterable[int]) -> list[str]:
+        """Subword strings of `ids` (specials included), e.g. for attention-plot labels."""
+        ids = ids.tolist() if hasattr(ids, "tolist") else ids  # type: ignore[union-attr]
+        return [self.sp.id_to_piece(int(i)) for i in ids]
+
+
+def text_hash(*texts: Sequence[str]) -> str:
+    """A fingerprint of one or more lists of sentences (content and order)."""
+    h = hashlib.blake2b(digest_size=16)
+    for lines in texts:
+        h.update(len(lines).to_bytes(8, "little"))
+        h.update("\n".join(lines).encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
+
+
+def options_with_defaults(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The tokenizer options of a data config, defaults filled in."""
+    return DEFAULTS | dict(options or {})
+
+
+def train_sentencepiece(sentences: Iterable[str], out_dir: str | Path,
+                        options: Mapping[str, Any]) -> Tokenizer:
+    """Train a model into `out_dir/spm.model`; `options` as in `DEFAULTS` plus any trainer flag."""
+    opts = {k: v for k, v in options_with_defaults(options).items() if k != "joint"}
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spm.set_random_generator_seed(0)
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences), model_prefix=str(out_dir / "spm"),
+            pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, pad_piece="<pad>",
+            shuffle_input_sentence=True, max_sentence_length=65536,
+            train_extremely_large_corpus=False, num_threads=_num_threads(), minloglevel=2, **opts)
+    except (RuntimeError, ValueError) as e:
+        raise DataError(f"SentencePiece training failed with options {opts}: "
+                        f"{str(e).rstrip('.')}. For a small "
+                        "corpus set data.tokenizer.hard_vocab_limit=false or a smaller "
+                        "data.tokenizer.vocab_size") from e
+    tok = Tokenizer(out_dir / "spm.model")
+    tok.trained = True
+    return tok
+
+
+def load_or_train(sentences: Sequence[str] | Sequence[Sequence[str]], text_key: str,
+                  cache_dir: str | Path, options: Mapping[str, Any], name: str = "joint") -> Tokenizer:
+    """The cached model for (text_key, options), training it first when absent.
+
+    `sentences` is a list of sentences or a list of such lists (chained, e.g. source and target
+    for a joint vocabulary); `text_key` is their `text_hash`.
+    """
+    opts = options_with_defaults(options)
+    key = json.dumps({"text": text_key, "options": opts, "spm": spm.__version__}, sort_keys=True)
+    folder = Path(cache_dir) / "spm" / hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
+    model = folder / "spm.model"
+    if model.is_file():
+        tok = Tokenizer(model)
+        log.info("%s vocabulary: loaded %s (%d pieces)", name, model, tok.vocab_size)
+        return tok
+    lines: Iterable[str] = sentences  # type: ignore[assignment]
+    if sentences and not isinstance(sentences[0], str):
+        lines = itertools.chain.from_iterable(sentences)  # type: ignore[arg-type]
+    start = time.perf_counter()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
+    try:
+        train_sentencepiece(lines, tmp, opts)
+        (tmp / "options.json").write_text(key + "\n")
+        try:
+            tmp.rename(folder)  # atomic: a concurrent run never sees half a model
+        except OSError:  # another process finished first; use its model
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    tok = Tokenizer(model)
+    tok.trained = True
+    log.info("%s vocabulary: trained %s (%d pieces, %s, %.1fs)", name, model, tok.vocab_size,
+             opts["model_type"], time.perf_counter() - start)
+    return tok
