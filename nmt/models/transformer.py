@@ -187,6 +187,11 @@ class _Embedding(nn.Module):
         if positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
         self.embed = nn.Embedding(vocab_size, hidden_size, padding_idx=PAD)
+        # N(0, 1/H): after the sqrt(H) scale inputs have unit variance, and tied output logits
+        # start small (as in fairseq's Transformer).
+        nn.init.normal_(self.embed.weight, std=hidden_size**-0.5)
+        with torch.no_grad():
+            self.embed.weight[PAD].zero_()
         self.scale = math.sqrt(hidden_size)
         self.positions = positions
         self.max_len = max_len
