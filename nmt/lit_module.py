@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import pytorch_lightning as L
 import torch
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.data.tokenizer import PAD
+from nmt.length_report import DEFAULT_EDGES, length_report, markdown_table, write_report
 from nmt.metrics import corpus_scores
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,9 @@ class TranslationModule(L.LightningModule):
     val_decoding, test_decoding: partial ``greedy_search``/``beam_search``.
     label_smoothing: epsilon of the smoothed cross-entropy (Szegedy et al. 2016).
     num_samples: validation translations written to the log each epoch.
+    report_dir: where the test run writes its hypotheses and BLEU-by-length report.
+    length_buckets: upper edges of the source-length buckets of that report.
+    sacrebleu_tokenize: sacreBLEU tokenizer for the target language (None = 13a; zh, ja-mecab...).
     """
 
     def __init__(
@@ -45,6 +50,9 @@ class TranslationModule(L.LightningModule):
         test_decoding: Callable[..., Any] | None = None,
         label_smoothing: float = 0.1,
         num_samples: int = 3,
+        report_dir: str | None = None,
+        length_buckets: Sequence[int] = DEFAULT_EDGES,
+        sacrebleu_tokenize: str | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["model"], logger=False)
@@ -131,7 +139,7 @@ class TranslationModule(L.LightningModule):
         sources, refs = self.trainer.datamodule.raw(split)
         if len(hyps) != len(refs):
             raise RuntimeError(f"{stage}: decoded {len(hyps)} sentences but the {split} split has {len(refs)}")
-        scores = corpus_scores(hyps, refs)
+        scores = corpus_scores(hyps, refs, tokenize=self.hparams.sacrebleu_tokenize)
         self.last_results[stage] = {"hyps": hyps, "refs": refs, "sources": sources, **scores}
         return scores
 
@@ -155,6 +163,19 @@ class TranslationModule(L.LightningModule):
         scores = self._score("test", "test")
         self.log("test/bleu", scores["bleu"], rank_zero_only=False)
         self.log("test/chrf", scores["chrf"], rank_zero_only=False)
+        if self.hparams.report_dir and self.trainer.is_global_zero:
+            self.write_test_report(Path(self.hparams.report_dir))
+
+    def write_test_report(self, out_dir: Path) -> None:
+        """Test hypotheses and the BLEU-by-source-length report (CSV, JSON, markdown, PNG)."""
+        results = self.last_results["test"]
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "test_hyps.txt").write_text("".join(h + "\n" for h in results["hyps"]), encoding="utf-8")
+        unit = getattr(self.trainer.datamodule, "src_words", "words")
+        report = length_report(results["sources"], results["hyps"], results["refs"], self.hparams.length_buckets,
+                               unit=unit, tokenize=self.hparams.sacrebleu_tokenize)
+        paths = write_report(report, out_dir, name=type(self.model.decoder).__name__)
+        log.info("BLEU by source length -> %s\n%s", paths["md"], markdown_table({"test": report}))
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["best_bleu"] = self.best_bleu

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
@@ -15,9 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
+# Tiny models gain nothing from intra-op threads, and spinning OpenMP threads slow everything
+# down badly when other processes share the cores; subprocesses inherit the setting.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # Small enough for a CPU test, big enough to exercise every layer.
 TINY = [
@@ -35,7 +41,6 @@ TINY = [
     "trainer.enable_model_summary=false",
     "callbacks.early_stopping=null",
     "callbacks.rich_progress_bar=null",
-    "test_decoding.beam_size=2",
 ]
 
 

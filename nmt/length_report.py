@@ -1,0 +1,186 @@
+"""BLEU and chrF by source-sentence length (Bahdanau et al. 2015, Fig. 2).
+
+Sentences are bucketed by the length of their *source* (words before subword segmentation, or
+characters for Chinese), so every system is scored on the same sentences in each bucket. Each
+bucket gets corpus BLEU/chrF over its sentences and a 95% bootstrap confidence interval of its
+BLEU; an empty bucket is reported as empty, never as BLEU 0.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from sacrebleu.metrics import BLEU, CHRF
+
+DEFAULT_EDGES = (10, 20, 30, 40, 50, 60)
+
+
+@dataclass
+class Bucket:
+    label: str
+    low: int  # inclusive
+    high: int | None  # inclusive; None = unbounded
+    count: int
+    bleu: float | None
+    chrf: float | None
+    bleu_ci_low: float | None
+    bleu_ci_high: float | None
+
+
+def bucket_bounds(edges: Sequence[int]) -> list[tuple[str, int, int | None]]:
+    """Edges (10, 20, ..., 60) -> [("1-10", 1, 10), ("11-20", 11, 20), ..., (">60", 61, None)]."""
+    edges = sorted(int(e) for e in edges)
+    if not edges or edges[0] < 1 or len(set(edges)) != len(edges):
+        raise ValueError(f"length buckets need increasing positive edges, got {list(edges)}")
+    bounds, low = [], 1
+    for edge in edges:
+        bounds.append((f"{low}-{edge}", low, edge))
+        low = edge + 1
+    bounds.append((f">{edges[-1]}", low, None))
+    return bounds
+
+
+def source_lengths(sources: Sequence[str], unit: str = "words") -> list[int]:
+    """Length of each source sentence in words (whitespace) or characters (spaces excluded)."""
+    if unit == "words":
+        return [len(s.split()) for s in sources]
+    if unit == "chars":
+        return [len("".join(s.split())) for s in sources]
+    raise ValueError(f"length unit must be 'words' or 'chars', got {unit!r}")
+
+
+def bootstrap_bleu(bleu: BLEU, stats: np.ndarray, n: int, seed: int) -> tuple[float, float]:
+    """95% percentile interval of corpus BLEU over ``n`` resamples of the sentence statistics."""
+    rng = np.random.default_rng(seed)
+    weights = rng.multinomial(len(stats), np.full(len(stats), 1.0 / len(stats)), size=n)  # (n, N)
+    totals = weights @ stats  # (n, num_stats): the statistics of each resampled corpus
+    scores = np.array([bleu._compute_score_from_stats(list(map(int, t))).score for t in totals])
+    return float(np.percentile(scores, 2.5)), float(np.percentile(scores, 97.5))
+
+
+def length_report(
+    sources: Sequence[str],
+    hyps: Sequence[str],
+    refs: Sequence[str],
+    edges: Sequence[int] = DEFAULT_EDGES,
+    unit: str = "words",
+    tokenize: str | None = None,
+    n_bootstrap: int = 1000,
+    seed: int = 12345,
+) -> dict[str, Any]:
+    """Overall and per-bucket scores as a JSON-ready dict."""
+    if not len(sources) == len(hyps) == len(refs):
+        raise ValueError(f"{len(sources)} sources, {len(hyps)} hypotheses and {len(refs)} references differ in number")
+    bleu = BLEU(tokenize=tokenize) if tokenize else BLEU()
+    chrf = CHRF()
+    stats = np.array(bleu._extract_corpus_statistics(list(hyps), [list(refs)]), dtype=np.int64)
+    lengths = np.array(source_lengths(sources, unit))
+
+    def score(index: np.ndarray) -> tuple[float, float, float, float]:
+        h = [hyps[i] for i in index]
+        r = [refs[i] for i in index]
+        low, high = bootstrap_bleu(bleu, stats[index], n_bootstrap, seed) if n_bootstrap > 1 else (math.nan, math.nan)
+        return bleu.corpus_score(h, [r]).score, chrf.corpus_score(h, [r]).score, low, high
+
+    buckets = []
+    for label, low, high in bucket_bounds(edges):
+        index = np.flatnonzero((lengths >= low) & (lengths <= (high if high is not None else np.inf)))
+        if len(index) == 0:
+            buckets.append(Bucket(label, low, high, 0, None, None, None, None))
+        else:
+            buckets.append(Bucket(label, low, high, len(index), *score(index)))
+    overall = score(np.arange(len(hyps)))
+    return {
+        "unit": unit,
+        "count": len(hyps),
+        "bleu": overall[0],
+        "chrf": overall[1],
+        "bleu_ci": [overall[2], overall[3]],
+        "buckets": [asdict(b) for b in buckets],
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+        "bootstrap": {"resamples": n_bootstrap, "seed": seed},
+    }
+
+
+def _fmt(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}"
+
+
+def markdown_table(reports: dict[str, dict[str, Any]]) -> str:
+    """One row per bucket, a BLEU [95% CI] column per system, and the counts."""
+    names = list(reports)
+    first = reports[names[0]]
+    unit = first["unit"]
+    lines = [
+        f"| source length ({unit}) | sentences | " + " | ".join(f"{n} BLEU [95% CI]" for n in names) + " |",
+        "|---|---:|" + "---:|" * len(names),
+    ]
+    for i, bucket in enumerate(first["buckets"]):
+        cells = []
+        for name in names:
+            b = reports[name]["buckets"][i]
+            cells.append("empty" if b["count"] == 0 else f"{b['bleu']:.1f} [{b['bleu_ci_low']:.1f}, {b['bleu_ci_high']:.1f}]")
+        lines.append(f"| {bucket['label']} | {bucket['count']} | " + " | ".join(cells) + " |")
+    overall = " | ".join(f"{reports[n]['bleu']:.1f} [{reports[n]['bleu_ci'][0]:.1f}, {reports[n]['bleu_ci'][1]:.1f}]" for n in names)
+    lines.append(f"| all | {first['count']} | {overall} |")
+    lines.append("")
+    lines.append(f"sacreBLEU: `{first['bleu_signature']}`")
+    return "\n".join(lines) + "\n"
+
+
+def plot_bleu_by_length(reports: dict[str, dict[str, Any]], path: str | Path, title: str = "") -> Path:
+    """BLEU per source-length bucket, one curve per system, CI as error bars, counts on the axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    first = next(iter(reports.values()))
+    labels = [f"{b['label']}\n(n={b['count']})" for b in first["buckets"]]
+    x = np.arange(len(labels))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(labels) + 2), 4.2))
+    for name, report in reports.items():
+        ys = np.array([np.nan if b["bleu"] is None else b["bleu"] for b in report["buckets"]])
+        lo = np.array([np.nan if b["bleu"] is None else b["bleu"] - b["bleu_ci_low"] for b in report["buckets"]])
+        hi = np.array([np.nan if b["bleu"] is None else b["bleu_ci_high"] - b["bleu"] for b in report["buckets"]])
+        ax.errorbar(x, ys, yerr=[lo, hi], marker="o", capsize=3, label=f"{name} ({report['bleu']:.1f})")
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_xlabel(f"source sentence length ({first['unit']})")
+    ax.set_ylabel("BLEU")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(report: dict[str, Any], out_dir: str | Path, name: str = "model", stem: str = "bleu_by_length") -> dict[str, Path]:
+    """Write ``<stem>.json``, ``.csv``, ``.md`` and ``.png`` into ``out_dir``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "csv", "md", "png")}
+    paths["json"].write_text(json.dumps(report, indent=2) + "\n")
+    with paths["csv"].open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["bucket", "low", "high", "count", "bleu", "chrf", "bleu_ci_low", "bleu_ci_high"])
+        for b in report["buckets"]:
+            writer.writerow([b["label"], b["low"], b["high"] if b["high"] is not None else "", b["count"],
+                             _fmt(b["bleu"]), _fmt(b["chrf"]), _fmt(b["bleu_ci_low"]), _fmt(b["bleu_ci_high"])])
+        writer.writerow(["all", "", "", report["count"], _fmt(report["bleu"]), _fmt(report["chrf"]),
+                         _fmt(report["bleu_ci"][0]), _fmt(report["bleu_ci"][1])])
+    paths["md"].write_text(markdown_table({name: report}))
+    plot_bleu_by_length({name: report}, paths["png"])
+    return paths

@@ -1,0 +1,70 @@
+"""BLEU by source length: buckets, empty buckets, agreement with sacreBLEU, written files."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from sacrebleu.metrics import BLEU, CHRF
+
+from nmt.length_report import bucket_bounds, length_report, source_lengths, write_report
+
+
+def corpus(n=120, seed=0):
+    rng = random.Random(seed)
+    words = "the a cat dog sat ran on under mat house big small red".split()
+    sources, refs, hyps = [], [], []
+    for _ in range(n):
+        length = rng.randint(1, 45)
+        ref = [rng.choice(words) for _ in range(length)]
+        hyp = [w if rng.random() < 0.8 else rng.choice(words) for w in ref]
+        sources.append(" ".join(rng.choice(words) for _ in range(length)))
+        refs.append(" ".join(ref))
+        hyps.append(" ".join(hyp))
+    return sources, hyps, refs
+
+
+def test_bucket_edges():
+    assert bucket_bounds([10, 20, 30]) == [("1-10", 1, 10), ("11-20", 11, 20), ("21-30", 21, 30), (">30", 31, None)]
+    with pytest.raises(ValueError, match="increasing positive edges"):
+        bucket_bounds([10, 10])
+    assert source_lengths(["a b  c", "你好 世界"], "words") == [3, 2]
+    assert source_lengths(["你好 世界"], "chars") == [4]
+
+
+def test_per_bucket_scores_equal_sacrebleu_on_the_subset():
+    sources, hyps, refs = corpus()
+    report = length_report(sources, hyps, refs, edges=[10, 20, 30], n_bootstrap=200)
+    lengths = source_lengths(sources)
+    assert sum(b["count"] for b in report["buckets"]) == len(hyps)
+    for b in report["buckets"]:
+        index = [i for i, n in enumerate(lengths) if n >= b["low"] and (b["high"] is None or n <= b["high"])]
+        assert b["count"] == len(index)
+        h, r = [hyps[i] for i in index], [refs[i] for i in index]
+        assert b["bleu"] == pytest.approx(BLEU().corpus_score(h, [r]).score)
+        assert b["chrf"] == pytest.approx(CHRF().corpus_score(h, [r]).score)
+        assert b["bleu_ci_low"] <= b["bleu"] <= b["bleu_ci_high"]
+    assert report["bleu"] == pytest.approx(BLEU().corpus_score(hyps, [refs]).score)
+    assert report["bleu_signature"].startswith("nrefs:1|case:mixed")
+
+
+def test_an_empty_bucket_is_empty_not_zero():
+    sources, hyps, refs = corpus()
+    report = length_report(sources, hyps, refs, edges=[10, 100, 200], n_bootstrap=10)
+    empty = report["buckets"][2]
+    assert empty["label"] == "101-200" and empty["count"] == 0
+    assert empty["bleu"] is None and empty["chrf"] is None and empty["bleu_ci_low"] is None
+
+
+def test_files_are_written(tmp_path):
+    sources, hyps, refs = corpus()
+    report = length_report(sources, hyps, refs, edges=[10, 20, 60], n_bootstrap=50)
+    paths = write_report(report, tmp_path, name="sys")
+    assert sorted(p.suffix for p in paths.values()) == [".csv", ".json", ".md", ".png"]
+    assert json.loads(paths["json"].read_text())["count"] == len(hyps)
+    rows = paths["csv"].read_text().splitlines()
+    assert rows[0].startswith("bucket,low,high,count,bleu") and rows[-1].startswith("all,")
+    assert rows[3].startswith("21-60,21,60,") and rows[4].startswith(">60,61,,0,,")  # empty bucket: blank scores
+    assert "| >60 | 0 | empty |" in paths["md"].read_text()
+    assert paths["png"].read_bytes()[:4] == b"\x89PNG"
