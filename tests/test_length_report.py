@@ -68,3 +68,31 @@ def test_files_are_written(tmp_path):
     assert rows[3].startswith("21-60,21,60,") and rows[4].startswith(">60,61,,0,,")  # empty bucket: blank scores
     assert "| >60 | 0 | empty |" in paths["md"].read_text()
     assert paths["png"].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_evaluate_compares_two_hypothesis_files(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    refs = (ROOT / "tests/data/tiny/test.tgt").read_text().splitlines()
+    good = tmp_path / "good.txt"
+    good.write_text("\n".join(refs) + "\n")
+    bad = tmp_path / "bad.txt"
+    bad.write_text("\n".join(" ".join(r.split()[:2]) for r in refs) + "\n")
+    out = tmp_path / "eval"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "evaluate.py"), "data=tiny", f"hyps={{good: {good}, bad: {bad}}}",
+         "length_buckets=[5,10]", "n_bootstrap=50", f"hydra.run.dir={out}", f"paths.cache_dir={tmp_path / 'cache'}"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads((out / "comparison.json").read_text())
+    assert set(report) == {"good", "bad"}
+    assert report["good"]["bleu"] == pytest.approx(100.0)
+    assert report["bad"]["bleu"] < 50
+    assert [b["count"] for b in report["good"]["buckets"]] == [b["count"] for b in report["bad"]["buckets"]]
+    table = (out / "comparison.md").read_text()
+    assert "good BLEU [95% CI]" in table and "bad BLEU [95% CI]" in table
+    assert (out / "comparison.png").is_file() and (out / "good" / "bleu_by_length.csv").is_file()

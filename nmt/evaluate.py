@@ -1,0 +1,103 @@
+"""Score checkpoints or hypothesis files on a test split, overall and by source length.
+
+    python evaluate.py ckpts=[runA/checkpoints/last.ckpt,runB/checkpoints/last.ckpt]
+    python evaluate.py data=europarl_it_en hyps={lstm: lstm.txt, transformer: tf.txt}
+
+With several systems: one comparison table (markdown, CSV, JSON) and one plot with a curve per
+system, all scored on the same sentences per bucket. Without ``data=``, the test split is the one
+the first checkpoint was trained on.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from nmt import CONF_DIR
+from nmt.checkpoint import load_checkpoint
+from nmt.length_report import length_report, markdown_table, plot_bleu_by_length, write_report
+from nmt.translate import model_max_src_len, translate_lines
+
+log = logging.getLogger(__name__)
+
+
+def system_name(ckpt: Path) -> str:
+    """``<run>/checkpoints/x.ckpt`` -> the run's model preset and folder name."""
+    run = ckpt.parent.parent
+    return run.parent.parent.name if run.parent.name in ("runs", "multiruns") else run.name
+
+
+def load_test_split(data_cfg: DictConfig | dict) -> tuple[list[str], list[str], str]:
+    """Raw sources and references of a data config's test split, and its length unit."""
+    datamodule = instantiate(OmegaConf.create(data_cfg) if isinstance(data_cfg, dict) else data_cfg)
+    datamodule.setup("test")
+    sources, refs = datamodule.raw("test")
+    return sources, refs, datamodule.src_words
+
+
+def compare(reports: dict[str, dict[str, Any]], out_dir: Path, title: str = "") -> dict[str, Path]:
+    """Write the comparison of several systems: JSON, CSV (a row per system and bucket), markdown, PNG."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {ext: out_dir / f"comparison.{ext}" for ext in ("json", "csv", "md", "png")}
+    paths["json"].write_text(json.dumps(reports, indent=2) + "\n")
+    with paths["csv"].open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["system", "bucket", "count", "bleu", "chrf", "bleu_ci_low", "bleu_ci_high"])
+        for name, report in reports.items():
+            for b in report["buckets"]:
+                writer.writerow([name, b["label"], b["count"], b["bleu"], b["chrf"], b["bleu_ci_low"], b["bleu_ci_high"]])
+            writer.writerow([name, "all", report["count"], report["bleu"], report["chrf"], *report["bleu_ci"]])
+    paths["md"].write_text(markdown_table(reports))
+    plot_bleu_by_length(reports, paths["png"], title=title)
+    return paths
+
+
+@hydra.main(config_path=CONF_DIR, config_name="evaluate", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    out_dir = Path(cfg.paths.output_dir)
+    device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    ckpts = [Path(p) for p in cfg.ckpts or []]
+    hyp_files = dict(cfg.hyps or {})
+    if not ckpts and not hyp_files:
+        raise ValueError("nothing to evaluate: set ckpts=[<file>.ckpt, ...] and/or hyps={name: file, ...}")
+    data_cfg = cfg.get("data")
+    loaded = [load_checkpoint(p, device) for p in ckpts]
+    if data_cfg is None:
+        if not loaded:
+            raise ValueError("hypothesis files need a test split: set data=<name> (e.g. data=europarl_it_en)")
+        data_cfg = loaded[0].run_config["data"]
+    sources, refs, unit = load_test_split(data_cfg)
+    hyps: dict[str, list[str]] = {}
+    search = instantiate(cfg.decoding)
+    for path, model in zip(ckpts, loaded):
+        name = system_name(path)
+        hyps[name], _ = translate_lines(model.model, model.src_vocab, model.tgt_vocab, sources, search,
+                                        cfg.max_tokens, model_max_src_len(model.run_config))
+        (out_dir / f"{name}.hyp.txt").write_text("".join(h + "\n" for h in hyps[name]), encoding="utf-8")
+    for name, file in hyp_files.items():
+        lines = Path(file).read_text(encoding="utf-8").split("\n")
+        lines = lines[:-1] if lines and lines[-1] == "" else lines
+        if len(lines) != len(refs):
+            raise ValueError(f"{file}: {len(lines)} lines, but the test split has {len(refs)} references")
+        hyps[str(name)] = lines
+    reports = {
+        name: length_report(sources, h, refs, cfg.length_buckets, unit=unit, tokenize=cfg.sacrebleu_tokenize,
+                            n_bootstrap=cfg.n_bootstrap)
+        for name, h in hyps.items()
+    }
+    for name, report in reports.items():
+        write_report(report, out_dir / name, name=name)
+    paths = compare(reports, out_dir, title=cfg.get("title") or "")
+    log.info("comparison -> %s\n%s", paths["md"], paths["md"].read_text())
+
+
+if __name__ == "__main__":
+    main()
