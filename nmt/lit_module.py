@@ -63,6 +63,8 @@ class TranslationModule(L.LightningModule):
         self.test_decoding = test_decoding or val_decoding
         self._outputs: dict[str, list[tuple[int, str]]] = {"val": [], "test": []}
         self._tick: float | None = None
+        self.train_tokens = 0  # source + target tokens trained on (this rank), for throughput
+        self.train_seconds = 0.0  # time in training steps, validation excluded
         self.best_bleu = -math.inf
         self.last_results: dict[str, Any] = {}
         # Set by train(): saved in every checkpoint so translation needs nothing else.
@@ -85,8 +87,11 @@ class TranslationModule(L.LightningModule):
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/ppl", torch.exp(nll))
         now = time.perf_counter()
-        if self._tick is not None:
-            self.log("train/tokens_per_sec", (batch["num_src_tokens"] + batch["num_tgt_tokens"]) / (now - self._tick))
+        tokens = batch["num_src_tokens"] + batch["num_tgt_tokens"]
+        if self._tick is not None:  # time since the previous step: one full step, data included
+            self.log("train/tokens_per_sec", tokens / (now - self._tick))
+            self.train_tokens += tokens
+            self.train_seconds += now - self._tick
         self._tick = now
         return loss
 
@@ -170,7 +175,8 @@ class TranslationModule(L.LightningModule):
         """Test hypotheses and the BLEU-by-source-length report (CSV, JSON, markdown, PNG)."""
         results = self.last_results["test"]
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "test_hyps.txt").write_text("".join(h + "\n" for h in results["hyps"]), encoding="utf-8")
+        for name in ("hyps", "sources"):
+            (out_dir / f"test_{name}.txt").write_text("".join(h + "\n" for h in results[name]), encoding="utf-8")
         unit = getattr(self.trainer.datamodule, "src_words", "words")
         report = length_report(results["sources"], results["hyps"], results["refs"], self.hparams.length_buckets,
                                unit=unit, tokenize=self.hparams.sacrebleu_tokenize)

@@ -7,13 +7,17 @@ tests the best checkpoint. It returns the final metrics, which a sweeper optimis
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import time
+from pathlib import Path
 from typing import Any
 
 import hydra
 import pytorch_lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -69,8 +73,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     for logger in loggers:
         logger.log_hyperparams({**module.run_config, "num_parameters": count_parameters(model)})
 
+    start = time.perf_counter()
     if cfg.get("train", True):
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    fit_seconds = time.perf_counter() - start
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
 
     if cfg.get("test", False):
@@ -80,7 +86,29 @@ def train(cfg: DictConfig) -> dict[str, float]:
         trainer.test(module, datamodule=datamodule, ckpt_path=ckpt or None, weights_only=False)
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
     log.info("metrics: %s", {k: round(v, 4) for k, v in sorted(metrics.items())})
+    if trainer.is_global_zero:
+        write_summary(cfg, module, metrics, fit_seconds, count_parameters(model), trainer)
     return metrics
+
+
+def write_summary(cfg: DictConfig, module, metrics: dict[str, float], fit_seconds: float, params: int, trainer) -> None:
+    """``<run>/summary.json``: what a study or sweep table needs from a run."""
+    summary = {
+        "model": cfg.model._target_,
+        "encoder": cfg.model.encoder._target_,
+        "decoder": cfg.model.decoder._target_,
+        "overrides": list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else [],
+        "parameters": params,
+        "fit_seconds": round(fit_seconds, 1),
+        "steps": trainer.global_step,
+        "epochs": trainer.current_epoch,
+        "train_tokens_per_sec": round(module.train_tokens * trainer.world_size / max(module.train_seconds, 1e-9), 1),
+        "best_checkpoint": trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else None,
+        "metrics": metrics,
+    }
+    path = Path(cfg.paths.output_dir) / "summary.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, indent=2) + "\n")
 
 
 @hydra.main(config_path=CONF_DIR, config_name="train", version_base="1.3")

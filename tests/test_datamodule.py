@@ -43,7 +43,7 @@ def dm(tmp_path_factory) -> TranslationDataModule:
 
 
 def test_batches_from_config(dm):
-    assert dm.joint_vocab and dm.src_vocab is dm.tgt_vocab and dm.src_vocab.vocab_size <= 100
+    assert dm.joint_vocab and dm.src_vocab is dm.tgt_vocab and dm.src_vocab.vocab_size <= 400
     batch = next(iter(dm.train_dataloader()))
     assert set(batch) == {"src", "src_mask", "tgt_in", "tgt_out", "ids", "num_src_tokens",
                           "num_tgt_tokens"}

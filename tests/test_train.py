@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,10 @@ def test_train_checkpoint_test_translate(cfg_train, model):
     ckpt = last_checkpoint(cfg)
     assert ckpt.is_file()
     assert (Path(cfg.paths.output_dir) / "csv" / "metrics.csv").is_file()
+    summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
+    assert summary["parameters"] > 0 and summary["train_tokens_per_sec"] > 0 and summary["steps"] > 0
+    for name in ("bleu_by_length.csv", "bleu_by_length.json", "bleu_by_length.md", "bleu_by_length.png", "test_hyps.txt"):
+        assert (Path(cfg.paths.output_dir) / name).is_file()
 
     # The checkpoint alone rebuilds the model; it translates as the in-memory model does.
     loaded = load_checkpoint(ckpt)

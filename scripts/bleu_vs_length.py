@@ -1,0 +1,114 @@
+"""Reproduce BLEU against source-sentence length (Bahdanau et al. 2015, Fig. 2) in one command.
+
+    python scripts/bleu_vs_length.py                       # synthetic data (default)
+    python scripts/bleu_vs_length.py data=europarl_it_en trainer.max_time=00:00:30:00
+
+1. trains the four models with the same budget: ``train.py -m experiment=bleu_vs_length
+   model=lstm,lstm_bahdanau,lstm_luong,transformer`` plus any overrides given here;
+2. collects each run's test report (beam search, BLEU by source-length bucket) into one
+   comparison table and plot, with parameters, training tokens/s and wall time per model;
+3. draws attention heatmaps of the longest test sentences for each attention model.
+
+``--collect DIR`` redoes steps 2-3 on an existing multirun folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from nmt.checkpoint import load_checkpoint  # noqa: E402
+from nmt.decoding import beam_search  # noqa: E402
+from nmt.evaluate import compare  # noqa: E402
+from nmt.plots import plot_attention  # noqa: E402
+from nmt.translate import model_max_src_len, translate_lines  # noqa: E402
+
+MODELS = ["lstm", "lstm_bahdanau", "lstm_luong", "transformer"]
+log = logging.getLogger("bleu_vs_length")
+
+
+def train_all(overrides: list[str], sweep_dir: Path, models: list[str]) -> None:
+    command = [sys.executable, str(ROOT / "train.py"), "-m", "experiment=bleu_vs_length",
+               f"model={','.join(models)}", f"hydra.sweep.dir={sweep_dir}", *overrides]
+    log.info("running: %s", " ".join(command))
+    subprocess.run(command, check=True, cwd=ROOT)
+
+
+def model_name(summary: dict) -> str:
+    for override in summary["overrides"]:
+        if override.startswith("model="):
+            return override.split("=", 1)[1]
+    return Path(summary["decoder"]).suffix.lstrip(".")
+
+
+def heatmaps(ckpt: Path, sources: list[str], out_dir: Path, count: int) -> None:
+    """Attention of the ``count`` longest test sentences (models without attention: none)."""
+    loaded = load_checkpoint(ckpt)
+    longest = sorted(range(len(sources)), key=lambda i: -len(sources[i].split()))[:count]
+    _, attentions = translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, [sources[i] for i in longest],
+                                    beam_search, max_src_len=model_max_src_len(loaded.run_config),
+                                    attention_lines=range(len(longest)))
+    for j, (attn, src_pieces, tgt_pieces) in attentions.items():
+        plot_attention(attn, src_pieces, tgt_pieces, out_dir / f"test{longest[j] + 1:05d}.png",
+                       title=f"test line {longest[j] + 1} ({len(sources[longest[j]].split())} words)")
+
+
+def collect(sweep_dir: Path, num_heatmaps: int) -> Path:
+    runs = sorted(p.parent for p in sweep_dir.glob("*/summary.json"))
+    if not runs:
+        raise SystemExit(f"no finished runs (summary.json) under {sweep_dir}")
+    reports, rows = {}, []
+    for run in runs:
+        summary = json.loads((run / "summary.json").read_text())
+        name = model_name(summary)
+        report = json.loads((run / "bleu_by_length.json").read_text())
+        reports[name] = report
+        buckets = report["buckets"]
+        rows.append(
+            f"| {name} | {summary['parameters'] / 1e6:.1f}M | {summary['train_tokens_per_sec']:,.0f} | "
+            f"{summary['fit_seconds'] / 60:.1f} | {summary['steps']} | {report['bleu']:.1f} | "
+            f"{buckets[0]['bleu']:.1f} | {next(b for b in reversed(buckets) if b['count'])['bleu']:.1f} |"
+        )
+        if num_heatmaps and name != "lstm":
+            sources = (run / "test_sources.txt").read_text(encoding="utf-8").splitlines()
+            heatmaps(Path(summary["best_checkpoint"]), sources, sweep_dir / "attention" / name, num_heatmaps)
+    paths = compare(reports, sweep_dir / "comparison", title="BLEU by source length")
+    first = next(iter(reports.values()))
+    longest = next(b for b in reversed(first["buckets"]) if b["count"])["label"]
+    table = "\n".join([
+        f"| model | parameters | train tokens/s | train minutes | steps | test BLEU | BLEU {first['buckets'][0]['label']} | BLEU {longest} |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        *rows,
+    ])
+    summary_md = sweep_dir / "summary.md"
+    summary_md.write_text(table + "\n\n" + paths["md"].read_text())
+    log.info("study summary -> %s\n%s", summary_md, summary_md.read_text())
+    return summary_md
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--collect", type=Path, help="only collect an existing multirun folder")
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated model presets")
+    parser.add_argument("--heatmaps", type=int, default=3, help="long test sentences to plot per attention model")
+    parser.add_argument("--out", type=Path, default=None, help="multirun folder (default outputs/bleu_vs_length/<time>)")
+    args, overrides = parser.parse_known_args()
+    sweep_dir = args.collect
+    if sweep_dir is None:
+        from datetime import datetime
+
+        sweep_dir = args.out or ROOT / "outputs" / "bleu_vs_length" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        train_all(overrides, sweep_dir, args.models.split(","))
+    collect(sweep_dir, args.heatmaps)
+
+
+if __name__ == "__main__":
+    main()
