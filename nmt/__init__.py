@@ -2,5 +2,17 @@
 
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 # The Hydra config tree (conf/ beside the package in a source checkout or editable install).
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def gpu_precision() -> str:
+    """bf16-mixed where the GPU supports bf16 (Ampere and later), else 16-mixed."""
+    import torch
+
+    return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "16-mixed"
+
+
+OmegaConf.register_new_resolver("gpu_precision", gpu_precision, replace=True)

@@ -88,6 +88,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     log.info("metrics: %s", {k: round(v, 4) for k, v in sorted(metrics.items())})
     if trainer.is_global_zero:
         write_summary(cfg, module, metrics, fit_seconds, count_parameters(model), trainer)
+    if any(type(logger).__name__ == "WandbLogger" for logger in loggers):
+        import wandb
+
+        wandb.finish()  # flush, and let the next run of a sweep start its own
     return metrics
 
 

@@ -1,0 +1,103 @@
+"""Scale-out paths exercised on CPU: DDP (gloo), bf16 autocast, gradient checkpointing, sweeps,
+experiment tracking."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt.train import train
+from tests.conftest import ROOT, TINY, heads
+from tests.test_models import batch, build
+
+SMALL_TF = ["model=transformer", "model.hidden_size=32", *heads("transformer")]
+
+
+def run(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def cli_overrides(tmp_path: Path) -> list[str]:
+    """The tiny-run overrides for a command line (Hydra's own run dir, a shared cache)."""
+    keep = [o for o in TINY if not o.startswith("model.")]
+    return [*keep, "model.emb_size=32", f"paths.cache_dir={tmp_path.parent / 'nmt-cache'}"]
+
+
+def test_ddp_on_two_cpu_processes_matches_single_process_bleu(tmp_path):
+    """2 ranks (gloo) train and validate; the test BLEU they compute together on the best
+    checkpoint equals a single-process evaluation of that checkpoint."""
+    out = tmp_path / "ddp"
+    run(["train.py", *cli_overrides(tmp_path), *SMALL_TF, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+         "trainer.precision=32-true", "trainer.max_epochs=3", f"hydra.run.dir={out}"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] > 0 and "val/bleu" in summary["metrics"]
+    assert (out / "train_ddp_process_1.log").is_file()  # the second rank ran
+    hyps = (out / "test_hyps.txt").read_text().splitlines()
+    assert len(hyps) == 20  # every test sentence once, none duplicated by the sampler
+    single = tmp_path / "single"
+    run(["evaluate.py", f"ckpts=[{summary['best_checkpoint']}]", "n_bootstrap=10", f"hydra.run.dir={single}",
+         f"paths.cache_dir={tmp_path.parent / 'nmt-cache'}"])
+    report = json.loads((single / "comparison.json").read_text())
+    (name,) = report
+    assert (single / f"{name}.hyp.txt").read_text().splitlines() == hyps
+    assert report[name]["bleu"] == pytest.approx(summary["metrics"]["test/bleu"], abs=1e-6)
+
+
+def test_bf16_mixed_trains_on_cpu(cfg_train):
+    metrics = train(cfg_train(["trainer.precision=bf16-mixed", "test=false"], model="transformer"))
+    assert metrics["train/loss"] == metrics["train/loss"] and metrics["val/loss"] < 10
+
+
+@pytest.mark.parametrize("name", ["transformer", "hybrid_transformer_luong", "lstm_bahdanau"])
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients(name):
+    model = build(name).train()
+    src, src_mask, tgt_in = batch()
+
+    def loss_and_grads(enabled: bool):
+        model.set_gradient_checkpointing(enabled)
+        model.zero_grad()
+        torch.manual_seed(0)
+        loss = model(src, src_mask, tgt_in).logsumexp(-1).mean()
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    loss_plain, grads_plain = loss_and_grads(False)
+    loss_ckpt, grads_ckpt = loss_and_grads(True)
+    torch.testing.assert_close(loss_ckpt, loss_plain)
+    assert grads_ckpt.keys() == grads_plain.keys()
+    for key in grads_plain:
+        torch.testing.assert_close(grads_ckpt[key], grads_plain[key], atol=1e-6, rtol=1e-5)
+
+
+def test_optuna_sweep_of_two_trials_writes_its_table(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    sweep = tmp_path / "sweep"
+    overrides = [o for o in cli_overrides(tmp_path) if not o.startswith("logger")]
+    run(["train.py", "-m", "hparams_search=transformer_optuna", "hydra.sweeper.n_trials=2", *overrides, *SMALL_TF[1:],
+         "test=false", f"hydra.sweep.dir={sweep}"], timeout=900)
+    assert (sweep / "optimization_results.yaml").is_file()
+    run(["scripts/collect_runs.py", str(sweep)])
+    table = (sweep / "runs.md").read_text().splitlines()
+    assert len(table) == 2 + 2 and "val/bleu_best" in table[0]
+    rows = (sweep / "runs.csv").read_text().splitlines()
+    assert len(rows) == 3
+
+
+def test_wandb_offline_run_writes_its_files(cfg_train, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = cfg_train(["logger=wandb", "logger.wandb.offline=true", "test=false", "trainer.max_epochs=1"], model="lstm")
+    train(cfg)
+    runs = list((Path(cfg.paths.output_dir) / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    (record,) = runs[0].glob("*.wandb")
+    content = record.read_bytes()
+    assert b"nmt.models.rnn.RNNDecoder" in content  # the resolved run config was logged
+    assert b"train/loss" in content
