@@ -1,9 +1,13 @@
-"""Checkpoints for inference: rebuild the model from the config saved in the checkpoint, check
-that the weights fit it, and restore the SentencePiece models saved beside them."""
+"""Checkpoints: rebuild the model from the config saved in the checkpoint, check that the weights
+fit it (for translation and for resuming training), restore the SentencePiece models saved beside
+them, and write checkpoint files atomically, never with non-finite weights."""
 
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,6 +15,7 @@ from typing import Any
 import sentencepiece as spm
 import torch
 from hydra.utils import instantiate
+from lightning_fabric.plugins import TorchCheckpointIO
 from omegaconf import OmegaConf
 
 from nmt.data.tokenizer import Tokenizer
@@ -87,3 +92,63 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", model_
     protos = checkpoint["tokenizers"]
     log.info("loaded %s (step %s)", path, checkpoint.get("global_step"))
     return Loaded(model, tokenizer_from_proto(protos["src"], "src"), tokenizer_from_proto(protos["tgt"], "tgt"), run_config)
+
+
+def nonfinite(tensors: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+    """Names of the floating-point tensors holding a NaN or an infinity (one host sync in all)."""
+    named = [(name, t) for name, t in tensors if torch.is_tensor(t) and t.is_floating_point()]
+    if not named:
+        return []
+    flags = [torch.isfinite(t).all() for _, t in named]
+    finite = torch.stack([f.to(flags[0].device) for f in flags]).tolist()
+    return [name for (name, _), ok in zip(named, finite) if not ok]
+
+
+def vocab_pieces(sp: spm.SentencePieceProcessor) -> list[str]:
+    return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+
+
+def check_resume(path: str | Path, model: torch.nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer) -> None:
+    """Before resuming training from ``path``: its weights must fit ``model`` and its SentencePiece
+    vocabularies must be the ones of the configured data, else a ValueError names what differs."""
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    check_weights(model, model_state(checkpoint), str(path))
+    for side, vocab in (("src", src_vocab), ("tgt", tgt_vocab)):
+        proto = checkpoint.get("tokenizers", {}).get(side)
+        if proto is None:
+            continue
+        saved, now = vocab_pieces(tokenizer_from_proto(proto, side).sp), vocab_pieces(vocab.sp)
+        if saved != now:
+            i = next((i for i, (a, b) in enumerate(zip(saved, now)) if a != b), min(len(saved), len(now)))
+            raise ValueError(
+                f"{path} was trained with another {side} vocabulary ({len(saved)} pieces, the data config "
+                f"gives {len(now)}; first difference at id {i}): resume with the data config it was trained with"
+            )
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes a checkpoint to a temporary file in the target folder, flushes it to disk and renames
+    it over the target, so a crash while saving leaves the previous file intact. Refuses (ValueError)
+    to write a checkpoint whose weights are not finite, so a diverged model never replaces a good one."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None) -> None:
+        bad = nonfinite(checkpoint.get("state_dict", {}).items())
+        if bad:
+            raise ValueError(
+                f"refusing to write {path}: non-finite weights in {', '.join(bad[:5])}"
+                f"{' ...' if len(bad) > 5 else ''}; the checkpoints already written are kept"
+            )
+        if "://" in str(path):  # remote storage: Lightning's fsspec writer
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise

@@ -3,22 +3,31 @@
 Label-smoothed cross-entropy on teacher-forced logits; validation and test decode with the
 configured search (greedy for validation by default, beam for test) and score corpus BLEU/chrF
 with sacreBLEU on detokenized text, once per epoch, over hypotheses gathered from all ranks.
+
+Reliability: a step with a non-finite loss is skipped (the update is dropped) with a warning, and
+``max_nonfinite_steps`` such steps in a row stop training; a model with non-finite weights is never
+scored. Dropout masks are drawn from a seed derived from (seed, rank, epoch, batch), so a resumed
+run draws the same masks as an uninterrupted one; checkpoints also carry the Python, NumPy and
+torch RNG states and the module's counters.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import random
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import pytorch_lightning as L
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt.checkpoint import nonfinite
 from nmt.data.tokenizer import PAD
 from nmt.length_report import DEFAULT_EDGES, length_report, markdown_table, write_report
 from nmt.metrics import corpus_scores
@@ -38,7 +47,12 @@ class TranslationModule(L.LightningModule):
     report_dir: where the test run writes its hypotheses and BLEU-by-length report.
     length_buckets: upper edges of the source-length buckets of that report.
     sacrebleu_tokenize: sacreBLEU tokenizer for the target language (None = 13a; zh, ja-mecab...).
+    max_nonfinite_steps: consecutive steps with a NaN/inf loss (each skipped) that stop training.
+    seed: base of the per-step seeds of the dropout masks.
     """
+
+    # Saved in checkpoints and restored on resume, with best_bleu.
+    COUNTERS = ("skipped_steps", "nonfinite_in_a_row", "train_tokens", "train_seconds")
 
     def __init__(
         self,
@@ -53,6 +67,8 @@ class TranslationModule(L.LightningModule):
         report_dir: str | None = None,
         length_buckets: Sequence[int] = DEFAULT_EDGES,
         sacrebleu_tokenize: str | None = None,
+        max_nonfinite_steps: int = 10,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["model"], logger=False)
@@ -66,6 +82,9 @@ class TranslationModule(L.LightningModule):
         self.train_tokens = 0  # source + target tokens trained on (this rank), for throughput
         self.train_seconds = 0.0  # time in training steps, validation excluded
         self.best_bleu = -math.inf
+        self.skipped_steps = 0  # steps whose loss was not finite, in total
+        self.nonfinite_in_a_row = 0
+        self._drop_update = False
         self.last_results: dict[str, Any] = {}
         # Set by train(): saved in every checkpoint so translation needs nothing else.
         self.run_config: dict[str, Any] | None = None
@@ -84,6 +103,10 @@ class TranslationModule(L.LightningModule):
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         loss, nll = self.loss(batch)
+        if not self._is_finite(loss):
+            self._skip_step(loss)
+            return loss  # backward still runs (every DDP rank takes part); the update is dropped
+        self.nonfinite_in_a_row = 0
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/ppl", torch.exp(nll))
         now = time.perf_counter()
@@ -94,6 +117,43 @@ class TranslationModule(L.LightningModule):
             self.train_seconds += now - self._tick
         self._tick = now
         return loss
+
+    def _is_finite(self, loss: Tensor) -> bool:
+        """Costs one host sync per step (on a GPU the backward is queued once the forward is done;
+        the progress bar reads train/loss every step anyway). Under DDP the ranks agree, so all
+        of them skip the same steps."""
+        return self.trainer.strategy.reduce_boolean_decision(bool(torch.isfinite(loss.detach())), all=True)
+
+    def _skip_step(self, loss: Tensor) -> None:
+        self._drop_update = True
+        self.skipped_steps += 1
+        self.nonfinite_in_a_row += 1
+        log.warning("step %d: loss is %s; skipping this update (%d in a row, %d in total)",
+                    self.global_step, loss.item(), self.nonfinite_in_a_row, self.skipped_steps)
+        limit = self.hparams.max_nonfinite_steps
+        if self.nonfinite_in_a_row >= limit:
+            bad = nonfinite(self.model.named_parameters())
+            weights = f"non-finite weights in {', '.join(bad[:5])}" if bad else "the weights are finite"
+            raise RuntimeError(
+                f"training stopped: {self.nonfinite_in_a_row} consecutive steps had a non-finite loss "
+                f"(steps {self.global_step - limit + 1}-{self.global_step}, module.max_nonfinite_steps={limit}; "
+                f"{weights}). Resume from the last checkpoint with a lower optimizer.lr or "
+                f"trainer.gradient_clip_val, or check the data of these batches."
+            )
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Drop the gradients of a skipped step: optimizers leave parameters without one untouched."""
+        if self._drop_update:
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    p.grad = None
+            self._drop_update = False
+
+    def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
+        """Seed torch from (seed, rank, epoch, batch): the dropout masks of a step do not depend on
+        what drew random numbers before it (data loader iterators do), so resuming is exact."""
+        entropy = [self.hparams.seed, self.global_rank, self.current_epoch, batch_idx]
+        torch.manual_seed(int(np.random.SeedSequence(entropy).generate_state(1)[0]))
 
     def on_train_epoch_start(self) -> None:
         self._tick = None
@@ -152,6 +212,13 @@ class TranslationModule(L.LightningModule):
         if self.trainer.sanity_checking:
             self._outputs["val"] = []
             return
+        bad = nonfinite(self.model.named_parameters())
+        if bad:
+            self._outputs["val"] = []
+            raise RuntimeError(
+                f"non-finite weights after step {self.global_step} ({', '.join(bad[:5])}): this model is "
+                f"neither scored nor saved; resume from the last checkpoint with a lower optimizer.lr"
+            )
         scores = self._score("val", "valid")
         self.best_bleu = max(self.best_bleu, scores["bleu"])
         self.log("val/bleu", scores["bleu"], prog_bar=True, sync_dist=False, rank_zero_only=False)
@@ -185,6 +252,13 @@ class TranslationModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["best_bleu"] = self.best_bleu
+        checkpoint["counters"] = {name: getattr(self, name) for name in self.COUNTERS}
+        checkpoint["rng"] = {
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
+        }
         if self.run_config is not None:
             checkpoint["run_config"] = self.run_config
         if self.tokenizer_protos is not None:
@@ -192,4 +266,13 @@ class TranslationModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.best_bleu = checkpoint.get("best_bleu", -math.inf)
+        for name, value in checkpoint.get("counters", {}).items():
+            setattr(self, name, value)
+        rng = checkpoint.get("rng")
+        if rng:
+            random.setstate(rng["python"])
+            np.random.set_state(rng["numpy"])
+            torch.set_rng_state(rng["torch"])
+            if rng["cuda"] is not None and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all(rng["cuda"])
 

@@ -3,6 +3,12 @@
 ``train(cfg)`` builds the data module, the model (its vocabulary sizes read from the trained
 SentencePiece models), the ``TranslationModule``, callbacks, loggers and the Trainer; fits; then
 tests the best checkpoint. It returns the final metrics, which a sweeper optimises.
+
+``ckpt_path=<run>/checkpoints/last.ckpt`` (or ``ckpt_path=latest``: the newest ``last.ckpt`` of
+``<paths.log_dir>/<task_name>/runs/*``) resumes: weights, optimizer, scheduler, step, epoch, data
+position, RNG state and the module's counters; a checkpoint that does not fit the configured model
+or vocabulary is refused before training starts. Checkpoints are written atomically. A run stopped
+by SIGTERM (or SLURM's SIGUSR1/SIGUSR2) saves ``last.ckpt`` and exits with status 128 + signal.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -20,9 +27,11 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from nmt import CONF_DIR
-from nmt.checkpoint import tokenizer_protos
+from nmt.callbacks import PreemptionCheckpoint
+from nmt.checkpoint import AtomicCheckpointIO, check_resume, tokenizer_protos
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +61,36 @@ def _instantiate_group(group: DictConfig | None) -> list[Any]:
     return [instantiate(node) for node in group.values() if isinstance(node, DictConfig) and "_target_" in node]
 
 
+def resolve_ckpt_path(cfg: DictConfig) -> str | None:
+    """``cfg.ckpt_path``, with ``latest`` replaced by the newest ``last.ckpt`` of this task's runs."""
+    path = cfg.get("ckpt_path")
+    if path is None:
+        return None
+    if path == "latest":
+        runs = Path(cfg.paths.log_dir) / cfg.task_name / "runs"
+        found = sorted(runs.glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+        if not found:
+            raise FileNotFoundError(f"ckpt_path=latest: no checkpoint matches {runs}/*/checkpoints/last.ckpt")
+        path = str(found[-1])
+    elif not Path(path).is_file():
+        raise FileNotFoundError(f"ckpt_path={path}: no such file (give <run>/checkpoints/last.ckpt, or latest)")
+    log.info("resuming from %s", path)
+    return path
+
+
+def test_checkpoint(cfg: DictConfig, trainer: L.Trainer, ckpt_path: str | None) -> str | None:
+    """What the test split is decoded with: the given checkpoint when not training, else the best
+    checkpoint by val/bleu (``test_ckpt: best``) or the final weights (``test_ckpt: last``)."""
+    if not cfg.get("train", True):
+        return ckpt_path
+    if cfg.get("test_ckpt", "best") == "last":
+        return None
+    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    if not best:
+        log.warning("no best checkpoint was saved; testing the final weights")
+    return best or None
+
+
 def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
@@ -59,9 +98,12 @@ def count_parameters(model: torch.nn.Module) -> int:
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit and test one model; returns the metrics logged last (``val/bleu``, ``test/bleu``, ...)."""
     L.seed_everything(cfg.seed, workers=True)
+    ckpt_path = resolve_ckpt_path(cfg)
     datamodule = instantiate(cfg.data)
     datamodule.setup("fit")
     model = build_model(cfg, datamodule.src_vocab.vocab_size, datamodule.tgt_vocab.vocab_size)
+    if ckpt_path:
+        check_resume(ckpt_path, model, datamodule.src_vocab, datamodule.tgt_vocab)
     module = build_module(cfg, model)
     module.run_config = OmegaConf.to_container(cfg, resolve=True)
     module.tokenizer_protos = tokenizer_protos(datamodule.src_vocab, datamodule.tgt_vocab)
@@ -69,25 +111,35 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     callbacks = _instantiate_group(cfg.get("callbacks"))
     loggers = _instantiate_group(cfg.get("logger"))
-    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    plugins = [*(instantiate(cfg.trainer.get("plugins")) or []), AtomicCheckpointIO()]
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=plugins)
     for logger in loggers:
         logger.log_hyperparams({**module.run_config, "num_parameters": count_parameters(model)})
 
     start = time.perf_counter()
+    stopped_by = None
     if cfg.get("train", True):
-        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+        try:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
+        except SIGTERMException:
+            stopped_by = signal.SIGTERM
+        preemption = [cb.signal for cb in callbacks if isinstance(cb, PreemptionCheckpoint) and cb.signal]
+        if preemption or trainer.received_sigterm:
+            stopped_by = preemption[0] if preemption else signal.SIGTERM
     fit_seconds = time.perf_counter() - start
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    if stopped_by is not None:  # preempted: no test, and an exit status that says so
+        if trainer.is_global_zero:
+            write_summary(cfg, module, metrics, fit_seconds, count_parameters(model), trainer,
+                          resumed_from=ckpt_path, stopped_by=signal.Signals(stopped_by).name)
+        raise SystemExit(128 + stopped_by)
 
     if cfg.get("test", False):
-        ckpt = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-        if not ckpt:
-            log.warning("no best checkpoint was saved; testing the current weights")
-        trainer.test(module, datamodule=datamodule, ckpt_path=ckpt or None, weights_only=False)
+        trainer.test(module, datamodule=datamodule, ckpt_path=test_checkpoint(cfg, trainer, ckpt_path), weights_only=False)
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
     log.info("metrics: %s", {k: round(v, 4) for k, v in sorted(metrics.items())})
     if trainer.is_global_zero:
-        write_summary(cfg, module, metrics, fit_seconds, count_parameters(model), trainer)
+        write_summary(cfg, module, metrics, fit_seconds, count_parameters(model), trainer, resumed_from=ckpt_path)
     if any(type(logger).__name__ == "WandbLogger" for logger in loggers):
         import wandb
 
@@ -95,7 +147,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     return metrics
 
 
-def write_summary(cfg: DictConfig, module, metrics: dict[str, float], fit_seconds: float, params: int, trainer) -> None:
+def write_summary(cfg: DictConfig, module, metrics: dict[str, float], fit_seconds: float, params: int, trainer,
+                  resumed_from: str | None = None, stopped_by: str | None = None) -> None:
     """``<run>/summary.json``: what a study or sweep table needs from a run."""
     summary = {
         "model": cfg.model._target_,
@@ -108,6 +161,9 @@ def write_summary(cfg: DictConfig, module, metrics: dict[str, float], fit_second
         "epochs": trainer.current_epoch,
         "train_tokens_per_sec": round(module.train_tokens * trainer.world_size / max(module.train_seconds, 1e-9), 1),
         "best_checkpoint": trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else None,
+        "resumed_from": resumed_from,
+        "stopped_by": stopped_by,
+        "skipped_steps": module.skipped_steps,
         "metrics": metrics,
     }
     path = Path(cfg.paths.output_dir) / "summary.json"

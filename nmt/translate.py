@@ -52,12 +52,14 @@ def read_lines(path: str | None, errors: str = "strict") -> list[str]:
     return lines
 
 
-def encode_sources(lines: list[str], src_vocab: Tokenizer, max_len: int) -> list[list[int]]:
-    """Subword ids + EOS per line; lines longer than ``max_len`` tokens are truncated (warned)."""
+def encode_sources(lines: list[str], src_vocab: Tokenizer, max_len: int,
+                   numbers: list[int] | None = None) -> list[list[int]]:
+    """Subword ids + EOS per line; lines longer than ``max_len`` tokens are truncated, and the
+    warning names them by ``numbers`` (their 1-based input line numbers; default 1..n)."""
     encoded, truncated = [], []
     for i, ids in enumerate(src_vocab.encode_batch(lines)):
         if len(ids) > max_len - 1:
-            truncated.append(i + 1)
+            truncated.append(numbers[i] if numbers else i + 1)
             ids = ids[: max_len - 1]
         encoded.append(ids + [EOS])
     if truncated:
@@ -93,7 +95,7 @@ def translate_lines(
     outputs = [""] * len(lines)
     attentions: dict[int, tuple[torch.Tensor, list[str], list[str]]] = {}
     todo = [i for i, line in enumerate(lines) if line.strip()]
-    encoded = encode_sources([lines[i] for i in todo], src_vocab, max_src_len)
+    encoded = encode_sources([lines[i] for i in todo], src_vocab, max_src_len, numbers=[i + 1 for i in todo])
     sampler = TokenBatchSampler([len(e) for e in encoded], max_tokens=max_tokens, batch_size=None, shuffle=False, seed=0)
     for batch in sampler:
         src, src_mask = _pad([encoded[j] for j in batch], device)

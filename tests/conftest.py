@@ -53,11 +53,14 @@ def heads(model: str) -> list[str]:
     return overrides
 
 
-def compose_train(tmp_path: Path, overrides: list[str] = (), model: str = "lstm_bahdanau") -> DictConfig:
-    """The train config for a tiny run writing under ``tmp_path``, with Hydra's runtime set."""
+def compose_train(tmp_path: Path, overrides: list[str] = (), model: str | None = "lstm_bahdanau") -> DictConfig:
+    """The train config for a tiny run writing under ``tmp_path``, with Hydra's runtime set
+    (``model=None`` keeps the model and its sizes from the config, e.g. an experiment's)."""
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=[f"model={model}", *TINY, *heads(model), *overrides], return_hydra_config=True)
+        model_overrides = [f"model={model}", *heads(model)] if model else []
+        tiny = [o for o in TINY if model or not o.startswith("model.")]
+        cfg = compose("train", overrides=[*model_overrides, *tiny, *overrides], return_hydra_config=True)
     with open_dict(cfg):
         cfg.hydra.runtime.output_dir = str(tmp_path / "run")
         cfg.hydra.runtime.cwd = str(ROOT)

@@ -43,7 +43,7 @@ def test_every_model_preset_builds(model):
 
 @pytest.mark.parametrize("experiment", names("experiment"))
 def test_every_experiment_composes(experiment, tmp_path):
-    cfg = compose_train(tmp_path, [f"experiment={experiment}"])
+    cfg = compose_train(tmp_path, [f"experiment={experiment}"], model=None)
     with open_dict(cfg):
         cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = 1000
     instantiate(cfg.model)

@@ -1,0 +1,373 @@
+"""Reliability: exact resume after a kill, preemption signals, the non-finite guard, atomic
+checkpoints, checkpoints that do not fit the config, config errors, and translate.py on any input."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from pytorch_lightning.callbacks import Callback
+
+import nmt.train
+from nmt.checkpoint import AtomicCheckpointIO, load_checkpoint
+from nmt.decoding import greedy_search
+from nmt.lit_module import TranslationModule
+from nmt.train import train
+from nmt.translate import read_lines, translate_lines
+from tests.conftest import CONF_DIR, ROOT, TINY, compose_train
+
+pytestmark = pytest.mark.filterwarnings("ignore:The dirpath has changed")  # resuming writes a new run folder
+
+# 30 steps with dropout, last.ckpt every 5 steps, one validation at the end (step 30).
+RESUME = [
+    "trainer.deterministic=true", "model.dropout=0.3", "trainer.max_epochs=-1", "trainer.max_steps=30",
+    "trainer.val_check_interval=30", "trainer.check_val_every_n_epoch=null",
+    "callbacks.step_checkpoint.every_n_train_steps=5", "optimizer.lr=0.01", "scheduler.warmup_steps=5", "test=false",
+]
+
+
+class Slow(Callback):
+    """Slows training down so a test can signal a run in the middle (command lines add it with
+    ``+callbacks.slow._target_=tests.test_reliability.Slow``)."""
+
+    def on_train_batch_end(self, *args) -> None:
+        time.sleep(0.15)
+
+
+class AtStep(Callback):
+    """Calls ``action(trainer, module)`` at the end of training step ``step``."""
+
+    def __init__(self, step: int, action) -> None:
+        self.step, self.action = step, action
+
+    def on_train_batch_end(self, trainer, module, *args) -> None:
+        if trainer.global_step == self.step:
+            self.action(trainer, module)
+
+
+def command(tmp_path: Path, run_dir: Path, *overrides: str) -> list[str]:
+    return [sys.executable, "train.py", "model=lstm_bahdanau", *TINY, *RESUME,
+            f"paths.cache_dir={tmp_path.parent / 'nmt-cache'}", f"hydra.run.dir={run_dir}", *overrides]
+
+
+def start(cmd: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def wait_for_step(ckpt: Path, proc: subprocess.Popen, step: int, timeout: float = 120) -> None:
+    """Until ``ckpt`` holds at least ``step`` steps (it is replaced atomically, so always readable)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ckpt.is_file() and torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"] >= step:
+            return
+        assert proc.poll() is None, f"training ended (status {proc.returncode}) before step {step}"
+        time.sleep(0.05)
+    raise TimeoutError(f"no checkpoint of step {step} at {ckpt}")
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def assert_same_weights(path_a: Path, path_b: Path) -> None:
+    """Bitwise equal weights and optimizer state, at the same step."""
+    a, b = load(path_a), load(path_b)
+    assert a["global_step"] == b["global_step"] and a["epoch"] == b["epoch"]
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    for key in a["state_dict"]:
+        assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key
+    for p, q in zip(a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()):
+        assert all(torch.equal(p[k], q[k]) for k in p)
+    assert a["lr_schedulers"] == b["lr_schedulers"]
+
+
+def in_process(tmp_path: Path, overrides: list[str], callbacks: list[Callback] = ()):
+    """train() on the RESUME config writing to ``tmp_path/run``, with extra callback objects."""
+    cfg = compose_train(tmp_path, [*RESUME, *overrides])
+    original = nmt.train._instantiate_group
+
+    def with_extra(group):
+        built = original(group)
+        return [*built, *callbacks] if group is cfg.get("callbacks") else built
+
+    nmt.train._instantiate_group = with_extra
+    try:
+        return cfg, train(cfg)
+    finally:
+        nmt.train._instantiate_group = original
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted 30-step run (its checkpoint also serves the mismatch and translate tests)."""
+    tmp_path = tmp_path_factory.mktemp("reference")
+    cfg = compose_train(tmp_path, RESUME)
+    metrics = train(cfg)
+    return tmp_path, Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt", metrics
+
+
+# --- resume -------------------------------------------------------------------------------------
+def test_killed_run_resumes_to_the_same_weights_and_bleu(reference, tmp_path):
+    _, ref_ckpt, ref_metrics = reference
+    killed = tmp_path / "killed"
+    proc = start(command(tmp_path, killed, "+callbacks.slow._target_=tests.test_reliability.Slow"), tmp_path / "killed.log")
+    ckpt = killed / "checkpoints" / "last.ckpt"
+    try:
+        wait_for_step(ckpt, proc, 10)
+    finally:
+        proc.kill()  # SIGKILL: nothing runs after it
+        proc.wait()
+    stopped_at = load(ckpt)["global_step"]  # usually 10: epoch 2, batch 2 of 4
+    assert 10 <= stopped_at < 30
+
+    _, metrics = in_process(tmp_path, [f"ckpt_path={ckpt}"])  # a new run folder: tmp_path/run
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 30 and summary["resumed_from"] == str(ckpt)
+
+    # Bitwise: the same data order, dropout masks, optimizer and schedule.
+    assert_same_weights(ref_ckpt, tmp_path / "run" / "checkpoints" / "last.ckpt")
+    a, b = load(ref_ckpt), load(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    assert a["best_bleu"] == b["best_bleu"] and a["counters"]["skipped_steps"] == b["counters"]["skipped_steps"] == 0
+    for key in ("val/bleu", "val/chrf", "val/loss"):
+        assert metrics[key] == ref_metrics[key], key
+
+
+def test_sigterm_saves_a_checkpoint_and_latest_resumes_it(tmp_path):
+    runs = tmp_path / "outputs" / "train" / "runs"
+    first = runs / "first"
+    log = tmp_path / "first.log"
+    proc = start(command(tmp_path, first, "trainer.max_steps=1000", f"paths.log_dir={tmp_path / 'outputs'}",
+                         "+callbacks.slow._target_=tests.test_reliability.Slow"), log)
+    try:
+        wait_for_step(first / "checkpoints" / "last.ckpt", proc, 5)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+    step = load(first / "checkpoints" / "last.ckpt")["global_step"]
+    summary = json.loads((first / "summary.json").read_text())
+    assert summary["stopped_by"] == "SIGTERM" and summary["steps"] == step
+    assert "stopped by SIGTERM" in log.read_text()
+
+    in_process(tmp_path, ["ckpt_path=latest", f"trainer.max_steps={step + 3}", f"paths.log_dir={tmp_path / 'outputs'}"])
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["resumed_from"] == str(first / "checkpoints" / "last.ckpt")
+    assert summary["steps"] == step + 3 and summary["stopped_by"] is None
+
+
+def test_slurm_signal_at_an_epoch_end_saves_a_checkpoint_that_resumes_exactly(reference, tmp_path):
+    """SIGUSR1 (no SLURM environment here) is handled as SIGTERM; step 7 ends epoch 1 (4 batches)."""
+    with pytest.raises(SystemExit) as stop:
+        in_process(tmp_path / "usr1", [], [AtStep(7, lambda trainer, module: signal.raise_signal(signal.SIGUSR1))])
+    assert stop.value.code == 128 + signal.SIGUSR1
+    ckpt = tmp_path / "usr1" / "run" / "checkpoints" / "last.ckpt"
+    assert load(ckpt)["global_step"] == 7
+    in_process(tmp_path, [f"ckpt_path={ckpt}"])
+    assert_same_weights(reference[1], tmp_path / "run" / "checkpoints" / "last.ckpt")
+
+
+def test_signal_during_validation_saves_a_checkpoint_that_resumes_exactly(tmp_path):
+    class DuringValidation(Callback):
+        def on_validation_batch_end(self, *args) -> None:  # the first of the 2 validation batches
+            signal.raise_signal(signal.SIGTERM)
+
+    two_validations = ["trainer.val_check_interval=10", "trainer.max_steps=20"]
+    with pytest.raises(SystemExit) as stop:
+        in_process(tmp_path / "stopped", two_validations, [DuringValidation()])
+    assert stop.value.code == 128 + signal.SIGTERM
+    ckpt = tmp_path / "stopped" / "run" / "checkpoints" / "last.ckpt"
+    assert load(ckpt)["global_step"] == 10
+    _, metrics = in_process(tmp_path / "resumed", [*two_validations, f"ckpt_path={ckpt}"])
+    _, expected = in_process(tmp_path / "uninterrupted", two_validations)
+    assert_same_weights(*(tmp_path / name / "run" / "checkpoints" / "last.ckpt" for name in ("uninterrupted", "resumed")))
+    assert metrics["val/loss"] == expected["val/loss"]
+
+
+def test_latest_without_any_run_names_what_was_searched(cfg_train, tmp_path):
+    cfg = cfg_train(["ckpt_path=latest", f"paths.log_dir={tmp_path / 'nothing'}"])
+    with pytest.raises(FileNotFoundError, match=r"ckpt_path=latest: no checkpoint matches .*nothing/train/runs/\*/checkpoints/last.ckpt"):
+        train(cfg)
+
+
+# --- non-finite losses and weights ----------------------------------------------------------------
+def nan_loss_at(monkeypatch, steps) -> None:
+    original = TranslationModule.loss
+
+    def loss(self, batch):
+        value, nll = original(self, batch)
+        if self.training and self.global_step in steps:
+            value = value * float("nan")
+        return value, nll
+
+    monkeypatch.setattr(TranslationModule, "loss", loss)
+
+
+def test_nonfinite_steps_are_skipped_with_a_warning(monkeypatch, tmp_path, caplog):
+    nan_loss_at(monkeypatch, {3, 4})
+    updated = {}
+
+    class Watch(Callback):
+        def on_train_batch_start(self, trainer, module, *args) -> None:
+            self.before = module.model.decoder.out.weight.detach().clone()
+
+        def on_train_batch_end(self, trainer, module, *args) -> None:
+            updated[trainer.global_step - 1] = not torch.equal(self.before, module.model.decoder.out.weight)
+
+    with caplog.at_level(logging.WARNING, logger="nmt.lit_module"):
+        cfg, metrics = in_process(tmp_path, ["trainer.max_steps=8", "trainer.val_check_interval=8",
+                                             "module.max_nonfinite_steps=3"], [Watch()])
+    warnings = [r.getMessage() for r in caplog.records if "skipping this update" in r.getMessage()]
+    assert warnings == ["step 3: loss is nan; skipping this update (1 in a row, 1 in total)",
+                        "step 4: loss is nan; skipping this update (2 in a row, 2 in total)"]
+    assert updated == {0: True, 1: True, 2: True, 3: False, 4: False, 5: True, 6: True, 7: True}
+    assert json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())["skipped_steps"] == 2
+    assert metrics["val/loss"] == metrics["val/loss"]
+
+
+def test_consecutive_nonfinite_steps_stop_training(monkeypatch, tmp_path):
+    nan_loss_at(monkeypatch, set(range(2, 100)))
+    with pytest.raises(RuntimeError, match=r"training stopped: 3 consecutive steps had a non-finite loss "
+                                           r"\(steps 2-4, module.max_nonfinite_steps=3; the weights are finite\)"):
+        in_process(tmp_path, ["module.max_nonfinite_steps=3"])
+
+
+def poison(trainer, module) -> None:
+    with torch.no_grad():
+        module.model.decoder.out.weight[0, 0] = float("nan")
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "validation"])
+def test_a_model_with_nonfinite_weights_is_never_saved_or_scored(tmp_path, where):
+    overrides = ["trainer.max_steps=8", "trainer.val_check_interval=4", "module.max_nonfinite_steps=100",
+                 "callbacks.step_checkpoint.every_n_train_steps=3"]
+    if where == "validation":
+        overrides[-1] = "callbacks.step_checkpoint=null"
+    error = r"refusing to write .*last.ckpt: non-finite weights in model.decoder.out.weight" if where == "checkpoint" \
+        else r"non-finite weights after step 4 \(decoder.out.weight\): this model is neither scored nor saved"
+    with pytest.raises((ValueError, RuntimeError), match=error):
+        in_process(tmp_path, overrides, [AtStep(2, poison)])
+    for path in (tmp_path / "run" / "checkpoints").glob("*.ckpt"):
+        assert all(torch.isfinite(t).all() for t in load(path)["state_dict"].values()), path
+
+
+# --- atomic checkpoints -----------------------------------------------------------------------------
+def partial_then_fail(monkeypatch, after: int = 0) -> None:
+    """torch.save writes half of the bytes, then fails (a full disk, a kill), from call ``after`` on."""
+    original, calls = torch.save, []
+
+    def save(obj, f, *args, **kwargs):
+        calls.append(f)
+        if len(calls) <= after:
+            return original(obj, f, *args, **kwargs)
+        f.write(b"PK\x03\x04 half a checkpoint")
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(torch, "save", save)
+
+
+def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    io, path = AtomicCheckpointIO(), tmp_path / "last.ckpt"
+    io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "global_step": 1}, path)
+    partial_then_fail(monkeypatch)
+    with pytest.raises(OSError, match="No space left"):
+        io.save_checkpoint({"state_dict": {"w": torch.zeros(3)}, "global_step": 2}, path)
+    assert load(path)["global_step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary file left behind
+
+
+def test_training_crash_while_saving_leaves_a_loadable_checkpoint(tmp_path, monkeypatch):
+    partial_then_fail(monkeypatch, after=1)  # the step-5 save succeeds, the step-10 one fails
+    with pytest.raises(OSError, match="No space left"):
+        in_process(tmp_path, [])
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    monkeypatch.undo()
+    assert load(ckpt)["global_step"] == 5
+    assert [p.name for p in ckpt.parent.iterdir()] == ["last.ckpt"]
+
+
+# --- checkpoints that do not fit the config ---------------------------------------------------------
+@pytest.mark.parametrize("model, overrides, error", [
+    ("lstm_bahdanau", ["model.hidden_size=32"], r"different shapes:\n(  .*\n)*  decoder\.rnn\.weight_hh_l0: checkpoint \(64, 16\) vs config \(128, 32\)\n"),
+    ("transformer", [], r"missing from the checkpoint: .*decoder\.layers\.0\..*\nnot in the model: .*decoder\.rnn\.weight_hh_l0"),
+], ids=["hidden_size", "model_type"])
+def test_resume_with_another_model_config_names_the_mismatched_weights(reference, cfg_train, model, overrides, error):
+    _, ckpt, _ = reference
+    cfg = cfg_train([*overrides, f"ckpt_path={ckpt}"], model=model)
+    with pytest.raises(ValueError) as err:
+        train(cfg)
+    message = str(err.value)
+    assert f"{ckpt} does not match the model config" in message
+    assert re.search(error, message), message
+    assert not (Path(cfg.paths.output_dir) / "checkpoints").exists()  # refused before training
+
+
+# --- config errors ----------------------------------------------------------------------------------
+def test_unknown_data_name_lists_the_available_ones():
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        with pytest.raises(MissingConfigException) as err:
+            compose("train", overrides=["data=wmt99"])
+    for name in ("synthetic", "tiny", "multi30k", "files", "europarl_it_en"):
+        assert name in str(err.value)
+
+
+def test_misspelled_data_key_fails_before_any_work():
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        with pytest.raises(ConfigCompositionException, match="Could not override 'data.max_tokenz'"):
+            compose("train", overrides=["data.max_tokenz=100"])
+
+
+# --- translate.py on any input ------------------------------------------------------------------------
+ODD_LINES = [
+    "do nuta modeta",
+    "",
+    "   ",
+    " ".join(["do nuta modeta ponogu"] * 200),  # 800 words: over the 256-subword limit
+    "do 猫 nuta 🙂 modeta ÆØÅ",                  # characters never seen in training
+    "\t",
+    "nu tagaga",
+]
+
+
+def test_translate_lines_keeps_one_line_per_input_line(reference, caplog):
+    _, ckpt, _ = reference
+    loaded = load_checkpoint(ckpt)
+    with caplog.at_level(logging.WARNING, logger="nmt.translate"):
+        out, _ = translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, ODD_LINES,
+                                 lambda m, s, sm, **kw: greedy_search(m, s, sm, **kw), max_src_len=256)
+    assert len(out) == len(ODD_LINES)
+    for line, hyp in zip(ODD_LINES, out):
+        assert (hyp == "") == (line.strip() == "") and "\n" not in hyp
+    assert "truncated 1 line(s) longer than 255 tokens: [4]" in caplog.text  # its input line number
+
+
+def test_read_lines_invalid_utf8_names_the_line_or_replaces(tmp_path, caplog):
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"ok\n\nbad \xff\xfe byte\nlast\n")
+    with pytest.raises(ValueError, match=r"in.txt, line 3: invalid UTF-8 .* run with errors=replace"):
+        read_lines(str(path))
+    with caplog.at_level(logging.WARNING, logger="nmt.translate"):
+        assert read_lines(str(path), errors="replace") == ["ok", "", "bad \ufffd\ufffd byte", "last"]
+    assert "replaced invalid UTF-8 on 1 line(s): [3]" in caplog.text
+
+
+def test_translate_cli_on_odd_input(reference, tmp_path):
+    _, ckpt, _ = reference
+    src = tmp_path / "in.txt"
+    src.write_bytes("\n".join(ODD_LINES).encode() + b"\nbroken \xc3\x28 utf8\n")
+    base = [sys.executable, "translate.py", f"ckpt={ckpt}", f"input={src}", "decoding=greedy",
+            f"hydra.run.dir={tmp_path / 'tr'}"]
+    result = subprocess.run([*base, "errors=replace"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout.split("\n")
+    assert out[-1] == "" and len(out) - 1 == len(ODD_LINES) + 1
+    assert "truncated 1 line(s)" in result.stderr and "replaced invalid UTF-8 on 1 line(s)" in result.stderr
