@@ -137,10 +137,9 @@ def markdown_table(reports: dict[str, dict[str, Any]]) -> str:
 
 def plot_bleu_by_length(reports: dict[str, dict[str, Any]], path: str | Path, title: str = "") -> Path:
     """BLEU per source-length bucket, one curve per system, CI as error bars, counts on the axis."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from nmt.plots import save
 
     first = next(iter(reports.values()))
     labels = [f"{b['label']}\n(n={b['count']})" for b in first["buckets"]]
@@ -157,14 +156,7 @@ def plot_bleu_by_length(reports: dict[str, dict[str, Any]], path: str | Path, ti
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    if title:
-        ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, ax, path, title)
 
 
 def write_report(report: dict[str, Any], out_dir: str | Path, name: str = "model", stem: str = "bleu_by_length") -> dict[str, Path]:

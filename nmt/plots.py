@@ -1,4 +1,4 @@
-"""Figures: attention heatmaps (BLEU-by-length plots live with the length report)."""
+"""Figures: attention heatmaps, and the saving shared with the BLEU-by-length plot."""
 
 from __future__ import annotations
 
@@ -21,6 +21,11 @@ def plot_attention(attn: Tensor, src_pieces: list[str], tgt_pieces: list[str], p
     ax.set_yticks(range(rows), tgt_pieces[:rows], fontsize=7)
     ax.set_xlabel("source")
     ax.set_ylabel("output")
+    return save(fig, ax, path, title)
+
+
+def save(fig: plt.Figure, ax: plt.Axes, path: str | Path, title: str = "") -> Path:
+    """Title, tighten, write as PNG (folders made as needed) and close the figure."""
     if title:
         ax.set_title(title, fontsize=9)
     fig.tight_layout()
