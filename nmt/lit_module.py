@@ -221,9 +221,10 @@ class TranslationModule(L.LightningModule):
             )
         scores = self._score("val", "valid")
         self.best_bleu = max(self.best_bleu, scores["bleu"])
-        self.log("val/bleu", scores["bleu"], prog_bar=True, sync_dist=False, rank_zero_only=False)
-        self.log("val/chrf", scores["chrf"], rank_zero_only=False)
-        self.log("val/bleu_best", self.best_bleu, rank_zero_only=False)
+        # Every rank scored the same gathered hypotheses: the mean over ranks is that score.
+        self.log("val/bleu", scores["bleu"], prog_bar=True, sync_dist=True)
+        self.log("val/chrf", scores["chrf"], sync_dist=True)
+        self.log("val/bleu_best", self.best_bleu, sync_dist=True)
         ppl = self.trainer.callback_metrics.get("val/nll")
         if ppl is not None:
             self.log("val/ppl", torch.exp(ppl))
@@ -233,8 +234,8 @@ class TranslationModule(L.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         scores = self._score("test", "test")
-        self.log("test/bleu", scores["bleu"], rank_zero_only=False)
-        self.log("test/chrf", scores["chrf"], rank_zero_only=False)
+        self.log("test/bleu", scores["bleu"], sync_dist=True)
+        self.log("test/chrf", scores["chrf"], sync_dist=True)
         if self.hparams.report_dir and self.trainer.is_global_zero:
             self.write_test_report(Path(self.hparams.report_dir))
 

@@ -6,20 +6,35 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+from torch.utils.checkpoint import checkpoint
 
 from nmt.data.tokenizer import PAD
 
 FEEDS = ("none", "context", "attentional")
 
 
+def lstm_cell(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+    """LSTM state update from pre-activations (..., 4H) in torch's gate order i, f, g, o."""
+    i, f, g, o = gates.chunk(4, dim=-1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c
+
+
 class RNNEncoder(nn.Module):
-    """Multi-layer LSTM over packed sequences, so padding never changes a sentence's encoding.
+    """Multi-layer (bidirectional) LSTM; padding never changes a sentence's encoding.
 
     With ``bidirectional`` each direction has ``hidden_size // 2`` units, so outputs and final
     states are ``hidden_size`` wide either way: ``enc_out`` (B, S, H), ``final_h``/``final_c``
     (B, L, H) with the two directions' last states side by side.
+
+    The recurrence runs on ``self.rnn``'s weights one position at a time, both directions in
+    one batched matmul, and a sentence's state only advances on its own tokens (the backward
+    direction starts at its last token); the input projections of all positions are one matmul
+    per layer. This computes what ``nn.LSTM`` computes on packed sequences, without the packed
+    path's per-step full-size gradient buffers. With gradient checkpointing each layer keeps only
+    its input and recomputes its steps in the backward pass.
     """
 
     def __init__(
@@ -36,6 +51,7 @@ class RNNEncoder(nn.Module):
             raise ValueError(f"a bidirectional RNNEncoder needs an even hidden_size, got {hidden_size}")
         self.num_directions = 2 if bidirectional else 1
         self.final_state_layers = num_layers
+        self.gradient_checkpointing = False
         self.embed = nn.Embedding(vocab_size, emb_size, padding_idx=PAD)
         self.dropout = nn.Dropout(dropout)
         self.rnn = nn.LSTM(
@@ -47,18 +63,45 @@ class RNNEncoder(nn.Module):
             batch_first=True,
         )
 
+    def _layer(self, x: Tensor, mask: Tensor, layer: int) -> tuple[Tensor, Tensor, Tensor]:
+        """One layer, every direction: x (B, S, I), mask (S, D, B, 1) in each direction's time
+        order -> outputs (B, S, D*h) (zero on padding), final h and c (B, D*h)."""
+        suffixes = [f"_l{layer}", f"_l{layer}_reverse"][: self.num_directions]
+        params = {name: [getattr(self.rnn, name + s) for s in suffixes] for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
+        batch, length, dirs = x.size(0), x.size(1), self.num_directions
+        bias = torch.cat(params["bias_ih"]) + torch.cat(params["bias_hh"])
+        x_proj = F.linear(x.transpose(0, 1), torch.cat(params["weight_ih"]), bias)  # (S, B, D*4h)
+        x_proj = x_proj.view(length, batch, dirs, -1).transpose(1, 2)  # (S, D, B, 4h)
+        if dirs == 2:  # the backward direction reads the positions last to first
+            x_proj = torch.stack([x_proj[:, 0], x_proj[:, 1].flip(0)], dim=1)
+        w_hh = torch.stack(params["weight_hh"]).transpose(1, 2)  # (D, h, 4h)
+        h = c = x.new_zeros(dirs, batch, w_hh.size(1))  # (D, B, h)
+        outputs = []
+        for x_t, m_t in zip(x_proj.unbind(0), mask.unbind(0)):
+            h_new, c_new = lstm_cell(torch.baddbmm(x_t, h, w_hh), c)
+            h, c = torch.where(m_t, h_new, h), torch.where(m_t, c_new, c)  # padding keeps the state
+            outputs.append(h)
+        out = torch.stack(outputs) * mask  # (S, D, B, h), zero on padding
+        if dirs == 2:
+            out = torch.stack([out[:, 0], out[:, 1].flip(0)], dim=1)
+        out = out.permute(2, 0, 1, 3).reshape(batch, length, -1)  # (B, S, D*h)
+        return out, h.transpose(0, 1).reshape(batch, -1), c.transpose(0, 1).reshape(batch, -1)
+
     def forward(self, src: Tensor, src_mask: Tensor) -> dict[str, Tensor]:
-        lengths = src_mask.sum(1).cpu()
-        packed = pack_padded_sequence(self.dropout(self.embed(src)), lengths, batch_first=True, enforce_sorted=False)
-        out, (h, c) = self.rnn(packed)
-        enc_out, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))  # (B, S, H)
-
-        def layers(state: Tensor) -> Tensor:  # (L*D, B, H/D) -> (B, L, H)
-            num_layers, batch = self.final_state_layers, state.size(1)
-            state = state.view(num_layers, self.num_directions, batch, -1)
-            return state.permute(2, 0, 1, 3).reshape(batch, num_layers, -1)
-
-        return {"enc_out": self.dropout(enc_out), "src_mask": src_mask, "final_h": layers(h), "final_c": layers(c)}
+        mask = src_mask.t().unsqueeze(-1)  # (S, B, 1)
+        mask = torch.stack([mask, mask.flip(0)][: self.num_directions], dim=1)  # (S, D, B, 1)
+        x = self.dropout(self.embed(src))  # (B, S, E)
+        final_h, final_c = [], []
+        for layer in range(self.rnn.num_layers):
+            if layer > 0:  # between layers, as nn.LSTM
+                x = F.dropout(x, self.rnn.dropout, self.training)
+            if self.gradient_checkpointing and self.training:  # keep only each layer's input
+                x, h, c = checkpoint(self._layer, x, mask, layer, use_reentrant=False)
+            else:
+                x, h, c = self._layer(x, mask, layer)
+            final_h.append(h)
+            final_c.append(c)
+        return {"enc_out": self.dropout(x), "src_mask": src_mask, "final_h": torch.stack(final_h, 1), "final_c": torch.stack(final_c, 1)}
 
 
 class RNNDecoder(nn.Module):
@@ -74,6 +117,11 @@ class RNNDecoder(nn.Module):
       training runs the LSTM over the whole sequence in one call.
 
     Attention decoders predict from ``tanh(W_c [c; h])``; the plain decoder from ``h``.
+
+    Step by step (with a feed, and in ``decode_step``) the LSTM runs on ``self.rnn``'s own
+    weights, so the parameters stay those of ``nn.LSTM``: the embedding part of the first layer's
+    input projection is one matmul over all steps, and a step costs ``h @ W_hh^T`` and
+    ``input @ W_ih^T`` per layer (the input of the first layer being the feed alone).
     """
 
     def __init__(
@@ -129,32 +177,61 @@ class RNNDecoder(nn.Module):
             return self.dropout(h)
         return self.dropout(torch.tanh(self.att_out(torch.cat([context, h], dim=-1))))
 
-    def _step(self, emb: Tensor, memory: dict[str, Tensor], state: dict[str, Any]) -> tuple[Tensor, dict, Tensor | None]:
-        """emb (B, E) -> output vector (B, H), new state, attention (B, S) or None."""
+    def _weights(self) -> tuple[Tensor, Tensor, list[tuple[Tensor | None, Tensor, Tensor]]]:
+        """``self.rnn``'s weights for stepping: the embedding columns of the first layer's input
+        weight (4H, E), its summed bias (4H,), and per layer the transposed weights applied each
+        step, to the input (the feed in the first layer; None without one) and to h, with the
+        layer's summed bias."""
+        emb_size = self.embed.embedding_dim
+        layers = []
+        for layer in range(self.rnn.num_layers):
+            w_ih, w_hh, b_ih, b_hh = (getattr(self.rnn, f"{name}_l{layer}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+            if layer == 0:
+                w_emb, w_ih = w_ih[:, :emb_size], w_ih[:, emb_size:]
+            layers.append((w_ih.t() if w_ih.size(1) else None, w_hh.t(), b_ih + b_hh))
+        return w_emb, layers[0][2], layers
+
+    def _recur(self, x_proj: Tensor, feed: Tensor | None, h: list[Tensor], c: list[Tensor], layers) -> None:
+        """One LSTM step through every layer (torch's gate order i, f, g, o), updating the
+        per-layer states ``h``/``c`` (lists of (B, H)) in place. ``x_proj`` (B, 4H) is the first
+        layer's embedding projection plus bias; dropout between layers as in ``nn.LSTM``."""
+        x = feed
+        for layer, (w_x, w_h, bias) in enumerate(layers):
+            if layer > 0 and self.rnn.dropout:
+                x = F.dropout(x, self.rnn.dropout, self.training)
+            gates = torch.addmm(x_proj if layer == 0 else bias, h[layer], w_h)  # (B, 4H)
+            if w_x is not None:
+                gates = gates.addmm_(x, w_x)
+            h[layer], c[layer] = lstm_cell(gates, c[layer])
+            x = h[layer]
+
+    def _step(self, x_proj: Tensor, memory: dict[str, Tensor], state: dict[str, Any], layers) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """x_proj (B, 4H) -> top state (B, H), context (B, Hk) | None, attention (B, S) | None;
+        ``state`` (lists ``h``/``c`` and ``feed``) is updated in place."""
         context = attn = None
         if self.input_feeding == "context":
-            context, attn = self._attend(state["h"][:, -1], memory)
-            rnn_in = torch.cat([emb, context], dim=-1)
-        elif self.input_feeding == "attentional":
-            rnn_in = torch.cat([emb, state["feed"]], dim=-1)
-        else:
-            rnn_in = emb
-        hc = (state["h"].transpose(0, 1).contiguous(), state["c"].transpose(0, 1).contiguous())  # (L, B, H)
-        out, (h, c) = self.rnn(rnn_in.unsqueeze(1), hc)
-        h_top = out[:, 0]  # (B, H)
+            context, attn = self._attend(state["h"][-1], memory)
+            state["feed"] = context
+        self._recur(x_proj, state.get("feed"), state["h"], state["c"], layers)
+        h_top = state["h"][-1]
         if self.attention is not None and self.input_feeding != "context":
             context, attn = self._attend(h_top, memory)
-        output = self._output(h_top, context)
-        new_state = {"h": h.transpose(0, 1), "c": c.transpose(0, 1)}
         if self.input_feeding == "attentional":
-            new_state["feed"] = output
-        return output, new_state, attn
+            state["feed"] = self._output(h_top, context)
+        return h_top, context, attn
 
     def decode_step(
         self, prev: Tensor, memory: dict[str, Tensor], state: dict[str, Any], need_attn: bool = False
     ) -> tuple[Tensor, dict[str, Any], Tensor | None]:
-        output, state, attn = self._step(self.dropout(self.embed(prev)), memory, state)
-        return self.out(output), state, attn
+        w_emb, bias, layers = self._weights()
+        x_proj = F.linear(self.dropout(self.embed(prev)), w_emb, bias)  # (B, 4H)
+        step_state = {"h": list(state["h"].unbind(1)), "c": list(state["c"].unbind(1)), "feed": state.get("feed")}
+        h_top, context, attn = self._step(x_proj, memory, step_state, layers)
+        output = step_state["feed"] if self.input_feeding == "attentional" else self._output(h_top, context)
+        new_state = {"h": torch.stack(step_state["h"], 1), "c": torch.stack(step_state["c"], 1)}
+        if self.input_feeding == "attentional":
+            new_state["feed"] = output
+        return self.out(output), new_state, attn
 
     def _run(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> tuple[Tensor, Tensor | None]:
         """Teacher-forced outputs (B, T, H) and attention (B, T, S) or None."""
@@ -167,12 +244,21 @@ class RNNDecoder(nn.Module):
                 return self._output(h, None), None
             context, attn = self._attend(h, memory)  # (B, T, Hk), (B, T, S)
             return self._output(h, context), attn
-        outputs, attns = [], []
-        for t in range(tgt_in.size(1)):
-            output, state, attn = self._step(emb[:, t], memory, state)
-            outputs.append(output)
+        w_emb, bias, layers = self._weights()
+        x_proj = F.linear(emb.transpose(0, 1), w_emb, bias)  # (T, B, 4H), all steps at once
+        state = {"h": list(state["h"].unbind(1)), "c": list(state["c"].unbind(1)), "feed": state.get("feed")}
+        tops, contexts, attns = [], [], []
+        for x_t in x_proj.unbind(0):  # unbind, not x_proj[t]: one backward node, no per-step zeros
+            h_top, context, attn = self._step(x_t, memory, state, layers)
+            # Luong: the output is the feed, computed in the step; Bahdanau: it does not feed
+            # back, so the output layer runs once over all steps below.
+            tops.append(state["feed"] if self.input_feeding == "attentional" else h_top)
+            contexts.append(context)
             attns.append(attn)
-        return torch.stack(outputs, 1), torch.stack(attns, 1)
+        attn = torch.stack(attns, 1)  # (B, T, S)
+        if self.input_feeding == "attentional":
+            return torch.stack(tops, 1), attn
+        return self._output(torch.stack(tops, 1), torch.stack(contexts, 1)), attn
 
     def forward(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> Tensor:
         return self.out(self._run(tgt_in, memory)[0])  # (B, T, V)
@@ -180,4 +266,3 @@ class RNNDecoder(nn.Module):
     def cross_attention(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> Tensor | None:
         attn = self._run(tgt_in, memory)[1]
         return None if attn is None else attn[:, None, None]  # (B, 1, 1, T, S)
-
