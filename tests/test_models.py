@@ -140,3 +140,69 @@ def test_luong_dot_needs_equal_sizes():
 
     with pytest.raises(ValueError, match="score='dot' needs query_size == key_size, got 8 and 16"):
         LuongAttention(8, 16, score="dot")
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_rnn_encoder_equals_nn_lstm_on_packed_sequences(bidirectional):
+    """The encoder's own recurrence on ``self.rnn``'s weights computes what ``nn.LSTM`` computes
+    on packed sequences: outputs (zero on padding), final states and gradients."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    from nmt.models.rnn import RNNEncoder
+
+    torch.manual_seed(0)
+    encoder = RNNEncoder(VOCAB, 8, 12, num_layers=2, bidirectional=bidirectional).eval()
+    src, src_mask, _ = batch(lengths=(7, 3, 5))
+    packed = pack_padded_sequence(encoder.embed(src), src_mask.sum(1), batch_first=True, enforce_sorted=False)
+    out, (h, c) = encoder.rnn(packed)
+    ref_out, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))
+    dirs = 2 if bidirectional else 1
+
+    def layers(state):  # (L*D, B, h) -> (B, L, D*h)
+        return state.view(2, dirs, src.size(0), -1).permute(2, 0, 1, 3).reshape(src.size(0), 2, -1)
+
+    memory = encoder(src, src_mask)
+    for key, ref in (("enc_out", ref_out), ("final_h", layers(h)), ("final_c", layers(c))):
+        torch.testing.assert_close(memory[key], ref, atol=1e-6, rtol=1e-5)
+    params = list(encoder.parameters())
+    grads = torch.autograd.grad(sum(m.sin().sum() for m in memory.values() if m.is_floating_point()), params)
+    ref_grads = torch.autograd.grad(ref_out.sin().sum() + layers(h).sin().sum() + layers(c).sin().sum(), params)
+    for grad, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(grad, ref, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["lstm", "lstm_bahdanau", "lstm_luong", "hybrid_transformer_luong"])
+def test_rnn_decoder_step_equals_nn_lstm(name):
+    """The decoder steps on ``self.rnn``'s own weights (so checkpoints keep their parameter names):
+    one ``decode_step`` gives the state ``nn.LSTM`` gives for [embedding; feed]."""
+    model = build(name)
+    decoder = model.decoder
+    assert {"rnn.weight_ih_l0", "rnn.weight_hh_l1", "rnn.bias_ih_l1"} <= set(decoder.state_dict())
+    src, src_mask, tgt_in = batch()
+    memory = model.encode(src, src_mask)
+    state = model.init_state(memory)
+    for t in range(3):
+        rnn_in = decoder.embed(tgt_in[:, t])
+        if decoder.input_feeding == "context":
+            rnn_in = torch.cat([rnn_in, decoder._attend(state["h"][:, -1], memory)[0]], dim=-1)
+        elif decoder.input_feeding == "attentional":
+            rnn_in = torch.cat([rnn_in, state["feed"]], dim=-1)
+        hc = (state["h"].transpose(0, 1).contiguous(), state["c"].transpose(0, 1).contiguous())
+        _, (h, c) = decoder.rnn(rnn_in.unsqueeze(1), hc)
+        _, state, _ = model.decode_step(tgt_in[:, t], memory, state)
+        torch.testing.assert_close(state["h"], h.transpose(0, 1), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(state["c"], c.transpose(0, 1), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_additive_score_matches_tanh_and_autograd(steps):
+    """The hand-written additive score is v^T tanh(q + k) with the gradients autograd would give."""
+    from nmt.models.attention import _AdditiveScore
+
+    g = torch.Generator().manual_seed(0)
+    query = torch.randn(2, steps, 5, dtype=torch.double, generator=g, requires_grad=True)
+    keys = torch.randn(2, 4, 5, dtype=torch.double, generator=g, requires_grad=True)
+    v = torch.randn(5, dtype=torch.double, generator=g, requires_grad=True)
+    reference = torch.tanh(keys.unsqueeze(1) + query.unsqueeze(2)) @ v
+    torch.testing.assert_close(_AdditiveScore.apply(query, keys, v), reference)
+    assert torch.autograd.gradcheck(_AdditiveScore.apply, (query, keys, v))
