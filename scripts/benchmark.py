@@ -1,0 +1,354 @@
+"""Training and decoding speed of the model presets, from ``conf/benchmark.yaml``.
+
+    python scripts/benchmark.py [data=multi30k] [models=[lstm_luong,transformer]] [threads=2]
+
+Every model is built as ``nmt/train.py`` builds it (``build_model``/``build_module`` on the train
+config composed with ``model=<preset>``) and trained with ``module.loss`` and the configured
+optimizer on the same batches of ``data``. Reported per model:
+
+- training: steady-state src+tgt tokens/s and step time (after ``train.warmup_steps``), padding
+  ratio of the batches, peak memory (RSS on CPU, reset per model; ``max_memory_allocated`` on
+  CUDA), and model FLOP/s against the machine's matmul peak measured in the same run (same
+  dtype, same threads). Model FLOPs are counted analytically per architecture (``*_flops``
+  below) on real tokens, as 3x the forward matmuls (forward + backward);
+- decoding: sentences/s and output tokens/s of greedy and beam search at each batch size on the
+  first ``decoding.num_sentences`` test sentences (the weights are those after the timed
+  steps, so outputs tend to run to the length cap);
+- for Transformer decoders: beam search with the key/value cache vs without it, where "without"
+  re-runs the decoder over the whole prefix every step (``NoCache``, as Joey NMT decodes).
+
+Results go to ``<run>/benchmark.json`` and ``<run>/benchmark.md``; the tables are also logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import platform
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+from hydra import compose
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from nmt import CONF_DIR  # noqa: E402
+from nmt.data.tokenizer import PAD  # noqa: E402
+from nmt.decoding import beam_search, greedy_search  # noqa: E402
+from nmt.models.rnn import RNNDecoder, RNNEncoder  # noqa: E402
+from nmt.models.transformer import TransformerDecoder, TransformerEncoder  # noqa: E402
+from nmt.train import build_model, build_module, count_parameters  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+
+# --- model FLOPs (forward matmuls; multiply-add = 2) ------------------------------------------
+@dataclass
+class Lengths:
+    """Real-token counts of some batches: sums over sentences of S, T, S^2, T^2 and S*T."""
+
+    sentences: int = 0
+    src: int = 0
+    tgt: int = 0
+    src_sq: int = 0
+    tgt_sq: int = 0
+    cross: int = 0
+
+    def add(self, batch: dict[str, Any]) -> None:
+        s, t = batch["src_mask"].sum(1).double(), (batch["tgt_out"] != PAD).sum(1).double()
+        self.sentences += len(s)
+        self.src, self.tgt = self.src + int(s.sum()), self.tgt + int(t.sum())
+        self.src_sq, self.tgt_sq = self.src_sq + int((s * s).sum()), self.tgt_sq + int((t * t).sum())
+        self.cross += int((s * t).sum())
+
+
+def lstm_encoder_flops(enc: RNNEncoder, n: Lengths) -> float:
+    """Per source token and direction, layer l: 2 * 4h * (I_l + h)."""
+    rnn = enc.rnn
+    dirs, h = 1 + rnn.bidirectional, rnn.hidden_size
+    return n.src * sum(dirs * 2 * 4 * h * ((rnn.input_size if l == 0 else dirs * h) + h) for l in range(rnn.num_layers))
+
+
+def lstm_decoder_flops(dec: RNNDecoder, n: Lengths) -> float:
+    """Per target token: the LSTM layers 2 * 4H * (I_l + H), the output projection 2 * H * V and,
+    with attention, ``tanh(W_c [c; h])`` 2 * (Hk + H) * H, the query projection, and per
+    (target, source) pair the score and the weighted sum; keys are projected once per source token."""
+    rnn, H = dec.rnn, dec.rnn.hidden_size
+    per_token = sum(2 * 4 * H * ((rnn.input_size if l == 0 else H) + H) for l in range(rnn.num_layers))
+    flops = n.tgt * (per_token + 2 * H * dec.out.out_features)
+    if dec.attention is not None:
+        key_size = dec.att_out.in_features - H
+        flops += n.tgt * 2 * dec.att_out.in_features * H
+        key_proj, query_proj = getattr(dec.attention, "key_proj", None), getattr(dec.attention, "query_proj", None)
+        if key_proj is not None:
+            flops += n.src * 2 * key_proj.in_features * key_proj.out_features
+        if query_proj is not None:
+            flops += n.tgt * 2 * query_proj.in_features * query_proj.out_features
+        score_size = key_proj.out_features if key_proj is not None else key_size
+        flops += n.cross * 2 * (score_size + key_size)
+    return flops
+
+
+def transformer_encoder_flops(enc: TransformerEncoder, n: Lengths) -> float:
+    """Per layer and source token 2 * (4H^2 + 2 H ff), plus self-attention 2 * 2 * S * H."""
+    layer = enc.layers[0]
+    H, ff = layer.self_attn.q_proj.in_features, layer.ff[0].out_features
+    return len(enc.layers) * (n.src * 2 * (4 * H * H + 2 * H * ff) + n.src_sq * 2 * 2 * H)
+
+
+def transformer_decoder_flops(dec: TransformerDecoder, n: Lengths) -> float:
+    """Per layer and target token: self-attention projections 2 * 4H^2, cross-attention query and
+    output 2 * 2H^2, feed-forward 2 * 2 H ff, attention over T and S positions 2 * 2 * (T + S) * H;
+    cross-attention keys/values 2 * 2 * Hm * H once per source token; output 2 * H * V."""
+    layer = dec.layers[0]
+    H, ff, mem = layer.self_attn.q_proj.in_features, layer.ff[0].out_features, layer.cross_attn.kv_proj.in_features
+    per_layer = n.tgt * 2 * (6 * H * H + 2 * H * ff) + n.src * 2 * 2 * mem * H + (n.tgt_sq + n.cross) * 2 * 2 * H
+    return len(dec.layers) * per_layer + n.tgt * 2 * H * dec.out.out_features
+
+
+FLOPS = {
+    RNNEncoder: lstm_encoder_flops,
+    RNNDecoder: lstm_decoder_flops,
+    TransformerEncoder: transformer_encoder_flops,
+    TransformerDecoder: transformer_decoder_flops,
+}
+
+
+def training_flops(model: torch.nn.Module, n: Lengths) -> float:
+    """Forward + backward: 3x the forward matmuls."""
+    forward = FLOPS[type(model.encoder)](model.encoder, n) + FLOPS[type(model.decoder)](model.decoder, n)
+    if model.bridge is not None:
+        forward += n.sentences * 2 * model.bridge.proj.weight.numel()
+    return 3 * forward
+
+
+# --- measuring -------------------------------------------------------------------------------
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak(size: int, device: torch.device, dtype: torch.dtype, repeats: int = 5) -> float:
+    """FLOP/s of a square matmul, the best of ``repeats``."""
+    a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        a @ b
+        sync(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    with contextlib.suppress(OSError):  # Linux: reset the peak RSS that getrusage reports
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def train_speed(module, optimizer, batches: list[dict], warmup: int, device: torch.device, autocast) -> dict[str, float]:
+    """Train on ``batches``; time the steps after the first ``warmup`` ones."""
+    module.train()
+    times = []
+    for i, batch in enumerate(batches):
+        batch = to_device(batch, device)
+        sync(device)
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        with autocast():
+            loss, _ = module.loss(batch)
+        loss.backward()
+        optimizer.step()
+        sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    timed = batches[warmup:]
+    tokens = sum(b["num_src_tokens"] + b["num_tgt_tokens"] for b in timed)
+    padded = sum(b["src"].numel() + b["tgt_in"].numel() for b in timed)
+    return {"tokens_per_s": tokens / sum(times), "step_ms": 1000 * sum(times) / len(times),
+            "padding": 1 - tokens / padded, "seconds": sum(times), "final_loss": float(loss)}
+
+
+def decode_speed(model, batches: list[dict], search, device: torch.device, autocast) -> tuple[dict[str, float], list]:
+    """Sentences/s and output tokens/s (EOS included) of ``search`` over ``batches``."""
+    model.eval()
+    first = to_device(batches[0], device)
+    with torch.no_grad(), autocast():
+        search(model, first["src"][:1], first["src_mask"][:1])  # warm-up
+        sync(device)
+        start = time.perf_counter()
+        sentences = tokens = 0
+        outputs = []
+        for batch in batches:
+            batch = to_device(batch, device)
+            hyps = search(model, batch["src"], batch["src_mask"])
+            outputs.extend(hyps.tokens)
+            sentences += len(hyps.tokens)
+            tokens += sum(len(t) + 1 for t in hyps.tokens)
+        sync(device)
+    seconds = time.perf_counter() - start
+    return {"sentences_per_s": sentences / seconds, "tokens_per_s": tokens / seconds, "seconds": seconds}, outputs
+
+
+class NoCache(torch.nn.Module):
+    """A Seq2Seq whose ``decode_step`` re-runs the decoder over the whole prefix and keeps the
+    last position, as Joey NMT's search does, instead of extending a key/value cache."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        return self.model.encode(src, src_mask)
+
+    def init_state(self, memory: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        mask = memory["src_mask"]
+        return {"prefix": torch.zeros(mask.size(0), 0, dtype=torch.long, device=mask.device)}  # (B, t)
+
+    def decode_step(self, prev, memory, state, need_attn: bool = False):
+        prefix = torch.cat([state["prefix"], prev.unsqueeze(1)], dim=1)
+        return self.model.decoder(prefix, memory)[:, -1], {"prefix": prefix}, None
+
+
+# --- driver ----------------------------------------------------------------------------------
+def train_config(cfg: DictConfig, preset: str) -> DictConfig:
+    """The train config of ``model=<preset>`` with this benchmark's data and overrides."""
+    train_cfg = compose("train", overrides=[f"model={preset}", *cfg.overrides])
+    with open_dict(train_cfg):
+        train_cfg.data = cfg.data
+    return train_cfg
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"Device: {report['device']}, {report['threads']} threads; matmul peak "
+        f"{report['matmul_peak_gflops']:.0f} GFLOP/s ({report['dtype']}); data {report['data']}; "
+        f"load average {report['load_average_start']:.1f} at the start, {report['load_average_end']:.1f} at the end.",
+        "",
+        "| model | params | train tok/s | step ms | padding | peak MB | model GFLOP/s | % of peak |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in report["models"]:
+        t = r["train"]
+        lines.append(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {t['tokens_per_s']:,.0f} | {t['step_ms']:.0f} | "
+                     f"{100 * t['padding']:.1f}% | {t['peak_mb']:,.0f} | {t['gflops']:.1f} | {100 * t['peak_fraction']:.1f}% |")
+    lines += ["", "| model | search | batch | sentences/s | tokens/s |", "|---|---|---:|---:|---:|"]
+    for r in report["models"]:
+        for d in r["decoding"]:
+            search = "greedy" if d["beam_size"] == 1 else f"beam {d['beam_size']}"
+            lines.append(f"| {r['model']} | {search} | {d['batch_size']} | {d['sentences_per_s']:.1f} | {d['tokens_per_s']:,.0f} |")
+    caches = [r for r in report["models"] if "kv_cache" in r]
+    if caches:
+        lines += ["", "| model | beam, batch | with cache tok/s | without tok/s | speedup | same outputs |",
+                  "|---|---|---:|---:|---:|---|"]
+        for r in caches:
+            kv = r["kv_cache"]
+            lines.append(f"| {r['model']} | {kv['beam_size']}, {kv['batch_size']} | {kv['cached']['tokens_per_s']:,.0f} | "
+                         f"{kv['uncached']['tokens_per_s']:,.0f} | {kv['speedup']:.2f}x | {kv['same_outputs']} |")
+    return "\n".join(lines) + "\n"
+
+
+@hydra.main(config_path=CONF_DIR, config_name="benchmark", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if cfg.device == "auto" else cfg.device))
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    autocast = partial(torch.autocast, "cuda", dtype=dtype) if device.type == "cuda" else contextlib.nullcontext
+    peak = matmul_peak(cfg.matmul_size * (4 if device.type == "cuda" else 1), device, dtype)
+    log.info("matmul peak %.0f GFLOP/s (%s, %d threads)", peak / 1e9, dtype, torch.get_num_threads())
+
+    with open_dict(cfg):
+        cfg.data.max_tokens = cfg.max_tokens
+    dm = instantiate(cfg.data)
+    dm.setup()
+    loader = iter(dm.train_dataloader())
+    train_batches = [next(loader) for _ in range(cfg.train.warmup_steps + cfg.train.steps)]
+    lengths = Lengths()
+    for batch in train_batches[cfg.train.warmup_steps:]:
+        lengths.add(batch)
+    sources = dm.raw("test")[0][: cfg.decoding.num_sentences]
+    decode_batches = {bs: list(dm.predict_loader(sources, batch_size=bs)) for bs in {*cfg.decoding.batch_sizes, cfg.kv_cache.batch_size}}
+
+    report: dict[str, Any] = {
+        "device": str(device), "threads": torch.get_num_threads(), "dtype": str(dtype).replace("torch.", ""),
+        "matmul_peak_gflops": peak / 1e9, "data": HydraConfig.get().runtime.choices.get("data"),
+        "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "load_average_start": os.getloadavg()[0],
+        "config": OmegaConf.to_container(cfg, resolve=True), "lengths": asdict(lengths), "models": [],
+    }
+    for preset in cfg.models:
+        train_cfg = train_config(cfg, preset)
+        torch.manual_seed(cfg.seed)
+        reset_peak_memory(device)
+        model = build_model(train_cfg, dm.src_vocab.vocab_size, dm.tgt_vocab.vocab_size)
+        module = build_module(train_cfg, model).to(device)
+        optimizer = module.configure_optimizers()
+        optimizer = optimizer["optimizer"] if isinstance(optimizer, dict) else optimizer
+        train = train_speed(module, optimizer, train_batches, cfg.train.warmup_steps, device, autocast)
+        train["peak_mb"] = peak_memory_mb(device)
+        train["gflops"] = training_flops(model, lengths) / train["seconds"] / 1e9
+        train["peak_fraction"] = train["gflops"] * 1e9 / peak
+        result = {"model": preset, "params": count_parameters(model), "train": train, "decoding": []}
+        log.info("%s: %s", preset, {k: round(v, 3) for k, v in train.items()})
+
+        beam = train_cfg.test_decoding  # lengths and alpha of conf/decoding/beam.yaml
+        limits = {"max_len_a": beam.max_len_a, "max_len_b": beam.max_len_b}
+        for bs in cfg.decoding.batch_sizes:
+            for k in cfg.decoding.beam_sizes:
+                search = partial(greedy_search, **limits) if k == 1 else partial(beam_search, beam_size=k, alpha=beam.alpha, **limits)
+                speed, _ = decode_speed(model, decode_batches[bs], search, device, autocast)
+                result["decoding"].append({"batch_size": bs, "beam_size": k, **speed})
+                log.info("%s: %s batch %d: %.1f sentences/s", preset, f"beam {k}" if k > 1 else "greedy", bs, speed["sentences_per_s"])
+
+        if isinstance(model.decoder, TransformerDecoder):
+            kv = cfg.kv_cache
+            search = partial(beam_search, beam_size=kv.beam_size, alpha=beam.alpha, **limits)
+            batches = decode_batches[kv.batch_size][:1]
+            cached, out_cached = decode_speed(model, batches, search, device, autocast)
+            uncached, out_uncached = decode_speed(NoCache(model), batches, search, device, autocast)
+            result["kv_cache"] = {"batch_size": kv.batch_size, "beam_size": kv.beam_size, "sentences": len(out_cached),
+                                  "cached": cached, "uncached": uncached, "speedup": uncached["seconds"] / cached["seconds"],
+                                  "same_outputs": out_cached == out_uncached}
+            log.info("%s: key/value cache speedup %.2fx", preset, result["kv_cache"]["speedup"])
+        report["models"].append(result)
+        del model, module, optimizer
+
+    report["load_average_end"] = os.getloadavg()[0]  # other processes on the CPU skew every number
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    (out_dir / "benchmark.json").write_text(json.dumps(report, indent=2) + "\n")
+    table = markdown(report)
+    (out_dir / "benchmark.md").write_text(table)
+    log.info("results in %s\n%s", out_dir, table)
+
+
+if __name__ == "__main__":
+    main()
