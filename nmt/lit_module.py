@@ -24,11 +24,11 @@ import numpy as np
 import pytorch_lightning as L
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.checkpoint import nonfinite
 from nmt.data.tokenizer import PAD
+from nmt.loss import label_smoothed_cross_entropy
 from nmt.length_report import DEFAULT_EDGES, length_report, markdown_table, write_report
 from nmt.metrics import corpus_scores
 
@@ -92,14 +92,12 @@ class TranslationModule(L.LightningModule):
 
     # --- training -------------------------------------------------------------------------
     def loss(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
-        """Label-smoothed loss per target token, and the plain NLL (for perplexity)."""
-        logits = self.model(batch["src"], batch["src_mask"], batch["tgt_in"])  # (B, T, V)
-        logits = logits.float().flatten(0, 1)
-        target = batch["tgt_out"].flatten()
-        loss = F.cross_entropy(logits, target, ignore_index=PAD, label_smoothing=self.hparams.label_smoothing)
-        with torch.no_grad():
-            nll = F.cross_entropy(logits, target, ignore_index=PAD)
-        return loss, nll
+        """Label-smoothed loss per target token, and the plain NLL (for perplexity). The output
+        layer runs on the real target positions only: padding never reaches the vocabulary."""
+        hidden = self.model.features(batch["src"], batch["src_mask"], batch["tgt_in"])  # (B, T, H)
+        real = batch["tgt_out"] != PAD
+        logits = self.model.decoder.out(hidden[real])  # (N, V), N real target tokens
+        return label_smoothed_cross_entropy(logits.float(), batch["tgt_out"][real], self.hparams.label_smoothing)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         loss, nll = self.loss(batch)
@@ -149,6 +147,19 @@ class TranslationModule(L.LightningModule):
                     p.grad = None
             self._drop_update = False
 
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Without loss scaling (fp32, bf16) clip here: Lightning refuses to clip for a fused
+        optimizer under any mixed precision, though only fp16's scaled gradients need that."""
+        if gradient_clip_val and self._loss_scaler() is None:
+            params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            if gradient_clip_algorithm == "value":
+                torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
+            else:
+                torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
+            return
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
         """Seed torch from (seed, rank, epoch, batch): the dropout masks of a step do not depend on
         what drew random numbers before it (data loader iterators do), so resuming is exact."""
@@ -161,8 +172,17 @@ class TranslationModule(L.LightningModule):
     def on_validation_epoch_start(self) -> None:
         self._tick = None
 
+    def _loss_scaler(self) -> Any:
+        trainer = getattr(self, "_trainer", None)
+        return getattr(trainer.precision_plugin, "scaler", None) if trainer is not None else None
+
     def configure_optimizers(self) -> Any:
-        optimizer = self.optimizer(params=self.parameters())
+        kwargs = {}
+        if self._loss_scaler() is not None and getattr(self.optimizer, "keywords", {}).get("fused"):
+            # fp16 loss scaling: gradients must be unscaled before clipping, outside the optimizer
+            log.info("16-mixed precision: the optimizer runs unfused so gradients can be unscaled and clipped")
+            kwargs["fused"] = False
+        optimizer = self.optimizer(params=self.parameters(), **kwargs)
         if self.scheduler is None:
             return optimizer
         built = self.scheduler(optimizer)

@@ -81,6 +81,19 @@ def test_padding_does_not_change_a_sentence(name):
     torch.testing.assert_close(together[1:], alone, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("name", VARIANTS)
+def test_gradients_do_not_share_storage(name):
+    """Every parameter gets its own gradient memory, so in-place updates of gradients (clipping,
+    accumulation over batches) touch each parameter once."""
+    model = build(name).train()
+    src, src_mask, tgt_in = batch()
+    model(src, src_mask, tgt_in).logsumexp(-1).sum().backward()
+    spans = sorted((p.grad.data_ptr(), p.grad.data_ptr() + p.grad.numel() * p.grad.element_size(), n)
+                   for n, p in model.named_parameters() if p.grad is not None)
+    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+        assert end <= start, f"{a} and {b} share gradient memory"
+
+
 @pytest.mark.parametrize("name", [n for n in VARIANTS if n not in ("lstm", "hybrid_transformer_plain_lstm")])
 def test_attention_is_a_distribution_over_real_tokens(name):
     model = build(name)

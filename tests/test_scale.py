@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from pytorch_lightning import Callback
 
+import nmt.train
 from nmt.train import train
 from tests.conftest import ROOT, TINY, heads
 from tests.test_models import batch, build
@@ -50,9 +52,35 @@ def test_ddp_on_two_cpu_processes_matches_single_process_bleu(tmp_path):
     assert report[name]["bleu"] == pytest.approx(summary["metrics"]["test/bleu"], abs=1e-6)
 
 
-def test_bf16_mixed_trains_on_cpu(cfg_train):
-    metrics = train(cfg_train(["trainer.precision=bf16-mixed", "test=false"], model="transformer"))
+def _grad_norm(module) -> float | None:
+    grads = [p.grad.detach().float() for p in module.parameters() if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else None
+
+
+@pytest.mark.parametrize("model, precision", [("transformer", "bf16-mixed"), ("lstm_bahdanau", "bf16-mixed"),
+                                              ("lstm_luong", "32-true")])
+def test_precision_trains_and_clips_gradients_with_the_fused_optimizer(cfg_train, monkeypatch, model, precision):
+    """bf16 autocast trains on CPU; gradients are clipped (before: > clip, after: <= clip) with
+    the fused Adam, which Lightning alone refuses to clip under mixed precision."""
+    norms = {"before": [], "after": [], "fused": []}
+
+    class Spy(Callback):
+        def on_before_optimizer_step(self, trainer, module, optimizer) -> None:
+            norms["before"].append(_grad_norm(module))
+            norms["fused"].append(optimizer.defaults["fused"])
+
+        def on_before_zero_grad(self, trainer, module, optimizer) -> None:  # the last step's clipped gradients
+            if _grad_norm(module) is not None:
+                norms["after"].append(_grad_norm(module))
+
+    cfg = cfg_train([f"trainer.precision={precision}", "trainer.gradient_clip_val=0.01", "test=false"], model=model)
+    original = nmt.train._instantiate_group
+    monkeypatch.setattr(nmt.train, "_instantiate_group",
+                        lambda group: [*original(group), Spy()] if group is cfg.get("callbacks") else original(group))
+    metrics = train(cfg)
     assert metrics["train/loss"] == metrics["train/loss"] and metrics["val/loss"] < 10
+    assert all(norms["fused"]) and len(norms["after"]) >= 2
+    assert min(norms["before"]) > 0.02 and max(norms["after"]) == pytest.approx(0.01, rel=1e-3)
 
 
 @pytest.mark.parametrize("name", ["transformer", "hybrid_transformer_luong", "lstm_bahdanau"])

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from nmt.checkpoint import load_checkpoint
+from nmt.data.tokenizer import PAD
 from nmt.decoding import beam_search
-from nmt.train import train
+from nmt.train import build_model, build_module, train
 from nmt.translate import translate_lines
 from tests.conftest import ROOT
 
@@ -77,3 +78,33 @@ def test_translate_cli_keeps_one_line_per_input_line(cfg_train, tmp_path):
     for line, hyp in zip(lines, out):
         assert (hyp == "") == (line.strip() == "")
     assert sorted(p.name for p in (tmp_path / "tr" / "attention").iterdir()) == ["line00001.png", "line00002.png"]
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_loss_on_real_positions_equals_cross_entropy_on_all_logits(cfg_train, eps):
+    """The module's loss (output layer on real target positions, one log-softmax) and its
+    gradients equal torch's label-smoothed cross-entropy over the full padded logits."""
+    cfg = cfg_train([f"module.label_smoothing={eps}"], model="transformer")
+    torch.manual_seed(0)
+    module = build_module(cfg, build_model(cfg, 40, 40))
+    module.model.eval()  # no dropout: both paths see the same network
+    src = torch.randint(4, 40, (3, 7))
+    src_mask = torch.ones_like(src, dtype=torch.bool)
+    src_mask[1, 5:] = False
+    tgt = torch.randint(4, 40, (3, 6))
+    tgt[0, 4:] = PAD
+    tgt[2, 2:] = PAD
+    batch = {"src": src.masked_fill(~src_mask, PAD), "src_mask": src_mask, "tgt_in": tgt, "tgt_out": tgt}
+
+    loss, nll = module.loss(batch)
+    grads = torch.autograd.grad(loss, list(module.model.parameters()), allow_unused=True)
+    logits = module.model(batch["src"], src_mask, tgt).flatten(0, 1)
+    ref = torch.nn.functional.cross_entropy(logits, tgt.flatten(), ignore_index=PAD, label_smoothing=eps)
+    ref_grads = torch.autograd.grad(ref, list(module.model.parameters()), allow_unused=True)
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(nll, torch.nn.functional.cross_entropy(logits, tgt.flatten(), ignore_index=PAD).detach())
+    for g, r in zip(grads, ref_grads):
+        if r is None:
+            assert g is None or not g.any()
+        else:
+            torch.testing.assert_close(g, r)

@@ -5,7 +5,8 @@ A ``Seq2Seq`` holds an encoder and a decoder (chosen separately in ``conf/model/
 (an LSTM decoder after a Transformer encoder), a bridge. Nothing outside this file needs to know
 which encoder or decoder it holds:
 
-- ``forward(src, src_mask, tgt_in) -> logits (B, T, V)``: teacher forcing, for the loss.
+- ``forward(src, src_mask, tgt_in) -> logits (B, T, V)``: teacher forcing;
+  ``features(...) -> (B, T, H)`` is the same before the output layer ``decoder.out``.
 - ``encode(src, src_mask) -> memory``; ``init_state(memory) -> state``;
   ``decode_step(prev (B,), memory, state) -> (logits (B, V), state, attn (B, S) | None)``.
 
@@ -14,8 +15,8 @@ repeats them with ``select`` alone.
 
 Encoders return ``{"enc_out": (B, S, H), "src_mask": (B, S)}`` and, if recurrent, the final
 states ``"final_h"``/``"final_c"`` (B, L, H). Decoders expose ``prepare_memory`` (precompute what
-depends on the source only, e.g. projected attention keys), ``init_state``, ``step_logits`` and
-``forward``, and say through ``needs_init_state`` whether they start from a source summary.
+depends on the source only, e.g. projected attention keys), ``init_state``, ``decode_step``,
+``features``, ``forward`` and the output layer ``out``, and say through ``needs_init_state`` whether they start from a source summary.
 """
 
 from __future__ import annotations
@@ -131,8 +132,12 @@ class Seq2Seq(nn.Module):
 
     def forward(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V)."""
-        memory = self.encode(src, src_mask)
-        return self.decoder(tgt_in, memory)
+        return self.decoder.out(self.features(src, src_mask, tgt_in))
+
+    def features(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced decoder states (B, T, H) before the output layer ``decoder.out``: the
+        loss applies that layer to the real target positions only."""
+        return self.decoder.features(tgt_in, self.encode(src, src_mask))
 
     def cross_attention(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor | None:
         """Attention of every target position over the source, for plots:

@@ -15,6 +15,33 @@ from nmt.data.tokenizer import PAD
 FEEDS = ("none", "context", "attentional")
 
 
+def autocast_weight(w: Tensor) -> Tensor:
+    """``w`` in the autocast dtype when autocast is on: a weight used at every time step is cast
+    once per sequence, not once per step (autocast caches only leaf parameters)."""
+    device = w.device.type
+    if torch.is_autocast_enabled(device):
+        return w.to(torch.get_autocast_dtype(device))
+    return w
+
+
+class _SumBiases(torch.autograd.Function):
+    """``b_ih + b_hh`` whose two gradients are separate tensors. Autograd hands an addition's one
+    incoming gradient to both inputs, so the two parameters' ``.grad`` would share storage and
+    every in-place gradient update (clipping, accumulation over batches) would hit it twice."""
+
+    @staticmethod
+    def forward(ctx, b_ih: Tensor, b_hh: Tensor) -> Tensor:
+        return b_ih + b_hh
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:
+        return grad, grad.clone()
+
+
+def sum_biases(b_ih: Tensor, b_hh: Tensor) -> Tensor:
+    return _SumBiases.apply(b_ih, b_hh)
+
+
 def lstm_cell(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
     """LSTM state update from pre-activations (..., 4H) in torch's gate order i, f, g, o."""
     i, f, g, o = gates.chunk(4, dim=-1)
@@ -69,12 +96,12 @@ class RNNEncoder(nn.Module):
         suffixes = [f"_l{layer}", f"_l{layer}_reverse"][: self.num_directions]
         params = {name: [getattr(self.rnn, name + s) for s in suffixes] for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
         batch, length, dirs = x.size(0), x.size(1), self.num_directions
-        bias = torch.cat(params["bias_ih"]) + torch.cat(params["bias_hh"])
+        bias = sum_biases(torch.cat(params["bias_ih"]), torch.cat(params["bias_hh"]))
         x_proj = F.linear(x.transpose(0, 1), torch.cat(params["weight_ih"]), bias)  # (S, B, D*4h)
         x_proj = x_proj.view(length, batch, dirs, -1).transpose(1, 2)  # (S, D, B, 4h)
         if dirs == 2:  # the backward direction reads the positions last to first
             x_proj = torch.stack([x_proj[:, 0], x_proj[:, 1].flip(0)], dim=1)
-        w_hh = torch.stack(params["weight_hh"]).transpose(1, 2)  # (D, h, 4h)
+        w_hh = autocast_weight(torch.stack(params["weight_hh"]).transpose(1, 2))  # (D, h, 4h)
         h = c = x.new_zeros(dirs, batch, w_hh.size(1))  # (D, B, h)
         outputs = []
         for x_t, m_t in zip(x_proj.unbind(0), mask.unbind(0)):
@@ -188,7 +215,8 @@ class RNNDecoder(nn.Module):
             w_ih, w_hh, b_ih, b_hh = (getattr(self.rnn, f"{name}_l{layer}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
             if layer == 0:
                 w_emb, w_ih = w_ih[:, :emb_size], w_ih[:, emb_size:]
-            layers.append((w_ih.t() if w_ih.size(1) else None, w_hh.t(), b_ih + b_hh))
+            w_x = autocast_weight(w_ih.t()) if w_ih.size(1) else None
+            layers.append((w_x, autocast_weight(w_hh.t()), autocast_weight(sum_biases(b_ih, b_hh))))
         return w_emb, layers[0][2], layers
 
     def _recur(self, x_proj: Tensor, feed: Tensor | None, h: list[Tensor], c: list[Tensor], layers) -> None:
@@ -201,7 +229,7 @@ class RNNDecoder(nn.Module):
                 x = F.dropout(x, self.rnn.dropout, self.training)
             gates = torch.addmm(x_proj if layer == 0 else bias, h[layer], w_h)  # (B, 4H)
             if w_x is not None:
-                gates = gates.addmm_(x, w_x)
+                gates = torch.addmm(gates, x, w_x)  # out of place: autocast casts its inputs
             h[layer], c[layer] = lstm_cell(gates, c[layer])
             x = h[layer]
 
@@ -260,8 +288,12 @@ class RNNDecoder(nn.Module):
             return torch.stack(tops, 1), attn
         return self._output(torch.stack(tops, 1), torch.stack(contexts, 1)), attn
 
+    def features(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> Tensor:
+        """Teacher-forced outputs (B, T, H), the input of ``self.out``."""
+        return self._run(tgt_in, memory)[0]
+
     def forward(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> Tensor:
-        return self.out(self._run(tgt_in, memory)[0])  # (B, T, V)
+        return self.out(self.features(tgt_in, memory))  # (B, T, V)
 
     def cross_attention(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> Tensor | None:
         attn = self._run(tgt_in, memory)[1]
