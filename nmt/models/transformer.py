@@ -3,7 +3,9 @@
 Options: ``norm: pre | post`` (Xiong et al. 2020 / the original), ``positions: sinusoidal |
 learned | rope`` (Su et al. 2021, applied to self-attention queries and keys), ``window``: local
 self-attention over the ``window`` nearest positions on each side (the decoder: the last
-``window``), and gradient checkpointing per layer. The decoder decodes incrementally: its
+``window``), ``attention_dropout`` and ``activation_dropout`` apart from the residual
+``dropout`` (0 by default: attention dropout would move SDPA off its fused kernels), and
+gradient checkpointing per layer. The decoder decodes incrementally: its
 ``state`` keeps each layer's self-attention keys/values, and the cross-attention keys/values are
 projected once per sentence in ``prepare_memory``. SDPA returns no weights, so attention plots
 take an eager path (``need_attn``).
@@ -51,6 +53,17 @@ class Rotary(nn.Module):
         return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
 
 
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float, is_causal: bool) -> Tensor:
+    """``scaled_dot_product_attention``; in fp32 under CPU bf16 autocast, where torch's bf16
+    flash-attention backward is ~4x slower than its fp32 one (the projections stay bf16)."""
+    if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+        with torch.autocast("cpu", enabled=False):
+            out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
+                                                 dropout_p=dropout, is_causal=is_causal)
+        return out.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention; ``mask`` is a bool (B or 1, 1, T or 1, S) tensor, True = attend."""
 
@@ -92,7 +105,7 @@ class MultiHeadAttention(nn.Module):
             out = F.dropout(weights, dropout, self.training) @ v
         else:
             weights = None
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)
+            out = _sdpa(q, k, v, mask, dropout, is_causal)
         out = out.transpose(1, 2).reshape(q.size(0), q.size(2), -1)  # (B, T, H)
         return self.out_proj(out), weights
 
@@ -120,10 +133,11 @@ class _Block(nn.Module):
 
 
 class EncoderLayer(_Block):
-    def __init__(self, hidden_size: int, num_heads: int, ff_size: int, dropout: float, norm: str, rotary: Rotary | None):
+    def __init__(self, hidden_size: int, num_heads: int, ff_size: int, dropout: float, norm: str, rotary: Rotary | None,
+                 attention_dropout: float = 0.0, activation_dropout: float = 0.0):
         super().__init__(hidden_size, dropout, norm, 2)
-        self.self_attn = MultiHeadAttention(hidden_size, num_heads, dropout)
-        self.ff = FeedForward(hidden_size, ff_size, dropout)
+        self.self_attn = MultiHeadAttention(hidden_size, num_heads, attention_dropout)
+        self.ff = FeedForward(hidden_size, ff_size, activation_dropout)
         self.rotary = rotary
 
     def _attend(self, x: Tensor, mask: Tensor) -> Tensor:
@@ -139,12 +153,13 @@ class EncoderLayer(_Block):
 
 class DecoderLayer(_Block):
     def __init__(
-        self, hidden_size: int, num_heads: int, ff_size: int, dropout: float, norm: str, rotary: Rotary | None, memory_size: int
+        self, hidden_size: int, num_heads: int, ff_size: int, dropout: float, norm: str, rotary: Rotary | None, memory_size: int,
+        attention_dropout: float = 0.0, activation_dropout: float = 0.0,
     ):
         super().__init__(hidden_size, dropout, norm, 3)
-        self.self_attn = MultiHeadAttention(hidden_size, num_heads, dropout)
-        self.cross_attn = MultiHeadAttention(hidden_size, num_heads, dropout, kv_size=memory_size)
-        self.ff = FeedForward(hidden_size, ff_size, dropout)
+        self.self_attn = MultiHeadAttention(hidden_size, num_heads, attention_dropout)
+        self.cross_attn = MultiHeadAttention(hidden_size, num_heads, attention_dropout, kv_size=memory_size)
+        self.ff = FeedForward(hidden_size, ff_size, activation_dropout)
         self.rotary = rotary
 
     def _self(self, x: Tensor, cache: dict | None, offset: int, mask: Tensor | None) -> Tensor:
@@ -233,12 +248,17 @@ class TransformerEncoder(nn.Module):
         positions: str = "sinusoidal",
         max_len: int = 1024,
         window: int | None = None,
+        attention_dropout: float = 0.0,
+        activation_dropout: float = 0.0,
     ) -> None:
         super().__init__()
         rotary = Rotary(hidden_size // num_heads, max_len) if positions == "rope" else None
         self.embed_tokens = _Embedding(vocab_size, hidden_size, dropout, positions, max_len)
         self.embed = self.embed_tokens.embed  # for embedding tying
-        self.layers = nn.ModuleList(EncoderLayer(hidden_size, num_heads, ff_size, dropout, norm, rotary) for _ in range(num_layers))
+        self.layers = nn.ModuleList(
+            EncoderLayer(hidden_size, num_heads, ff_size, dropout, norm, rotary, attention_dropout, activation_dropout)
+            for _ in range(num_layers)
+        )
         self.final_norm = nn.LayerNorm(hidden_size) if norm == "pre" else nn.Identity()
         self.window = window
         self.gradient_checkpointing = False
@@ -270,13 +290,16 @@ class TransformerDecoder(nn.Module):
         max_len: int = 1024,
         window: int | None = None,
         memory_size: int | None = None,
+        attention_dropout: float = 0.0,
+        activation_dropout: float = 0.0,
     ) -> None:
         super().__init__()
         rotary = Rotary(hidden_size // num_heads, max_len) if positions == "rope" else None
         self.embed_tokens = _Embedding(vocab_size, hidden_size, dropout, positions, max_len)
         self.embed = self.embed_tokens.embed
         self.layers = nn.ModuleList(
-            DecoderLayer(hidden_size, num_heads, ff_size, dropout, norm, rotary, memory_size or hidden_size)
+            DecoderLayer(hidden_size, num_heads, ff_size, dropout, norm, rotary, memory_size or hidden_size,
+                         attention_dropout, activation_dropout)
             for _ in range(num_layers)
         )
         self.final_norm = nn.LayerNorm(hidden_size) if norm == "pre" else nn.Identity()
@@ -311,9 +334,13 @@ class TransformerDecoder(nn.Module):
     def _self_mask(self, length: int, device: torch.device) -> Tensor | None:
         return None if self.window is None else _band(length, length, self.window, True, device)
 
-    def forward(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> Tensor:
+    def features(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> Tensor:
+        """Teacher-forced top-layer states (B, T, H), the input of ``self.out``."""
         x, _ = self._layers(self.embed_tokens(tgt_in), memory, self._self_mask(tgt_in.size(1), tgt_in.device), None, False)
-        return self.out(x)  # (B, T, V)
+        return x
+
+    def forward(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> Tensor:
+        return self.out(self.features(tgt_in, memory))  # (B, T, V)
 
     def decode_step(
         self, prev: Tensor, memory: dict[str, Tensor], state: dict[str, Any], need_attn: bool = False
