@@ -51,6 +51,22 @@ def test_sorted_batches_pad_little(lengths):
     assert padding_ratio(batches, lengths) < 0.05 < padding_ratio(random, lengths)
 
 
+def test_two_sides_sorted_by_source_then_target_and_padded_per_side():
+    rng = np.random.default_rng(0)
+    src = rng.integers(2, 30, size=2000)
+    pairs = np.stack([src, src + rng.integers(-3, 8, size=2000).clip(-1)], axis=1)  # targets vary
+    sampler = TokenBatchSampler(pairs, max_tokens=600, shuffle=False)
+    order = flat(list(sampler))
+    assert [tuple(p) for p in pairs[order]] == sorted(map(tuple, pairs))
+    for b in sampler:
+        assert len(b) * pairs[b].max() <= 600 or len(b) == 1
+    # padding counted on each side against its own longest: one batch, sources 2 and 4, targets 6 and 2
+    assert padding_ratio([[0, 1]], np.array([[2, 6], [4, 2]])) == pytest.approx(1 - 14 / 20)
+    # sorting on the source alone leaves the targets ragged
+    by_source = TokenBatchSampler(pairs[:, 0], max_tokens=600, shuffle=False)
+    assert padding_ratio(list(sampler), pairs) < 0.7 * padding_ratio(list(by_source), pairs)
+
+
 def test_eval_mode_sorted_by_length(lengths):
     batches = list(TokenBatchSampler(lengths, max_tokens=600, shuffle=False))
     assert list(lengths[flat(batches)]) == sorted(lengths)
@@ -122,7 +138,7 @@ def _split() -> TokenizedSplit:
 
 def test_collate_layout():
     split = _split()
-    assert split.lengths().tolist() == [4, 4, 5]  # max(src, tgt) + 1 after truncation
+    assert split.lengths().tolist() == [[4, 3], [2, 4], [5, 2]]  # (src, tgt) + 1 after truncation
     batch = collate(split.__getitems__([0, 1, 2]))
     assert batch["src"].tolist() == [[5, 6, 7, EOS, PAD], [8, EOS, PAD, PAD, PAD],
                                      [9, 10, 11, 12, EOS]]

@@ -1,7 +1,8 @@
 """Length-bucketed batches: at most `max_tokens` padded tokens, or `batch_size` sentences.
 
-Examples are sorted by length (ties broken at random per epoch) and cut into batches, so a
-batch holds sentences of similar length and padding stays low; the batch order is shuffled
+Examples are sorted by source length, then target length (ties broken at random per epoch),
+and cut into batches, so a batch holds sentences of similar length on both sides and padding
+stays low; the batch order is shuffled
 per epoch, deterministically from (seed, epoch). Under DDP each rank takes every
 `num_replicas`-th batch. `TokenizedSplit` holds a split as flat id arrays and `collate` pads
 its examples into the batch dict the models read.
@@ -24,7 +25,8 @@ log = logging.getLogger(__name__)
 
 def make_batches(lengths: np.ndarray, order: np.ndarray, max_tokens: int | None,
                  batch_size: int | None) -> list[list[int]]:
-    """Cut `order` (indices sorted by length) into consecutive batches.
+    """Cut `order` (indices sorted by length) into consecutive batches; `lengths` (N,) holds
+    each example's longer side.
 
     A batch closes when one more example would make `len(batch) * max_len` exceed
     `max_tokens` or the batch would exceed `batch_size` sentences; an example longer than
@@ -50,21 +52,30 @@ def make_batches(lengths: np.ndarray, order: np.ndarray, max_tokens: int | None,
     return batches
 
 
+def _columns(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Lengths as (N, sides): (N,) becomes one column."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return lengths[:, None] if lengths.ndim == 1 else lengths
+
+
 def padding_ratio(batches: Sequence[Sequence[int]], lengths: Sequence[int] | np.ndarray) -> float:
-    """Fraction of padded positions in `batches`: 1 - real tokens / (batch size * longest)."""
-    lengths = np.asarray(lengths)
+    """Fraction of padded positions in `batches`, each side (column of `lengths`, (N,) or
+    (N, sides)) padded to its own longest: 1 - real tokens / padded tokens."""
+    lengths = _columns(lengths)
     real = padded = 0
     for b in batches:
         lens = lengths[np.asarray(b, dtype=np.int64)]
         real += int(lens.sum())
-        padded += len(b) * int(lens.max())
+        padded += len(b) * int(lens.max(0).sum())
     return 1.0 - real / padded if padded else 0.0
 
 
 class TokenBatchSampler(Sampler[list[int]]):
     """Batches of indices for `DataLoader(batch_sampler=...)`.
 
-    lengths: per example max(source, target) length in tokens, specials included.
+    lengths: per example length in tokens, specials included: (N,) or (N, 2) source and target
+        lengths; examples are sorted by the first column, then the second, and a batch's
+        padded size is counted on its longer side.
     max_tokens / batch_size: caps on padded tokens and on sentences per batch (either or both).
     shuffle: training mode (random tie-break and batch order per epoch); otherwise batches come
         sorted by length, every example exactly once.
@@ -82,7 +93,8 @@ class TokenBatchSampler(Sampler[list[int]]):
             raise ValueError("set max_tokens or batch_size")
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} not in [0, {num_replicas})")
-        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.lengths = _columns(lengths)
+        self.widths = self.lengths.max(1)  # the longer side of each example
         self.max_tokens, self.batch_size = max_tokens, batch_size
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.num_replicas, self.rank = num_replicas, rank
@@ -94,12 +106,13 @@ class TokenBatchSampler(Sampler[list[int]]):
     def all_batches(self, epoch: int | None = None) -> list[list[int]]:
         """Every batch of `epoch` in order, before the split over ranks."""
         epoch = self.epoch if epoch is None else epoch
+        keys = tuple(self.lengths.T[::-1])  # np.lexsort sorts by its last key first
         if not self.shuffle:
-            order = np.argsort(self.lengths, kind="stable")
-            return make_batches(self.lengths, order, self.max_tokens, self.batch_size)
+            order = np.lexsort(keys)
+            return make_batches(self.widths, order, self.max_tokens, self.batch_size)
         rng = np.random.default_rng([self.seed, epoch])
-        order = np.lexsort((rng.random(len(self.lengths)), self.lengths))  # by length, random ties
-        batches = make_batches(self.lengths, order, self.max_tokens, self.batch_size)
+        order = np.lexsort((rng.random(len(self.lengths)), *keys))  # by length, random ties
+        batches = make_batches(self.widths, order, self.max_tokens, self.batch_size)
         return [batches[i] for i in rng.permutation(len(batches))]
 
     def rank_batches(self, epoch: int | None = None) -> list[list[int]]:
@@ -183,15 +196,16 @@ class TokenizedSplit(Dataset):
         return [self[i] for i in indices]
 
     def lengths(self) -> np.ndarray:
-        """Per example max(source, target) length with EOS/BOS, after truncation."""
+        """Per example (source, target) lengths with EOS/BOS, after truncation: (N, 2), or
+        (N, 1) without targets."""
         def side(s: tuple[np.ndarray, np.ndarray], limit: int | None) -> np.ndarray:
             n = np.diff(s[1])[self.index]
             return n if limit is None else np.minimum(n, limit)
 
-        n = side(self.src, self.max_src_len)
+        sides = [side(self.src, self.max_src_len)]
         if self.tgt is not None:
-            n = np.maximum(n, side(self.tgt, self.max_tgt_len))
-        return n + 1
+            sides.append(side(self.tgt, self.max_tgt_len))
+        return np.stack(sides, axis=1) + 1
 
 
 def _pad(rows: list[np.ndarray], first: int | None, last: int | None) -> tuple[torch.Tensor, int]:
