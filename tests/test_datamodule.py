@@ -91,6 +91,22 @@ def test_long_pairs(tmp_path):
     assert max(b["src"].shape[1] for b in kept.train_dataloader()) <= 26
 
 
+def test_train_pairs_subsample(tmp_path):
+    full_src, full_tgt = read_lines(TINY / "train.src"), read_lines(TINY / "train.tgt")
+    module = tiny(tmp_path, train_pairs=30, seed=3)
+    module.setup()
+    src, tgt = module.raw("train")
+    assert len(src) == 30 and module.stats["train"]["subsampled_to"] == 30
+    where = [full_src.index(s) for s in src]
+    assert where == sorted(where) and [full_tgt[i] for i in where] == tgt  # pairs kept together, in corpus order
+    assert module.raw("valid") == (read_lines(TINY / "valid.src"), read_lines(TINY / "valid.tgt"))
+    again = tiny(tmp_path / "again", train_pairs=30, seed=3)
+    again.setup()
+    assert again.raw("train") == (src, tgt)
+    with pytest.raises(ValueError, match="train_pairs must be a positive number"):
+        tiny(tmp_path, train_pairs=0)
+
+
 def test_second_setup_uses_cache(tmp_path, caplog):
     first = tiny(tmp_path)
     first.setup()

@@ -78,13 +78,15 @@ class TranslationDataModule(L.LightningDataModule):
     tokenizer: SentencePiece options (`nmt.data.tokenizer.DEFAULTS`).
     max_src_len / max_tgt_len: subword limits without BOS/EOS; `too_long` drops or truncates
         longer training pairs. src_words: "words" | "chars", how `text_lengths` counts source.
+    train_pairs: train on a random subset of this many pairs (drawn with `seed`, kept in corpus
+        order; the tokenizer is trained on it too); None keeps them all.
     """
 
     def __init__(self, source: Any, tokenizer: dict | DictConfig | None, src_lang: str,
                  tgt_lang: str, max_tokens: int | None = 4096, batch_size: int | None = None,
                  max_src_len: int = 256, max_tgt_len: int = 256, too_long: str = "drop",
                  src_words: str = "words", num_workers: int = 0, cache_dir: str = ".cache",
-                 seed: int = 0, eval_max_tokens: int | None = None) -> None:
+                 seed: int = 0, eval_max_tokens: int | None = None, train_pairs: int | None = None) -> None:
         super().__init__()
         if too_long not in ("drop", "truncate"):
             raise ValueError(f"too_long must be 'drop' or 'truncate', got {too_long!r}")
@@ -102,12 +104,16 @@ class TranslationDataModule(L.LightningDataModule):
         self.max_src_len, self.max_tgt_len, self.too_long = max_src_len, max_tgt_len, too_long
         self.src_words, self.num_workers = src_words, num_workers
         self.cache_dir, self.seed = Path(cache_dir), seed
+        if train_pairs is not None and train_pairs < 1:
+            raise ValueError(f"train_pairs must be a positive number of sentence pairs or null, got {train_pairs}")
+        self.train_pairs = train_pairs
         self.joint_vocab = bool(self.tokenizer_options["joint"])
         self.src_vocab: Tokenizer
         self.tgt_vocab: Tokenizer
         self.datasets: dict[str, TokenizedSplit] = {}
         self.stats: dict[str, dict[str, int]] = {}
         self.prepare_seconds = 0.0
+        self.train_padding: float | None = None  # padded fraction of an epoch of training batches
         self._texts: dict[str, tuple[list[str], list[str]]] = {}
         self._raw: dict[str, tuple[list[str], list[str]]] = {}
 
@@ -131,8 +137,12 @@ class TranslationDataModule(L.LightningDataModule):
             src, tgt, empty = drop_empty(src, tgt, split)
             if not src:
                 raise DataError(f"split {split!r} has no sentence pairs")
-            self._texts[split] = (src, tgt)
             self.stats[split] = {"read": read, "empty_dropped": empty}
+            if split == "train" and self.train_pairs is not None and len(src) > self.train_pairs:
+                keep = np.sort(np.random.default_rng(self.seed).choice(len(src), self.train_pairs, replace=False))
+                src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
+                self.stats[split]["subsampled_to"] = self.train_pairs
+            self._texts[split] = (src, tgt)
         log.info("read %s pairs in %.1fs", " / ".join(f"{s} {len(self._texts[s][0])}"
                                                       for s in SPLITS), time.perf_counter() - start)
         hashes = {s: (text_hash(src), text_hash(tgt)) for s, (src, tgt) in self._texts.items()}
@@ -143,9 +153,10 @@ class TranslationDataModule(L.LightningDataModule):
         self.prepare_seconds = time.perf_counter() - start
         train = self.datasets["train"]
         sampler = TokenBatchSampler(train.lengths(), self.max_tokens, self.batch_size, seed=self.seed)
+        self.train_padding = padding_ratio(sampler.all_batches(), train.lengths())
         log.info("data ready in %.1fs: %s; training batches %d, padding %.1f%%",
                  self.prepare_seconds, ", ".join(f"{s} {len(d)}" for s, d in self.datasets.items()),
-                 len(sampler), 100 * padding_ratio(sampler.all_batches(), train.lengths()))
+                 len(sampler), 100 * self.train_padding)
 
     def _build_vocab(self, train_hash: tuple[str, str]) -> None:
         src, tgt = self._texts["train"]
@@ -242,9 +253,14 @@ class TranslationDataModule(L.LightningDataModule):
             return None
         return trainer.current_epoch, done  # type: ignore[union-attr]
 
+    def _pin_memory(self) -> bool:
+        """Page-locked batches when training on a GPU (copies overlap with compute)."""
+        return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+
     def _loader(self, dataset: TokenizedSplit, sampler: TokenBatchSampler) -> DataLoader:
         return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate,
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
+                          pin_memory=self._pin_memory())
 
     def train_dataloader(self) -> DataLoader:
         self.setup()
@@ -256,7 +272,7 @@ class TranslationDataModule(L.LightningDataModule):
             sampler.set_epoch(self.trainer.current_epoch)
         return ResumableLoader(dataset, batch_sampler=sampler, collate_fn=collate,
                                num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-                               position=self._position if self.trainer is not None else None)
+                               pin_memory=self._pin_memory(), position=self._position if self.trainer is not None else None)
 
     def _eval_loader(self, split: str) -> DataLoader:
         self.setup()
