@@ -1,10 +1,12 @@
 """Reproduce BLEU against source-sentence length (Bahdanau et al. 2015, Fig. 2) in one command.
 
-    python scripts/bleu_vs_length.py                       # synthetic data (default)
-    python scripts/bleu_vs_length.py data=europarl_it_en trainer.max_time=00:00:30:00
+    python scripts/bleu_vs_length.py                                        # synthetic data (default)
+    python scripts/bleu_vs_length.py --experiment bleu_vs_length_europarl   # Europarl it->en, 30 min each
+    python scripts/bleu_vs_length.py data=multi30k trainer.max_time=00:00:10:00
 
 1. trains the four models with the same budget: ``train.py -m experiment=bleu_vs_length
-   model=lstm,lstm_bahdanau,lstm_luong,transformer`` plus any overrides given here;
+   model=lstm,lstm_bahdanau,lstm_luong,transformer`` (``--experiment`` picks another
+   ``conf/experiment`` file) plus any overrides given here;
 2. collects each run's test report (beam search, BLEU by source-length bucket) into one
    comparison table and plot, with parameters, training tokens/s and wall time per model;
 3. draws attention heatmaps of the longest test sentences for each attention model.
@@ -34,8 +36,8 @@ MODELS = ["lstm", "lstm_bahdanau", "lstm_luong", "transformer"]
 log = logging.getLogger("bleu_vs_length")
 
 
-def train_all(overrides: list[str], sweep_dir: Path, models: list[str]) -> None:
-    command = [sys.executable, str(ROOT / "train.py"), "-m", "experiment=bleu_vs_length",
+def train_all(overrides: list[str], sweep_dir: Path, models: list[str], experiment: str) -> None:
+    command = [sys.executable, str(ROOT / "train.py"), "-m", f"experiment={experiment}",
                f"model={','.join(models)}", f"hydra.sweep.dir={sweep_dir}", *overrides]
     log.info("running: %s", " ".join(command))
     subprocess.run(command, check=True, cwd=ROOT)
@@ -98,6 +100,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--collect", type=Path, help="only collect an existing multirun folder")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated model presets")
+    parser.add_argument("--experiment", default="bleu_vs_length", help="conf/experiment file of the study")
     parser.add_argument("--heatmaps", type=int, default=3, help="long test sentences to plot per attention model")
     parser.add_argument("--out", type=Path, default=None, help="multirun folder (default outputs/bleu_vs_length/<time>)")
     args, overrides = parser.parse_known_args()
@@ -105,8 +108,8 @@ def main() -> None:
     if sweep_dir is None:
         from datetime import datetime
 
-        sweep_dir = args.out or ROOT / "outputs" / "bleu_vs_length" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-        train_all(overrides, sweep_dir, args.models.split(","))
+        sweep_dir = args.out or ROOT / "outputs" / args.experiment / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        train_all(overrides, sweep_dir, args.models.split(","), args.experiment)
     collect(sweep_dir, args.heatmaps)
 
 

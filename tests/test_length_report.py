@@ -96,3 +96,21 @@ def test_evaluate_compares_two_hypothesis_files(tmp_path):
     table = (out / "comparison.md").read_text()
     assert "good BLEU [95% CI]" in table and "bad BLEU [95% CI]" in table
     assert (out / "comparison.png").is_file() and (out / "good" / "bleu_by_length.csv").is_file()
+
+
+def test_study_script_trains_every_model_and_draws_the_comparison(tmp_path):
+    """scripts/bleu_vs_length.py: one multirun, then the comparison, the summary (with cost
+    columns) and attention heatmaps for attention models only."""
+    from tests.test_scale import cli_overrides, run
+
+    out = tmp_path / "study"
+    run(["scripts/bleu_vs_length.py", "--models", "lstm,lstm_bahdanau", "--heatmaps", "1", "--out", str(out),
+         *cli_overrides(tmp_path), "model.hidden_size=32", "trainer.max_epochs=2"])
+    summary = (out / "summary.md").read_text()
+    assert "| model | parameters | train tokens/s | train minutes | steps | test BLEU |" in summary
+    assert "| lstm |" in summary and "| lstm_bahdanau |" in summary
+    report = json.loads((out / "comparison" / "comparison.json").read_text())
+    assert set(report) == {"lstm", "lstm_bahdanau"}
+    assert (out / "comparison" / "comparison.png").is_file()
+    assert len(list((out / "attention" / "lstm_bahdanau").glob("*.png"))) == 1
+    assert not (out / "attention" / "lstm").exists()  # no attention, no heatmap
