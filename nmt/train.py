@@ -41,7 +41,10 @@ def build_model(cfg: DictConfig, src_vocab_size: int, tgt_vocab_size: int) -> to
     with open_dict(cfg):
         cfg.model.src_vocab_size = src_vocab_size
         cfg.model.tgt_vocab_size = tgt_vocab_size
-    return instantiate(cfg.model)
+    model = instantiate(cfg.model)
+    if cfg.get("compile"):
+        model.compile_features()
+    return model
 
 
 def build_module(cfg: DictConfig, model: torch.nn.Module):

@@ -139,6 +139,12 @@ class Seq2Seq(nn.Module):
         loss applies that layer to the real target positions only."""
         return self.decoder.features(tgt_in, self.encode(src, src_mask))
 
+    def compile_features(self) -> None:
+        """``torch.compile`` the teacher-forced pass (``features``, what the training loss runs),
+        with dynamic shapes since batch and sentence lengths vary; decoding stays eager. Worth it
+        for Transformers; an LSTM's loop over time steps unrolls into a graph per length."""
+        self.features = torch.compile(self.features, dynamic=True)
+
     def cross_attention(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor | None:
         """Attention of every target position over the source, for plots:
         (B, layers, heads, T, S) for a Transformer, (B, 1, 1, T, S) for an RNN; None without
