@@ -6,7 +6,7 @@ Every model is built as ``nmt/train.py`` builds it (``build_model``/``build_modu
 config composed with ``model=<preset>``) and trained with ``module.loss`` and the configured
 optimizer on the same batches of ``data``. Reported per model:
 
-- training: steady-state src+tgt tokens/s and step time (after ``train.warmup_steps``), padding
+- training: steady-state src+tgt tokens/s (and target tokens/s) and step time (after ``train.warmup_steps``), padding
   ratio of the batches, peak memory (RSS on CPU, reset per model; ``max_memory_allocated`` on
   CUDA), and model FLOP/s against the machine's matmul peak measured in the same run (same
   dtype, same threads). Model FLOPs are counted analytically per architecture (``*_flops``
@@ -16,6 +16,9 @@ optimizer on the same batches of ``data``. Reported per model:
   steps, so outputs tend to run to the length cap);
 - for Transformer decoders: beam search with the key/value cache vs without it, where "without"
   re-runs the decoder over the whole prefix every step (``NoCache``, as Joey NMT decodes).
+
+``precision``: fp32, or bf16 autocast (the default on CUDA; on a CPU with bf16 instructions it
+is a faster training mode too), with the matmul peak measured in that dtype.
 
 Results go to ``<run>/benchmark.json`` and ``<run>/benchmark.md``; the tables are also logged.
 """
@@ -191,9 +194,10 @@ def train_speed(module, optimizer, batches: list[dict], warmup: int, device: tor
             times.append(time.perf_counter() - start)
     timed = batches[warmup:]
     tokens = sum(b["num_src_tokens"] + b["num_tgt_tokens"] for b in timed)
+    tgt_tokens = sum(b["num_tgt_tokens"] for b in timed)
     padded = sum(b["src"].numel() + b["tgt_in"].numel() for b in timed)
-    return {"tokens_per_s": tokens / sum(times), "step_ms": 1000 * sum(times) / len(times),
-            "padding": 1 - tokens / padded, "seconds": sum(times), "final_loss": float(loss)}
+    return {"tokens_per_s": tokens / sum(times), "tgt_tokens_per_s": tgt_tokens / sum(times), "step_ms": 1000 * sum(times) / len(times),
+            "padding": 1 - tokens / padded, "seconds": sum(times), "final_loss": float(loss.detach())}
 
 
 def decode_speed(model, batches: list[dict], search, device: torch.device, autocast) -> tuple[dict[str, float], list]:
@@ -249,15 +253,16 @@ def train_config(cfg: DictConfig, preset: str) -> DictConfig:
 def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"Device: {report['device']}, {report['threads']} threads; matmul peak "
-        f"{report['matmul_peak_gflops']:.0f} GFLOP/s ({report['dtype']}); data {report['data']}; "
+        f"{report['matmul_peak_gflops']:.0f} GFLOP/s ({report['dtype']}); data {report['data']} "
+        f"(padding over an epoch of training batches {100 * report['epoch_padding']:.1f}%); "
         f"load average {report['load_average_start']:.1f} at the start, {report['load_average_end']:.1f} at the end.",
         "",
-        "| model | params | train tok/s | step ms | padding | peak MB | model GFLOP/s | % of peak |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | params | train tok/s (src+tgt) | target tok/s | step ms | padding | peak MB | model GFLOP/s | % of peak |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["models"]:
         t = r["train"]
-        lines.append(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {t['tokens_per_s']:,.0f} | {t['step_ms']:.0f} | "
+        lines.append(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {t['tokens_per_s']:,.0f} | {t['tgt_tokens_per_s']:,.0f} | {t['step_ms']:.0f} | "
                      f"{100 * t['padding']:.1f}% | {t['peak_mb']:,.0f} | {t['gflops']:.1f} | {100 * t['peak_fraction']:.1f}% |")
     lines += ["", "| model | search | batch | sentences/s | tokens/s |", "|---|---|---:|---:|---:|"]
     for r in report["models"]:
@@ -281,8 +286,11 @@ def main(cfg: DictConfig) -> None:
                           ("cpu" if cfg.device == "auto" else cfg.device))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    autocast = partial(torch.autocast, "cuda", dtype=dtype) if device.type == "cuda" else contextlib.nullcontext
+    if cfg.precision not in ("auto", "fp32", "bf16"):
+        raise ValueError(f"precision must be auto, fp32 or bf16, got {cfg.precision!r}")
+    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    autocast = partial(torch.autocast, device.type, dtype=dtype) if bf16 else contextlib.nullcontext
     peak = matmul_peak(cfg.matmul_size * (4 if device.type == "cuda" else 1), device, dtype)
     log.info("matmul peak %.0f GFLOP/s (%s, %d threads)", peak / 1e9, dtype, torch.get_num_threads())
 
@@ -303,7 +311,7 @@ def main(cfg: DictConfig) -> None:
         "matmul_peak_gflops": peak / 1e9, "data": HydraConfig.get().runtime.choices.get("data"),
         "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "load_average_start": os.getloadavg()[0],
-        "config": OmegaConf.to_container(cfg, resolve=True), "lengths": asdict(lengths), "models": [],
+        "epoch_padding": dm.train_padding, "config": OmegaConf.to_container(cfg, resolve=True), "lengths": asdict(lengths), "models": [],
     }
     for preset in cfg.models:
         train_cfg = train_config(cfg, preset)
