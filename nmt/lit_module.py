@@ -97,7 +97,7 @@ class TranslationModule(L.LightningModule):
         hidden = self.model.features(batch["src"], batch["src_mask"], batch["tgt_in"])  # (B, T, H)
         real = batch["tgt_out"] != PAD
         logits = self.model.decoder.out(hidden[real])  # (N, V), N real target tokens
-        return label_smoothed_cross_entropy(logits.float(), batch["tgt_out"][real], self.hparams.label_smoothing)
+        return label_smoothed_cross_entropy(logits, batch["tgt_out"][real], self.hparams.label_smoothing)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         loss, nll = self.loss(batch)

@@ -8,7 +8,8 @@ For logits ``z`` (N, V), targets ``y`` and ``log p = log_softmax(z)``:
 
 which is ``F.cross_entropy(z, y, label_smoothing=eps)``. Its gradient is
 ``(softmax(z) - (1 - eps) onehot(y) - eps / V) / N``, written in place over the saved log
-probabilities; autograd's path through ``log_softmax``, ``gather`` and ``mean`` materialises four (N, V)
+probabilities (fp32 also for bf16 logits, which are read once and never copied to fp32);
+autograd's path through ``log_softmax``, ``gather`` and ``mean`` materialises four (N, V)
 tensors, and the vocabulary projection's outputs are the largest tensors of a training step.
 """
 
@@ -21,11 +22,12 @@ from torch import Tensor
 class _SmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-        log_probs = torch.log_softmax(logits, dim=-1)  # (N, V), one fused pass
+        dtype = torch.promote_types(logits.dtype, torch.float32)  # fp32 for bf16/fp16 logits
+        log_probs = torch.log_softmax(logits, dim=-1, dtype=dtype)  # (N, V), one pass
         nll = -log_probs.gather(1, target.unsqueeze(1)).squeeze(1)
         loss = nll.mean() if not eps else ((1 - eps) * nll - eps * log_probs.mean(dim=-1)).mean()
         ctx.save_for_backward(log_probs, target)
-        ctx.eps = eps
+        ctx.eps, ctx.dtype = eps, logits.dtype
         nll = nll.mean()
         ctx.mark_non_differentiable(nll)
         return loss, nll
@@ -39,7 +41,8 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         if eps:
             grad.sub_(eps / v)
         grad.scatter_add_(1, target.unsqueeze(1), grad.new_full((n, 1), eps - 1))
-        return grad.mul_(grad_loss / n), None, None
+        out = torch.empty_like(grad, dtype=ctx.dtype)
+        return torch.mul(grad, grad_loss / n, out=out), None, None  # scaled and cast in one pass
 
 
 def label_smoothed_cross_entropy(logits: Tensor, target: Tensor, eps: float = 0.0) -> tuple[Tensor, Tensor]:
