@@ -100,8 +100,9 @@ def beam_search(
     max_len_b: int = 10,
     need_attn: bool = False,
 ) -> Hypotheses:
-    """Batched beam search; a sentence stops once ``beam_size`` hypotheses have ended, and the
-    search stops when every sentence has. Hypotheses are ranked by score / length_penalty."""
+    """Batched beam search; a sentence stops once ``beam_size`` hypotheses have ended and then
+    leaves the batch (the others decode on fewer rows); the search stops when every sentence
+    has. Hypotheses are ranked by score / length_penalty."""
     batch, k = src.size(0), beam_size
     device = src.device
     max_len = _max_lengths(src_mask, max_len_a, max_len_b)
@@ -117,50 +118,59 @@ def beam_search(
     best_scores = torch.full((batch,), float("-inf"), device=device)
     best_tokens = src.new_full((batch, steps + 1), PAD)
     best_attn = src.new_zeros((batch, steps + 1, src.size(1)), dtype=torch.float) if need_attn else None
+    # Sentences still searching (their rows in the batch-sized tensors above); a sentence whose
+    # search has ended leaves the decoder's batch, so the rest decode on fewer rows.
+    active = torch.arange(batch, device=device)
     num_finished = torch.zeros(batch, dtype=torch.long, device=device)
     offsets = (torch.arange(batch, device=device) * k).unsqueeze(1)  # (B, 1)
+    beam_pos = torch.arange(2 * k, device=device) < k
     for t in range(steps):
+        n = active.numel()
         logits, state, attn = model.decode_step(prev, memory, state, need_attn=need_attn)
         if need_attn and attn is None:  # a model without attention
             need_attn, best_attn = False, None
-        logp = _log_probs(logits).view(batch, k, -1)  # (B, K, V)
+        logp = _log_probs(logits).view(n, k, -1)  # (n, K, V)
         vocab = logp.size(-1)
-        at_cap = (t >= max_len - 1).view(batch, 1, 1)
+        at_cap = (t >= max_len - 1).view(n, 1, 1)
         eos_only = torch.full_like(logp, float("-inf"))
         eos_only[..., EOS] = 0.0
         logp = torch.where(at_cap, logp + eos_only, logp)
-        cand = (beam_scores.unsqueeze(-1) + logp).view(batch, -1)  # (B, K*V)
-        top_scores, top_idx = cand.topk(2 * k, dim=1)  # (B, 2K)
-        origin = top_idx // vocab + offsets  # flat beam index (B, 2K)
+        cand = (beam_scores.unsqueeze(-1) + logp).view(n, -1)  # (n, K*V)
+        top_scores, top_idx = cand.topk(2 * k, dim=1)  # (n, 2K)
+        origin = top_idx // vocab + offsets[:n]  # flat beam index (n, 2K)
         token = top_idx % vocab
         if need_attn:
             step_attn = attn.float().unsqueeze(1)
             attn_hist = step_attn if attn_hist is None else torch.cat([attn_hist, step_attn], 1)
-        # Hypotheses ending here: EOS among the K best candidates of sentences still searching.
-        done = num_finished >= k
-        ended = (token == EOS) & (torch.arange(2 * k, device=device) < k) & ~done.unsqueeze(1)
-        ended &= top_scores > float("-inf")
+        # Hypotheses ending here: EOS among the K best candidates.
+        ended = (token == EOS) & beam_pos & (top_scores > float("-inf"))
         norm = (top_scores / length_penalty(torch.tensor(t + 1, device=device), alpha)).masked_fill(~ended, float("-inf"))
-        cand_best, cand_pos = norm.max(dim=1)  # (B,)
-        improve = cand_best > best_scores
+        cand_best, cand_pos = norm.max(dim=1)  # (n,)
+        improve = cand_best > best_scores[active]
         if bool(improve.any()):
-            src_beam = origin.gather(1, cand_pos.unsqueeze(1)).squeeze(1)  # (B,)
-            hist = history.index_select(0, src_beam)  # (B, t)
-            best_tokens[:, :t] = torch.where(improve.unsqueeze(1), hist, best_tokens[:, :t])
-            best_tokens[:, t:] = torch.where(improve.unsqueeze(1), PAD, best_tokens[:, t:])
-            best_scores = torch.where(improve, cand_best, best_scores)
+            src_beam = origin.gather(1, cand_pos.unsqueeze(1)).squeeze(1)[improve]
+            rows = active[improve]
+            best_tokens[rows, :t] = history.index_select(0, src_beam)
+            best_tokens[rows, t:] = PAD
+            best_scores[rows] = cand_best[improve]
             if need_attn:
-                ah = attn_hist.index_select(0, src_beam)  # (B, t+1, S)
-                best_attn[:, : t + 1] = torch.where(improve.view(-1, 1, 1), ah, best_attn[:, : t + 1])
+                best_attn[rows, : t + 1] = attn_hist.index_select(0, src_beam)
         num_finished += ended.sum(1)
-        if bool((num_finished >= k).all()):
+        searching = num_finished < k
+        if not bool(searching.any()):
             break
         # The K best candidates that did not end continue.
         alive_scores = top_scores.masked_fill(token == EOS, float("-inf"))
-        alive_scores, keep = alive_scores.topk(k, dim=1)  # (B, K)
-        beam_scores = alive_scores
-        reorder = origin.gather(1, keep).view(-1)  # (B*K,)
-        prev = token.gather(1, keep).view(-1)
+        beam_scores, keep = alive_scores.topk(k, dim=1)  # (n, K)
+        reorder = origin.gather(1, keep)  # (n, K), rows of the current batch
+        prev = token.gather(1, keep)
+        shrink = not bool(searching.all())
+        if shrink:  # drop the sentences that are done
+            active, max_len, num_finished = active[searching], max_len[searching], num_finished[searching]
+            beam_scores, reorder, prev = beam_scores[searching], reorder[searching], prev[searching]
+        reorder, prev = reorder.reshape(-1), prev.reshape(-1)
+        if shrink:
+            memory = select(memory, reorder)  # the rows of a sentence share its memory
         history = torch.cat([history.index_select(0, reorder), prev.unsqueeze(1)], 1)
         if need_attn:
             attn_hist = attn_hist.index_select(0, reorder)

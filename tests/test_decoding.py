@@ -30,6 +30,32 @@ def test_batched_decoding_equals_one_by_one(name, search):
         n = int(src_mask[i].sum())
         alone = search(model, src[i : i + 1, :n], src_mask[i : i + 1, :n])
         assert alone.tokens[0] == together.tokens[i]
+        torch.testing.assert_close(alone.scores[0], together.scores[i], atol=1e-5, rtol=1e-5)
+
+
+def test_beam_search_drops_finished_sentences_without_changing_any_result():
+    """Sentences end at different steps (their length caps differ), leave the batch, and every
+    sentence still gets what it gets alone: tokens, score and attention."""
+    model = build("lstm_bahdanau")
+    src, src_mask, _ = batch(lengths=(9, 2, 5, 3))
+    rows = []
+    original = model.decode_step
+
+    def spy(prev, *args, **kwargs):
+        rows.append(prev.size(0))
+        return original(prev, *args, **kwargs)
+
+    model.decode_step = spy
+    together = beam_search(model, src, src_mask, beam_size=3, max_len_a=1.0, max_len_b=1, need_attn=True)
+    assert rows[0] == 12 and rows[-1] == 3 and rows == sorted(rows, reverse=True)  # the batch shrinks
+    model.decode_step = original
+    for i in range(src.size(0)):
+        n = int(src_mask[i].sum())
+        alone = beam_search(model, src[i : i + 1, :n], src_mask[i : i + 1, :n], beam_size=3, max_len_a=1.0,
+                            max_len_b=1, need_attn=True)
+        assert alone.tokens[0] == together.tokens[i]
+        torch.testing.assert_close(alone.scores[0], together.scores[i], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(alone.attn[0], together.attn[i][:, :n], atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("name", ["lstm_bahdanau", "transformer"])
