@@ -2,9 +2,8 @@
 
 Examples are sorted by source length, then target length (ties broken at random per epoch),
 and cut into batches, so a batch holds sentences of similar length on both sides and padding
-stays low; the batch order is shuffled
-per epoch, deterministically from (seed, epoch). Under DDP each rank takes every
-`num_replicas`-th batch. `TokenizedSplit` holds a split as flat id arrays and `collate` pads
+stays low; the batch order is shuffled per epoch, deterministically from (seed, epoch). Under
+DDP each rank takes every `num_replicas`-th batch. `TokenizedSplit` holds a split as flat id arrays and `collate` pads
 its examples into the batch dict the models read.
 """
 

@@ -153,7 +153,7 @@ class TranslationDataModule(L.LightningDataModule):
         self.prepare_seconds = time.perf_counter() - start
         train = self.datasets["train"]
         sampler = TokenBatchSampler(train.lengths(), self.max_tokens, self.batch_size, seed=self.seed)
-        self.train_padding = padding_ratio(sampler.all_batches(), train.lengths())
+        self.train_padding = padding_ratio(sampler.all_batches(), sampler.lengths)
         log.info("data ready in %.1fs: %s; training batches %d, padding %.1f%%",
                  self.prepare_seconds, ", ".join(f"{s} {len(d)}" for s, d in self.datasets.items()),
                  len(sampler), 100 * self.train_padding)

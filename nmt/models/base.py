@@ -16,7 +16,8 @@ repeats them with ``select`` alone.
 Encoders return ``{"enc_out": (B, S, H), "src_mask": (B, S)}`` and, if recurrent, the final
 states ``"final_h"``/``"final_c"`` (B, L, H). Decoders expose ``prepare_memory`` (precompute what
 depends on the source only, e.g. projected attention keys), ``init_state``, ``decode_step``,
-``features``, ``forward`` and the output layer ``out``, and say through ``needs_init_state`` whether they start from a source summary.
+``features``, ``forward`` and the output layer ``out``, and say through ``needs_init_state``
+whether they start from a source summary.
 """
 
 from __future__ import annotations
