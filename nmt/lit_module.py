@@ -45,6 +45,7 @@ class TranslationModule(L.LightningModule):
     label_smoothing: epsilon of the smoothed cross-entropy (Szegedy et al. 2016).
     num_samples: validation translations written to the log each epoch.
     report_dir: where the test run writes its hypotheses and BLEU-by-length report.
+    report_name: the system's name in that report (the model preset; default: decoder class).
     length_buckets: upper edges of the source-length buckets of that report.
     sacrebleu_tokenize: sacreBLEU tokenizer for the target language (None = 13a; zh, ja-mecab...).
     max_nonfinite_steps: consecutive steps with a NaN/inf loss (each skipped) that stop training.
@@ -65,6 +66,7 @@ class TranslationModule(L.LightningModule):
         label_smoothing: float = 0.1,
         num_samples: int = 3,
         report_dir: str | None = None,
+        report_name: str | None = None,
         length_buckets: Sequence[int] = DEFAULT_EDGES,
         sacrebleu_tokenize: str | None = None,
         max_nonfinite_steps: int = 10,
@@ -268,7 +270,7 @@ class TranslationModule(L.LightningModule):
         unit = getattr(self.trainer.datamodule, "src_words", "words")
         report = length_report(results["sources"], results["hyps"], results["refs"], self.hparams.length_buckets,
                                unit=unit, tokenize=self.hparams.sacrebleu_tokenize)
-        paths = write_report(report, out_dir, name=type(self.model.decoder).__name__)
+        paths = write_report(report, out_dir, name=self.hparams.report_name or type(self.model.decoder).__name__)
         log.info("BLEU by source length -> %s\n%s", paths["md"], markdown_table({"test": report}))
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -36,11 +36,21 @@ def test_split_stems_and_direction(corpus):
 
 
 def test_synthetic_source_matches_written_corpus(corpus):
-    data = SyntheticSource(30, 5, 5, seed=3, max_len=20).load()
+    data = SyntheticSource(30, 5, 5, seed=3, min_len=5, max_len=20, lengths="uniform").load()
     for split in SPLITS:
         src, tgt = columns(data[split])
         assert src == (corpus / f"{split}.de").read_text().splitlines()
         assert tgt == (corpus / f"{split}.en").read_text().splitlines()
+
+
+def test_synthetic_source_natural_train_lengths_and_uniform_test(tmp_path):
+    lengths = {"train": "natural", "valid": "natural", "test": "uniform"}
+    out = write_corpus(tmp_path, {"train": 20, "valid": 5, "test": 5}, seed=4, min_len=3, max_len=40, lengths=lengths)
+    data = SyntheticSource(20, 5, 5, seed=4, min_len=3, max_len=40).load()
+    for split in SPLITS:
+        assert columns(data[split])[0] == (out / f"{split}.src").read_text().splitlines()
+    with pytest.raises(DataError, match=r"data.source.test_lengths='zipf': choose one of uniform, natural"):
+        SyntheticSource(test_lengths="zipf")
 
 
 def test_misaligned_names_both_files_and_counts(corpus):

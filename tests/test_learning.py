@@ -17,6 +17,7 @@ SHORT_TASK = [
     "data.source.test_pairs=200",
     "data.source.min_len=3",
     "data.source.max_len=8",
+    "data.source.lengths=uniform",
     "data.max_tokens=1024",
     "model.emb_size=128",
     "model.hidden_size=128",

@@ -1,4 +1,7 @@
+import statistics
 from pathlib import Path
+
+import pytest
 
 from nmt.data.synthetic import GENDER, SRC, TGT, VERB_SUFFIX, generate_pairs, translate, write_corpus
 
@@ -30,6 +33,16 @@ def test_source_lengths_spread_uniformly():
     for low, high in [(5, 10)] + [(lo, lo + 10) for lo in range(10, 70, 10)] + [(70, 81)]:
         share = sum(low <= n < high for n in lengths) / len(lengths)
         assert share >= 0.05, (low, high, share)
+
+
+def test_natural_lengths_are_short_skewed_with_a_long_tail():
+    lengths = [len(src.split()) for src, _ in generate_pairs(4000, seed=2, min_len=3, max_len=60, lengths="natural")]
+    assert 3 <= min(lengths) and max(lengths) <= 60
+    assert 14 <= statistics.median(lengths) <= 16  # the median_len default
+    assert statistics.mean(lengths) > statistics.median(lengths)  # right-skewed
+    assert 0.005 < sum(n > 50 for n in lengths) / len(lengths) < 0.03  # a thin, present tail
+    with pytest.raises(ValueError, match="unknown sentence length distribution 'zipf'; choose one of uniform, natural"):
+        generate_pairs(1, lengths="zipf")
 
 
 def test_target_is_a_function_of_the_source():

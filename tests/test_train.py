@@ -37,6 +37,7 @@ def test_train_checkpoint_test_translate(cfg_train, model):
     assert summary["parameters"] > 0 and summary["train_tokens_per_sec"] > 0 and summary["steps"] > 0
     for name in ("bleu_by_length.csv", "bleu_by_length.json", "bleu_by_length.md", "bleu_by_length.png", "test_hyps.txt"):
         assert (Path(cfg.paths.output_dir) / name).is_file()
+    assert f"| {model} BLEU [95% CI] |" in (Path(cfg.paths.output_dir) / "bleu_by_length.md").read_text()
 
     # The checkpoint alone rebuilds the model; it translates as the in-memory model does.
     loaded = load_checkpoint(ckpt)

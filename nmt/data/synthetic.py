@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -280,23 +281,46 @@ def translate(source: str) -> str:
     return render(parse(source))[1]
 
 
-def generate_pairs(num_pairs: int, seed: int = 0, min_len: int = 5, max_len: int = 80) -> list[tuple[str, str]]:
-    """Return num_pairs (source, target) sentence pairs; source lengths (in words) spread roughly
-    uniformly over [min_len, max_len]."""
+LENGTHS = ("uniform", "natural")
+NATURAL_SIGMA = 0.6  # log-normal spread of "natural" lengths: 5% of sentences are over 2.7x the median
+
+
+def sample_length(rng: random.Random, lengths: str, low: int, high: int, median: float) -> int:
+    """A sentence length in [low, high] words: ``uniform``, or ``natural`` (log-normal around
+    ``median``, skewed to short sentences with a long tail, like real text; Europarl's median
+    is ~23 words)."""
+    if lengths == "uniform":
+        return rng.randint(low, high)
+    if lengths != "natural":
+        raise ValueError(f"unknown sentence length distribution {lengths!r}; choose one of {', '.join(LENGTHS)}")
+    while True:  # rejection keeps the shape inside [low, high] instead of piling mass on the ends
+        n = round(rng.lognormvariate(math.log(median), NATURAL_SIGMA))
+        if low <= n <= high:
+            return n
+
+
+def generate_pairs(num_pairs: int, seed: int = 0, min_len: int = 5, max_len: int = 80, lengths: str = "uniform",
+                   median_len: float = 15) -> list[tuple[str, str]]:
+    """Return num_pairs (source, target) sentence pairs with source lengths (in words) in
+    [min_len, max_len], drawn from the ``lengths`` distribution (see ``sample_length``)."""
     rng = random.Random(seed)
     low = max(min_len, 3)  # the shortest sentence is DET NOUN VERB
-    return [render(sample_sentence(rng, rng.randint(low, max(low, max_len)))) for _ in range(num_pairs)]
+    high = max(low, max_len)
+    return [render(sample_sentence(rng, sample_length(rng, lengths, low, high, median_len))) for _ in range(num_pairs)]
 
 
 def write_corpus(out_dir: str | Path, splits: dict[str, int], seed: int = 0, min_len: int = 5, max_len: int = 80,
-                 src_lang: str = "src", tgt_lang: str = "tgt") -> Path:
+                 src_lang: str = "src", tgt_lang: str = "tgt", lengths: dict[str, str] | None = None,
+                 median_len: float = 15) -> Path:
     """Write <split>.<src_lang> and <split>.<tgt_lang> files (one sentence per line, UTF-8) for each
     split name -> pair count, each split with its own seed (seed*1000 + index of the split) so
-    splits differ; return out_dir."""
+    splits differ, and its length distribution from ``lengths`` (split -> name; default uniform);
+    return out_dir."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    lengths = lengths or {}
     for index, (split, num_pairs) in enumerate(splits.items()):
-        pairs = generate_pairs(num_pairs, seed * 1000 + index, min_len, max_len)
+        pairs = generate_pairs(num_pairs, seed * 1000 + index, min_len, max_len, lengths.get(split, "uniform"), median_len)
         for lang, side in ((src_lang, 0), (tgt_lang, 1)):
             text = "".join(pair[side] + "\n" for pair in pairs)
             (out_dir / f"{split}.{lang}").write_text(text, encoding="utf-8", newline="\n")
@@ -311,12 +335,17 @@ def main() -> None:
     parser.add_argument("--valid", type=int, default=1000)
     parser.add_argument("--test", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--min-len", type=int, default=5)
-    parser.add_argument("--max-len", type=int, default=80)
+    parser.add_argument("--min-len", type=int, default=3)
+    parser.add_argument("--max-len", type=int, default=60)
+    parser.add_argument("--lengths", choices=LENGTHS, default="natural", help="train/valid length distribution")
+    parser.add_argument("--test-lengths", choices=LENGTHS, default="uniform",
+                        help="test length distribution (uniform: every length bucket equally filled)")
+    parser.add_argument("--median-len", type=float, default=15, help="median length of 'natural' sentences")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     splits = {"train": args.train, "valid": args.valid, "test": args.test}
-    write_corpus(args.out, splits, args.seed, args.min_len, args.max_len)
+    lengths = {"train": args.lengths, "valid": args.lengths, "test": args.test_lengths}
+    write_corpus(args.out, splits, args.seed, args.min_len, args.max_len, lengths=lengths, median_len=args.median_len)
 
 
 if __name__ == "__main__":
