@@ -11,7 +11,9 @@
    comparison table and plot, with parameters, training tokens/s and wall time per model;
 3. draws attention heatmaps of the longest test sentences for each attention model.
 
-``--collect DIR`` redoes steps 2-3 on an existing multirun folder.
+``--collect DIR`` redoes steps 2-3 on an existing multirun folder. Runs go to ``<out>/<model>``,
+so models trained by separate calls with the same ``--out`` (e.g. in parallel, one per core
+with ``OMP_NUM_THREADS=1``) are collected together.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ log = logging.getLogger("bleu_vs_length")
 
 def train_all(overrides: list[str], sweep_dir: Path, models: list[str], experiment: str) -> None:
     command = [sys.executable, str(ROOT / "train.py"), "-m", f"experiment={experiment}",
-               f"model={','.join(models)}", f"hydra.sweep.dir={sweep_dir}", *overrides]
+               f"model={','.join(models)}", f"hydra.sweep.dir={sweep_dir}",
+               "hydra.sweep.subdir=${hydra.runtime.choices.model}", *overrides]  # one folder per model
     log.info("running: %s", " ".join(command))
     subprocess.run(command, check=True, cwd=ROOT)
 

@@ -114,3 +114,4 @@ def test_study_script_trains_every_model_and_draws_the_comparison(tmp_path):
     assert (out / "comparison" / "comparison.png").is_file()
     assert len(list((out / "attention" / "lstm_bahdanau").glob("*.png"))) == 1
     assert not (out / "attention" / "lstm").exists()  # no attention, no heatmap
+    assert (out / "lstm" / "summary.json").is_file()  # one run folder per model
