@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as L
+import torch
+from lightning_fabric.plugins import TorchCheckpointIO
 from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+from nmt.checkpoint import nonfinite
 
 log = logging.getLogger(__name__)
 
@@ -73,3 +79,31 @@ class PreemptionCheckpoint(Callback):
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._restore_handlers()
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes a checkpoint to a temporary file in the target folder, flushes it to disk and renames
+    it over the target, so a crash while saving leaves the previous file intact. Refuses (ValueError)
+    to write a checkpoint whose weights are not finite, so a diverged model never replaces a good one."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None) -> None:
+        bad = nonfinite(checkpoint.get("state_dict", {}).items())
+        if bad:
+            raise ValueError(
+                f"refusing to write {path}: non-finite weights in {', '.join(bad[:5])}"
+                f"{' ...' if len(bad) > 5 else ''}; the checkpoints already written are kept"
+            )
+        if "://" in str(path):  # remote storage: Lightning's fsspec writer
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise

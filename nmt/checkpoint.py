@@ -5,8 +5,6 @@ them, and write checkpoint files atomically, never with non-finite weights."""
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +13,6 @@ from typing import Any
 import sentencepiece as spm
 import torch
 from hydra.utils import instantiate
-from lightning_fabric.plugins import TorchCheckpointIO
 from omegaconf import OmegaConf
 
 from nmt.data.tokenizer import Tokenizer
@@ -124,31 +121,3 @@ def check_resume(path: str | Path, model: torch.nn.Module, src_vocab: Tokenizer,
                 f"{path} was trained with another {side} vocabulary ({len(saved)} pieces, the data config "
                 f"gives {len(now)}; first difference at id {i}): resume with the data config it was trained with"
             )
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes a checkpoint to a temporary file in the target folder, flushes it to disk and renames
-    it over the target, so a crash while saving leaves the previous file intact. Refuses (ValueError)
-    to write a checkpoint whose weights are not finite, so a diverged model never replaces a good one."""
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None) -> None:
-        bad = nonfinite(checkpoint.get("state_dict", {}).items())
-        if bad:
-            raise ValueError(
-                f"refusing to write {path}: non-finite weights in {', '.join(bad[:5])}"
-                f"{' ...' if len(bad) > 5 else ''}; the checkpoints already written are kept"
-            )
-        if "://" in str(path):  # remote storage: Lightning's fsspec writer
-            return super().save_checkpoint(checkpoint, path, storage_options)
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise

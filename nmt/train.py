@@ -30,8 +30,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from nmt import CONF_DIR
-from nmt.callbacks import PreemptionCheckpoint
-from nmt.checkpoint import AtomicCheckpointIO, check_resume, tokenizer_protos
+from nmt.callbacks import AtomicCheckpointIO, PreemptionCheckpoint
+from nmt.checkpoint import check_resume, tokenizer_protos
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,6 @@ from nmt import CONF_DIR
 from nmt.checkpoint import load_checkpoint
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.tokenizer import EOS, PAD, Tokenizer
-from nmt.plots import plot_attention
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +136,8 @@ def main(cfg: DictConfig) -> None:
         sys.stdout.flush()
     else:
         Path(cfg.output).write_text(text, encoding="utf-8")
+    if attentions:
+        from nmt.plots import plot_attention  # matplotlib loads only when heatmaps are asked for
     for i, (attn, src_pieces, tgt_pieces) in sorted(attentions.items()):
         path = Path(cfg.attention_dir) / f"line{i + 1:05d}.png"
         plot_attention(attn, src_pieces, tgt_pieces, path, title=f"line {i + 1}")

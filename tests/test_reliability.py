@@ -19,7 +19,8 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from pytorch_lightning.callbacks import Callback
 
 import nmt.train
-from nmt.checkpoint import AtomicCheckpointIO, load_checkpoint
+from nmt.callbacks import AtomicCheckpointIO
+from nmt.checkpoint import load_checkpoint
 from nmt.decoding import greedy_search
 from nmt.lit_module import TranslationModule
 from nmt.train import train

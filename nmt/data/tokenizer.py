@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
-from nmt.data.sources import DataError
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +147,8 @@ def train_sentencepiece(sentences: Iterable[str], out_dir: str | Path,
             shuffle_input_sentence=True, max_sentence_length=65536,
             train_extremely_large_corpus=False, num_threads=_num_threads(), minloglevel=2, **opts)
     except (RuntimeError, ValueError) as e:
+        from nmt.data.sources import DataError  # `datasets` is heavy to import; translation never needs it
+
         raise DataError(f"SentencePiece training failed with options {opts}: "
                         f"{str(e).rstrip('.')}. For a small "
                         "corpus set data.tokenizer.hard_vocab_limit=false or a smaller "
