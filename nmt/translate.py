@@ -74,6 +74,9 @@ def _pad(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor, tor
     return src, src != PAD
 
 
+PRECISIONS = ("32", "bf16")
+
+
 @torch.no_grad()
 def translate_lines(
     model: torch.nn.Module,
@@ -84,12 +87,21 @@ def translate_lines(
     max_tokens: int = 4096,
     max_src_len: int = 256,
     attention_lines: Iterable[int] = (),
+    precision: str = "32",
 ) -> tuple[list[str], dict[int, tuple[torch.Tensor, list[str], list[str]]]]:
     """Translate ``lines`` in length-sorted batches; returns one hypothesis per line (empty for
     an empty line) and, for the 0-based ``attention_lines``, (attention (T, S), source pieces,
-    target pieces)."""
+    target pieces). ``precision="bf16"`` decodes under bf16 autocast (matmuls in bf16, scores
+    and softmax in fp32)."""
+    if str(precision) not in PRECISIONS:
+        raise ValueError(f"precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
     model.eval()
     device = next(model.parameters()).device
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=str(precision) == "bf16"):
+        return _translate_lines(model, src_vocab, tgt_vocab, lines, search, max_tokens, max_src_len, attention_lines, device)
+
+
+def _translate_lines(model, src_vocab, tgt_vocab, lines, search, max_tokens, max_src_len, attention_lines, device):
     wanted = set(attention_lines)
     outputs = [""] * len(lines)
     attentions: dict[int, tuple[torch.Tensor, list[str], list[str]]] = {}
@@ -128,7 +140,8 @@ def main(cfg: DictConfig) -> None:
     search = instantiate(cfg.decoding)
     max_src_len = model_max_src_len(loaded.run_config)
     outputs, attentions = translate_lines(
-        loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, search, cfg.max_tokens, max_src_len, cfg.attention_lines
+        loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, search, cfg.max_tokens, max_src_len, cfg.attention_lines,
+        cfg.precision,
     )
     text = "".join(line + "\n" for line in outputs)
     if cfg.output is None:

@@ -12,7 +12,7 @@ import torch
 
 from nmt.checkpoint import load_checkpoint
 from nmt.data.tokenizer import PAD
-from nmt.decoding import beam_search
+from nmt.decoding import beam_search, greedy_search
 from nmt.train import build_model, build_module, train
 from nmt.translate import translate_lines
 from tests.conftest import ROOT
@@ -59,6 +59,16 @@ def test_learns_the_tiny_task(cfg_train):
                      "model.hidden_size=64", "optimizer.lr=0.003", "test=false"], model="transformer")
     metrics = train(cfg)
     assert metrics["train/loss"] < 1.0, metrics
+
+    # bf16 decoding (autocast) of the trained model agrees with fp32 on nearly every sentence.
+    loaded = load_checkpoint(last_checkpoint(cfg))
+    lines = (ROOT / "tests/data/tiny/test.src").read_text().splitlines()
+    args = (loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, greedy_search)
+    fp32, _ = translate_lines(*args)
+    bf16, _ = translate_lines(*args, precision="bf16")
+    assert sum(a == b for a, b in zip(fp32, bf16)) >= 0.8 * len(lines), list(zip(fp32, bf16))
+    with pytest.raises(ValueError, match="precision='fp16': choose one of 32, bf16"):
+        translate_lines(*args, precision="fp16")
 
 
 def test_translate_cli_keeps_one_line_per_input_line(cfg_train, tmp_path):
