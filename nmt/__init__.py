@@ -15,4 +15,10 @@ def gpu_precision() -> str:
     return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "16-mixed"
 
 
+def pad_to(n: int, multiple: int) -> int:
+    """``n`` rounded up to a multiple of ``multiple`` (vocabulary rows: tensor cores want multiples of 8)."""
+    return -(-int(n) // int(multiple)) * int(multiple)
+
+
 OmegaConf.register_new_resolver("gpu_precision", gpu_precision, replace=True)
+OmegaConf.register_new_resolver("pad_to", pad_to, replace=True)

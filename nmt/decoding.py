@@ -32,9 +32,10 @@ def _max_lengths(src_mask: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
     return (max_len_a * src_mask.sum(1).float() + max_len_b).long().clamp(min=1)  # (B,)
 
 
-def _log_probs(logits: Tensor) -> Tensor:
-    """Log-probabilities in fp32; PAD and BOS are never generated."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
+def _log_probs(logits: Tensor, vocab_size: int) -> Tensor:
+    """Log-probabilities in fp32 over the first ``vocab_size`` ids (the rest is the output layer's
+    padding); PAD and BOS are never generated."""
+    logp = torch.log_softmax(logits[..., :vocab_size].float(), dim=-1)
     logp[..., PAD] = float("-inf")
     logp[..., BOS] = float("-inf")
     return logp
@@ -63,7 +64,7 @@ def greedy_search(
     for t in range(int(max_len.max())):
         logits, state, attn = model.decode_step(prev, memory, state, need_attn=need_attn)
         need_attn = need_attn and attn is not None  # models without attention give None
-        logp = _log_probs(logits)
+        logp = _log_probs(logits, model.tgt_vocab_size)
         best, token = logp.max(dim=-1)
         at_cap = t >= max_len - 1
         token = torch.where(at_cap & ~finished, torch.full_like(token, EOS), token)
@@ -129,7 +130,7 @@ def beam_search(
         logits, state, attn = model.decode_step(prev, memory, state, need_attn=need_attn)
         if need_attn and attn is None:  # a model without attention
             need_attn, best_attn = False, None
-        logp = _log_probs(logits).view(n, k, -1)  # (n, K, V)
+        logp = _log_probs(logits, model.tgt_vocab_size).view(n, k, -1)  # (n, K, V)
         vocab = logp.size(-1)
         at_cap = (t >= max_len - 1).view(n, 1, 1)
         eos_only = torch.full_like(logp, float("-inf"))

@@ -99,6 +99,8 @@ class TranslationModule(L.LightningModule):
         hidden = self.model.features(batch["src"], batch["src_mask"], batch["tgt_in"])  # (B, T, H)
         real = batch["tgt_out"] != PAD
         logits = self.model.decoder.out(hidden[real])  # (N, V), N real target tokens
+        if logits.size(1) > self.model.tgt_vocab_size:  # rows padded to a multiple of 8: never targets
+            logits = logits[:, : self.model.tgt_vocab_size]
         return label_smoothed_cross_entropy(logits, batch["tgt_out"][real], self.hparams.label_smoothing)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:

@@ -228,6 +228,7 @@ class NoCache(torch.nn.Module):
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.model = model
+        self.tgt_vocab_size = model.tgt_vocab_size
 
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> dict[str, torch.Tensor]:
         return self.model.encode(src, src_mask)

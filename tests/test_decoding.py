@@ -20,6 +20,26 @@ def test_beam_size_one_equals_greedy(name):
     torch.testing.assert_close(beam.scores, greedy.scores, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("name", ["lstm_bahdanau", "transformer"])
+def test_padding_rows_of_the_vocabulary_are_never_generated(name):
+    """A vocabulary of 37 gets 40 output rows; even when the 3 padding rows score highest,
+    decoding only ever picks real ids."""
+    model = build(name, vocab=37)
+    assert model.decoder.out.weight.shape[0] == 40
+    decode_step = model.decode_step
+
+    def padding_wins(*args, **kwargs):
+        logits, state, attn = decode_step(*args, **kwargs)
+        return logits.index_fill(-1, torch.arange(37, 40), 100.0), state, attn
+
+    model.decode_step = padding_wins
+    src, src_mask, _ = batch()
+    for search in (greedy_search, beam_search):
+        hyps = search(model, src.clamp(max=36), src_mask, max_len_a=1.0, max_len_b=5)
+        assert all(t < 37 for tokens in hyps.tokens for t in tokens)
+        assert all(len(tokens) > 0 for tokens in hyps.tokens)  # real tokens, not an early stop
+
+
 @pytest.mark.parametrize("name", ["lstm_luong", "transformer", "hybrid_transformer_luong"])
 @pytest.mark.parametrize("search", [greedy_search, beam_search])
 def test_batched_decoding_equals_one_by_one(name, search):

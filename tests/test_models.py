@@ -29,14 +29,14 @@ VARIANTS = {
 TINY_SIZES = ["model.emb_size=16", "model.hidden_size=16", "model.dropout=0.0", "model.tie_embeddings=false"]
 
 
-def build(name: str) -> torch.nn.Module:
+def build(name: str, vocab: int = VOCAB) -> torch.nn.Module:
     preset, overrides = VARIANTS[name]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[f"model={preset}", *TINY_SIZES, *overrides])
     model_cfg = cfg.model
     with open_dict(model_cfg):
-        model_cfg.src_vocab_size = VOCAB
-        model_cfg.tgt_vocab_size = VOCAB
+        model_cfg.src_vocab_size = vocab
+        model_cfg.tgt_vocab_size = vocab
         model_cfg.share_src_tgt_embeddings = False
         for part in (model_cfg.encoder, model_cfg.decoder):
             if "num_heads" in part:

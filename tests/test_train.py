@@ -92,24 +92,27 @@ def test_translate_cli_keeps_one_line_per_input_line(cfg_train, tmp_path):
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])
-def test_loss_on_real_positions_equals_cross_entropy_on_all_logits(cfg_train, eps):
+@pytest.mark.parametrize("vocab", [40, 37])
+def test_loss_on_real_positions_equals_cross_entropy_on_all_logits(cfg_train, eps, vocab):
     """The module's loss (output layer on real target positions, one log-softmax) and its
-    gradients equal torch's label-smoothed cross-entropy over the full padded logits."""
+    gradients equal torch's label-smoothed cross-entropy over the full padded logits; with a
+    vocabulary of 37 the output layer has 40 rows and the 3 padding rows take no part."""
     cfg = cfg_train([f"module.label_smoothing={eps}"], model="transformer")
     torch.manual_seed(0)
-    module = build_module(cfg, build_model(cfg, 40, 40))
+    module = build_module(cfg, build_model(cfg, vocab, vocab))
+    assert module.model.decoder.out.weight.shape[0] == 40  # padded to a multiple of 8
     module.model.eval()  # no dropout: both paths see the same network
-    src = torch.randint(4, 40, (3, 7))
+    src = torch.randint(4, vocab, (3, 7))
     src_mask = torch.ones_like(src, dtype=torch.bool)
     src_mask[1, 5:] = False
-    tgt = torch.randint(4, 40, (3, 6))
+    tgt = torch.randint(4, vocab, (3, 6))
     tgt[0, 4:] = PAD
     tgt[2, 2:] = PAD
     batch = {"src": src.masked_fill(~src_mask, PAD), "src_mask": src_mask, "tgt_in": tgt, "tgt_out": tgt}
 
     loss, nll = module.loss(batch)
     grads = torch.autograd.grad(loss, list(module.model.parameters()), allow_unused=True)
-    logits = module.model(batch["src"], src_mask, tgt).flatten(0, 1)
+    logits = module.model(batch["src"], src_mask, tgt)[..., :vocab].flatten(0, 1)
     ref = torch.nn.functional.cross_entropy(logits, tgt.flatten(), ignore_index=PAD, label_smoothing=eps)
     ref_grads = torch.autograd.grad(ref, list(module.model.parameters()), allow_unused=True)
     torch.testing.assert_close(loss, ref)

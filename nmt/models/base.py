@@ -66,6 +66,9 @@ class Seq2Seq(nn.Module):
         tie_embeddings: share the decoder's input embedding with its output projection
             (Press & Wolf 2017).
         share_src_tgt_embeddings: also share the encoder's embedding (needs a joint vocabulary).
+        src_vocab_size, tgt_vocab_size: the tokenizers' sizes; the embedding and output rows
+            may be more (``vocab_multiple``: padded for tensor cores). Ids from
+            ``tgt_vocab_size`` up are never predicted: the loss and decoding drop those logits.
         The remaining arguments are the preset's shared sizes, which reach the encoder and
         decoder configs by interpolation; they are kept for the checkpoint's record.
     """
@@ -82,6 +85,7 @@ class Seq2Seq(nn.Module):
         tie_embeddings: bool = False,
         share_src_tgt_embeddings: bool = False,
         gradient_checkpointing: bool = False,
+        vocab_multiple: int = 1,
     ) -> None:
         super().__init__()
         self.encoder = encoder
