@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import signal
 import time
 from pathlib import Path
@@ -167,6 +168,12 @@ def write_summary(cfg: DictConfig, module, metrics: dict[str, float], fit_second
         "resumed_from": resumed_from,
         "stopped_by": stopped_by,
         "skipped_steps": module.skipped_steps,
+        "hardware": {  # what the wall-clock numbers were measured on
+            "accelerator": type(trainer.accelerator).__name__, "devices": trainer.num_devices,
+            "num_nodes": trainer.num_nodes, "precision": str(trainer.precision),
+            "cpu_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        },
         "metrics": metrics,
     }
     path = Path(cfg.paths.output_dir) / "summary.json"
