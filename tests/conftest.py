@@ -12,6 +12,8 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
+import nmt  # noqa: F401  registers the config resolvers (pad_to, gpu_precision) the configs use
+
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
 SHARED_DATA = ROOT.parent / "shared" / "data"
