@@ -97,30 +97,26 @@ def translate_lines(
         raise ValueError(f"precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
     model.eval()
     device = next(model.parameters()).device
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=str(precision) == "bf16"):
-        return _translate_lines(model, src_vocab, tgt_vocab, lines, search, max_tokens, max_src_len, attention_lines, device)
-
-
-def _translate_lines(model, src_vocab, tgt_vocab, lines, search, max_tokens, max_src_len, attention_lines, device):
     wanted = set(attention_lines)
     outputs = [""] * len(lines)
     attentions: dict[int, tuple[torch.Tensor, list[str], list[str]]] = {}
     todo = [i for i, line in enumerate(lines) if line.strip()]
     encoded = encode_sources([lines[i] for i in todo], src_vocab, max_src_len, numbers=[i + 1 for i in todo])
     sampler = TokenBatchSampler([len(e) for e in encoded], max_tokens=max_tokens, batch_size=None, shuffle=False, seed=0)
-    for batch in sampler:
-        src, src_mask = _pad([encoded[j] for j in batch], device)
-        need_attn = any(todo[j] in wanted for j in batch)
-        hyps = search(model, src, src_mask, need_attn=need_attn)
-        for row, j in enumerate(batch):
-            outputs[todo[j]] = tgt_vocab.decode(hyps.tokens[row])
-            if need_attn and hyps.attn is not None and todo[j] in wanted:
-                src_len = len(encoded[j])
-                attentions[todo[j]] = (
-                    hyps.attn[row][:, :src_len],
-                    src_vocab.pieces(encoded[j]),
-                    tgt_vocab.pieces(hyps.tokens[row] + [EOS]),
-                )
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=str(precision) == "bf16"):
+        for batch in sampler:
+            src, src_mask = _pad([encoded[j] for j in batch], device)
+            need_attn = any(todo[j] in wanted for j in batch)
+            hyps = search(model, src, src_mask, need_attn=need_attn)
+            for row, j in enumerate(batch):
+                outputs[todo[j]] = tgt_vocab.decode(hyps.tokens[row])
+                if need_attn and hyps.attn is not None and todo[j] in wanted:
+                    src_len = len(encoded[j])
+                    attentions[todo[j]] = (
+                        hyps.attn[row][:, :src_len],
+                        src_vocab.pieces(encoded[j]),
+                        tgt_vocab.pieces(hyps.tokens[row] + [EOS]),
+                    )
     return outputs, attentions
 
 
