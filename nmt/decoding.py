@@ -132,10 +132,11 @@ def beam_search(
             need_attn, best_attn = False, None
         logp = _log_probs(logits, model.tgt_vocab_size).view(n, k, -1)  # (n, K, V)
         vocab = logp.size(-1)
-        at_cap = (t >= max_len - 1).view(n, 1, 1)
-        eos_only = torch.full_like(logp, float("-inf"))
-        eos_only[..., EOS] = 0.0
-        logp = torch.where(at_cap, logp + eos_only, logp)
+        at_cap = t >= max_len - 1  # (n,)
+        if bool(at_cap.any()):  # only EOS may follow at the length cap
+            eos_only = torch.full_like(logp, float("-inf"))
+            eos_only[..., EOS] = 0.0
+            logp = torch.where(at_cap.view(n, 1, 1), logp + eos_only, logp)
         cand = (beam_scores.unsqueeze(-1) + logp).view(n, -1)  # (n, K*V)
         top_scores, top_idx = cand.topk(2 * k, dim=1)  # (n, 2K)
         origin = top_idx // vocab + offsets[:n]  # flat beam index (n, 2K)
