@@ -10,7 +10,7 @@ from hydra.utils import instantiate
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from nmt.data.datamodule import TranslationDataModule
-from nmt.data.sources import FileSource, read_lines
+from nmt.data.sources import DataError, FileSource, read_lines
 from nmt.data.stats import histogram, report
 from nmt.data.tokenizer import BOS, EOS, PAD
 
@@ -233,3 +233,21 @@ def test_data_configs_instantiate(name, tmp_path):
     assert hasattr(module.source, "load")
     if hasattr(module.source, "src_lang"):
         assert (module.source.src_lang, module.source.tgt_lang) == (module.src_lang, module.tgt_lang)
+
+
+def test_train_max_words_drops_long_training_pairs_only(tmp_path):
+    full_src, full_tgt = read_lines(TINY / "train.src"), read_lines(TINY / "train.tgt")
+    limit = sorted(len(s.split()) for s in full_src)[len(full_src) // 2]  # about half the pairs are longer
+    module = tiny(tmp_path, train_max_words=limit, train_pairs=20, seed=1)
+    module.setup()
+    within = [i for i, (s, t) in enumerate(zip(full_src, full_tgt))
+              if len(s.split()) <= limit and len(t.split()) <= limit]
+    assert module.stats["train"]["over_max_words_dropped"] == len(full_src) - len(within)
+    src, tgt = module.raw("train")
+    assert len(src) == 20 and all(full_src.index(s) in within for s in src)  # the subset is drawn from the short pairs
+    assert max(module.text_lengths("valid")) > limit  # valid and test keep every length
+    assert module.raw("test") == (read_lines(TINY / "test.src"), read_lines(TINY / "test.tgt"))
+    with pytest.raises(DataError, match="no training pair has at most data.train_max_words=1 words"):
+        tiny(tmp_path / "none", train_max_words=1).setup()
+    with pytest.raises(ValueError, match="train_max_words must be a positive number"):
+        tiny(tmp_path, train_max_words=0)

@@ -78,6 +78,9 @@ class TranslationDataModule(L.LightningDataModule):
     tokenizer: SentencePiece options (`nmt.data.tokenizer.DEFAULTS`).
     max_src_len / max_tgt_len: subword limits without BOS/EOS; `too_long` drops or truncates
         longer training pairs. src_words: "words" | "chars", how `text_lengths` counts source.
+    train_max_words: drop training pairs whose source (counted as `src_words`) or target has
+        more words than this, before `train_pairs` draws its subset (Bahdanau et al. 2015 trained
+        on sentences of at most 30 or 50 words); valid and test keep every length. None: no limit.
     train_pairs: train on a random subset of this many pairs (drawn with `seed`, kept in corpus
         order; the tokenizer is trained on it too); None keeps them all.
     """
@@ -86,7 +89,8 @@ class TranslationDataModule(L.LightningDataModule):
                  tgt_lang: str, max_tokens: int | None = 4096, batch_size: int | None = None,
                  max_src_len: int = 256, max_tgt_len: int = 256, too_long: str = "drop",
                  src_words: str = "words", num_workers: int = 0, cache_dir: str = ".cache",
-                 seed: int = 0, eval_max_tokens: int | None = None, train_pairs: int | None = None) -> None:
+                 seed: int = 0, eval_max_tokens: int | None = None, train_pairs: int | None = None,
+                 train_max_words: int | None = None) -> None:
         super().__init__()
         if too_long not in ("drop", "truncate"):
             raise ValueError(f"too_long must be 'drop' or 'truncate', got {too_long!r}")
@@ -107,6 +111,9 @@ class TranslationDataModule(L.LightningDataModule):
         if train_pairs is not None and train_pairs < 1:
             raise ValueError(f"train_pairs must be a positive number of sentence pairs or null, got {train_pairs}")
         self.train_pairs = train_pairs
+        if train_max_words is not None and train_max_words < 1:
+            raise ValueError(f"train_max_words must be a positive number of words or null, got {train_max_words}")
+        self.train_max_words = train_max_words
         self.joint_vocab = bool(self.tokenizer_options["joint"])
         self.src_vocab: Tokenizer
         self.tgt_vocab: Tokenizer
@@ -138,6 +145,15 @@ class TranslationDataModule(L.LightningDataModule):
             if not src:
                 raise DataError(f"split {split!r} has no sentence pairs")
             self.stats[split] = {"read": read, "empty_dropped": empty}
+            if split == "train" and self.train_max_words is not None:
+                count = (lambda s: len("".join(s.split()))) if self.src_words == "chars" else (lambda s: len(s.split()))
+                short = [i for i, (s, t) in enumerate(zip(src, tgt))
+                         if count(s) <= self.train_max_words and len(t.split()) <= self.train_max_words]
+                self.stats[split]["over_max_words_dropped"] = len(src) - len(short)
+                src, tgt = [src[i] for i in short], [tgt[i] for i in short]
+                if not src:
+                    raise DataError(f"no training pair has at most data.train_max_words={self.train_max_words} "
+                                    "words on both sides; raise the limit or set it to null")
             if split == "train" and self.train_pairs is not None and len(src) > self.train_pairs:
                 keep = np.sort(np.random.default_rng(self.seed).choice(len(src), self.train_pairs, replace=False))
                 src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
