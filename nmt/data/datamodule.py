@@ -150,6 +150,7 @@ class TranslationDataModule(L.LightningDataModule):
                 short = [i for i, (s, t) in enumerate(zip(src, tgt))
                          if count(s) <= self.train_max_words and len(t.split()) <= self.train_max_words]
                 self.stats[split]["over_max_words_dropped"] = len(src) - len(short)
+                log.info("train: kept %d of %d pairs of at most %d words", len(short), len(src), self.train_max_words)
                 src, tgt = [src[i] for i in short], [tgt[i] for i in short]
                 if not src:
                     raise DataError(f"no training pair has at most data.train_max_words={self.train_max_words} "
