@@ -32,6 +32,11 @@ from nmt.data.tokenizer import Tokenizer, load_or_train, options_with_defaults, 
 
 log = logging.getLogger(__name__)
 
+
+def word_counts(texts: list[str], chars: bool = False) -> list[int]:
+    """Length of each text in words, or in characters without spaces (``chars``, for Chinese)."""
+    return [len("".join(t.split())) if chars else len(t.split()) for t in texts]
+
 Flat = tuple[np.ndarray, np.ndarray]  # (int32 tokens, int64 offsets)
 
 
@@ -146,15 +151,7 @@ class TranslationDataModule(L.LightningDataModule):
                 raise DataError(f"split {split!r} has no sentence pairs")
             self.stats[split] = {"read": read, "empty_dropped": empty}
             if split == "train" and self.train_max_words is not None:
-                count = (lambda s: len("".join(s.split()))) if self.src_words == "chars" else (lambda s: len(s.split()))
-                short = [i for i, (s, t) in enumerate(zip(src, tgt))
-                         if count(s) <= self.train_max_words and len(t.split()) <= self.train_max_words]
-                self.stats[split]["over_max_words_dropped"] = len(src) - len(short)
-                log.info("train: kept %d of %d pairs of at most %d words", len(short), len(src), self.train_max_words)
-                src, tgt = [src[i] for i in short], [tgt[i] for i in short]
-                if not src:
-                    raise DataError(f"no training pair has at most data.train_max_words={self.train_max_words} "
-                                    "words on both sides; raise the limit or set it to null")
+                src, tgt = self._within_max_words(src, tgt)
             if split == "train" and self.train_pairs is not None and len(src) > self.train_pairs:
                 keep = np.sort(np.random.default_rng(self.seed).choice(len(src), self.train_pairs, replace=False))
                 src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
@@ -253,9 +250,19 @@ class TranslationDataModule(L.LightningDataModule):
     def text_lengths(self, split: str, side: str = "src") -> np.ndarray:
         """Lengths of `raw(split)` sentences: source per `src_words` (words | chars), target words."""
         texts = self.raw(split)[0 if side == "src" else 1]
-        if side == "src" and self.src_words == "chars":
-            return np.array([len("".join(t.split())) for t in texts], dtype=np.int64)
-        return np.array([len(t.split()) for t in texts], dtype=np.int64)
+        return np.array(word_counts(texts, chars=side == "src" and self.src_words == "chars"), dtype=np.int64)
+
+    def _within_max_words(self, src: list[str], tgt: list[str]) -> tuple[list[str], list[str]]:
+        """The training pairs with at most ``train_max_words`` on both sides (counted as `text_lengths`)."""
+        limit = self.train_max_words
+        keep = [i for i, (s, t) in enumerate(zip(word_counts(src, self.src_words == "chars"), word_counts(tgt)))
+                if s <= limit and t <= limit]
+        self.stats["train"]["over_max_words_dropped"] = len(src) - len(keep)
+        log.info("train: kept %d of %d pairs of at most %d words", len(keep), len(src), limit)
+        if not keep:
+            raise DataError(f"no training pair has at most data.train_max_words={limit} "
+                            "words on both sides; raise the limit or set it to null")
+        return [src[i] for i in keep], [tgt[i] for i in keep]
 
     def _replicas(self) -> tuple[int, int]:
         trainer = self.trainer
