@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from nmt.checkpoint import nonfinite
 from nmt.data.tokenizer import PAD
-from nmt.loss import label_smoothed_cross_entropy
+from nmt.loss import output_cross_entropy
 from nmt.length_report import DEFAULT_EDGES, length_report, markdown_table, write_report
 from nmt.metrics import corpus_scores
 
@@ -98,10 +98,9 @@ class TranslationModule(L.LightningModule):
         layer runs on the real target positions only: padding never reaches the vocabulary."""
         hidden = self.model.features(batch["src"], batch["src_mask"], batch["tgt_in"])  # (B, T, H)
         real = batch["tgt_out"] != PAD
-        logits = self.model.decoder.out(hidden[real])  # (N, V), N real target tokens
-        if logits.size(1) > self.model.tgt_vocab_size:  # rows padded to a multiple of 8: never targets
-            logits = logits[:, : self.model.tgt_vocab_size]
-        return label_smoothed_cross_entropy(logits, batch["tgt_out"][real], self.hparams.label_smoothing)
+        # Rows of the output layer past the vocabulary (padded to a multiple of 8) are never targets.
+        weight = self.model.decoder.out.weight[: self.model.tgt_vocab_size]
+        return output_cross_entropy(hidden[real], weight, batch["tgt_out"][real], self.hparams.label_smoothing)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         loss, nll = self.loss(batch)

@@ -1,16 +1,19 @@
-"""Label-smoothed cross-entropy (Szegedy et al. 2016) as one autograd node.
+"""The output layer and label-smoothed cross-entropy (Szegedy et al. 2016) as one autograd node.
 
-For logits ``z`` (N, V), targets ``y`` and ``log p = log_softmax(z)``:
+For decoder states ``h`` (N, H), the output weight ``W`` (V, H), logits ``z = h W^T``, targets
+``y`` and ``log p = log_softmax(z)``:
 
     nll_i    = -log p_{i, y_i}
     smooth_i = -mean_v log p_{i, v}             (cross-entropy against the uniform distribution)
     loss     = mean_i [(1 - eps) nll_i + eps smooth_i]
 
-which is ``F.cross_entropy(z, y, label_smoothing=eps)``. Its gradient is
-``(softmax(z) - (1 - eps) onehot(y) - eps / V) / N``, written in place over the saved log
-probabilities (fp32 also for bf16 logits, which are read once and never copied to fp32);
-autograd's path through ``log_softmax``, ``gather`` and ``mean`` materialises four (N, V)
-tensors, and the vocabulary projection's outputs are the largest tensors of a training step.
+which is ``F.cross_entropy(F.linear(h, W), y, label_smoothing=eps)``. The gradient with respect
+to the logits is ``G = (softmax(z) - (1 - eps) onehot(y) - eps / V) / N``, so the forward pass
+computes it too, a block of rows at a time: the block's logits and their softmax (fp32, in place,
+with ``log sum exp z`` for the loss) stay in the CPU cache, and only ``G`` is written, in the
+matmul dtype (bf16 under autocast). The backward pass is then two matmuls, ``G W`` and
+``G^T h``. Autograd's path (logits, an fp32 copy, log-softmax, its gradient, each (N, V), the
+largest tensors of a training step) moves several times the memory.
 """
 
 from __future__ import annotations
@@ -18,36 +21,61 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+# Logits per block in the forward pass: ~4 MB of fp32 on a CPU (cache-sized), more on a GPU.
+_BLOCK_ELEMENTS = {"cpu": 1 << 20}
+_DEFAULT_BLOCK_ELEMENTS = 1 << 24
 
-class _SmoothedCrossEntropy(torch.autograd.Function):
+
+def _matmul_dtype(x: Tensor) -> torch.dtype:
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+
+
+class _OutputCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-        dtype = torch.promote_types(logits.dtype, torch.float32)  # fp32 for bf16/fp16 logits
-        log_probs = torch.log_softmax(logits, dim=-1, dtype=dtype)  # (N, V), one pass
-        nll = -log_probs.gather(1, target.unsqueeze(1)).squeeze(1)
-        loss = nll.mean() if not eps else ((1 - eps) * nll - eps * log_probs.mean(dim=-1)).mean()
-        ctx.save_for_backward(log_probs, target)
-        ctx.eps, ctx.dtype = eps, logits.dtype
-        nll = nll.mean()
+    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, eps: float, block_rows: int) -> tuple[Tensor, Tensor]:
+        dtype = _matmul_dtype(hidden)
+        h, w = hidden.to(dtype), weight.to(dtype)
+        n, v = h.size(0), w.size(0)
+        grad_logits = h.new_empty(n, v)
+        loss_sum = nll_sum = h.new_zeros((), dtype=torch.promote_types(dtype, torch.float32))
+        for start in range(0, n, block_rows):
+            rows = slice(start, start + block_rows)
+            z = (h[rows] @ w.t()).to(loss_sum.dtype)  # (b, V) logits, fp32 at least
+            z.sub_(z.amax(dim=-1, keepdim=True))  # log p = z - log sum exp z, now with max z = 0
+            y = target[rows].unsqueeze(1)
+            z_y, z_mean = z.gather(1, y).squeeze(1), z.mean(dim=-1)
+            exp = z.exp_()
+            total = exp.sum(dim=-1, keepdim=True)
+            log_total = total.log().squeeze(1)
+            nll = (log_total - z_y).sum()
+            nll_sum = nll_sum + nll
+            loss_sum = loss_sum + ((1 - eps) * nll + eps * (log_total - z_mean).sum() if eps else nll)
+            probs = exp.mul_(total.reciprocal_())
+            probs.sub_(eps / v).scatter_add_(1, y, probs.new_full(y.shape, eps - 1))
+            grad_logits[rows] = probs  # unscaled by 1/N, cast to the matmul dtype
+        ctx.save_for_backward(h, w, grad_logits)
+        ctx.dtypes = (hidden.dtype, weight.dtype)
+        nll = nll_sum / n
         ctx.mark_non_differentiable(nll)
-        return loss, nll
+        return loss_sum / n, nll
 
     @staticmethod
-    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor, None, None]:
-        log_probs, target = ctx.saved_tensors
-        n, v = log_probs.shape
-        eps = ctx.eps
-        grad = log_probs.exp_()  # softmax, in the saved buffer: backward runs once
-        if eps:
-            grad.sub_(eps / v)
-        grad.scatter_add_(1, target.unsqueeze(1), grad.new_full((n, 1), eps - 1))
-        out = torch.empty_like(grad, dtype=ctx.dtype)
-        return torch.mul(grad, grad_loss / n, out=out), None, None  # scaled and cast in one pass
+    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor, Tensor, None, None, None]:
+        h, w, grad_logits = ctx.saved_tensors
+        scale = grad_loss / h.size(0)
+        grad_hidden = (grad_logits @ w).to(ctx.dtypes[0]).mul_(scale)
+        grad_weight = (grad_logits.t() @ h).to(ctx.dtypes[1]).mul_(scale)
+        return grad_hidden, grad_weight, None, None, None
 
 
-def label_smoothed_cross_entropy(logits: Tensor, target: Tensor, eps: float = 0.0) -> tuple[Tensor, Tensor]:
-    """Mean label-smoothed loss over the rows of ``logits`` (N, V) with targets (N,), and the
-    mean plain NLL (no gradient, for perplexity)."""
-    if logits.size(0) == 0:
-        raise ValueError("label_smoothed_cross_entropy: no target tokens in the batch")
-    return _SmoothedCrossEntropy.apply(logits, target, float(eps))
+def output_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, eps: float = 0.0,
+                         block_rows: int | None = None) -> tuple[Tensor, Tensor]:
+    """Mean label-smoothed loss of the logits ``hidden @ weight.T`` (hidden (N, H), weight (V, H),
+    no bias) against targets (N,), and the mean plain NLL (no gradient, for perplexity). Matmuls
+    run in the autocast dtype when autocast is on; the softmax and the loss in fp32 at least."""
+    if hidden.size(0) == 0:
+        raise ValueError("output_cross_entropy: no target tokens in the batch")
+    if block_rows is None:
+        block_rows = max(1, _BLOCK_ELEMENTS.get(hidden.device.type, _DEFAULT_BLOCK_ELEMENTS) // weight.size(0))
+    return _OutputCrossEntropy.apply(hidden, weight, target, float(eps), block_rows)

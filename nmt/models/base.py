@@ -16,8 +16,9 @@ repeats them with ``select`` alone.
 Encoders return ``{"enc_out": (B, S, H), "src_mask": (B, S)}`` and, if recurrent, the final
 states ``"final_h"``/``"final_c"`` (B, L, H). Decoders expose ``prepare_memory`` (precompute what
 depends on the source only, e.g. projected attention keys), ``init_state``, ``decode_step``,
-``features``, ``forward`` and the output layer ``out``, and say through ``needs_init_state``
-whether they start from a source summary.
+``features``, ``forward`` and the output layer ``out`` (a bias-free Linear, which the training
+loss fuses with the softmax, ``nmt.loss``), and say through ``needs_init_state`` whether they
+start from a source summary.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from nmt.models.rnn import cell_dtype
 
 Tree = Any  # nested dict / list / tuple of tensors (or None)
 
@@ -55,7 +58,7 @@ class MeanPoolBridge(nn.Module):
         mask = memory["src_mask"].unsqueeze(-1).to(memory["enc_out"].dtype)  # (B, S, 1)
         mean = (memory["enc_out"] * mask).sum(1) / mask.sum(1).clamp(min=1)  # (B, H)
         h = torch.tanh(self.proj(mean)).view(mean.size(0), self.num_layers, -1)  # (B, L, H)
-        return {**memory, "final_h": h, "final_c": torch.zeros_like(h)}
+        return {**memory, "final_h": h, "final_c": torch.zeros_like(h, dtype=cell_dtype(h.dtype))}
 
 
 class Seq2Seq(nn.Module):

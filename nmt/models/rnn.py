@@ -3,6 +3,7 @@ and Luong et al. 2015, chosen by the decoder's ``attention`` and ``input_feeding
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -15,13 +16,14 @@ from nmt.data.tokenizer import PAD
 FEEDS = ("none", "context", "attentional")
 
 
-def autocast_weight(w: Tensor) -> Tensor:
-    """``w`` in the autocast dtype when autocast is on: a weight used at every time step is cast
-    once per sequence, not once per step (autocast caches only leaf parameters)."""
-    device = w.device.type
+def in_autocast_dtype(x: Tensor) -> Tensor:
+    """``x`` in the autocast dtype when autocast is on: a weight (or the attention memory) used at
+    every time step is cast once per sequence, not once per step (autocast caches only leaf
+    parameters)."""
+    device = x.device.type
     if torch.is_autocast_enabled(device):
-        return w.to(torch.get_autocast_dtype(device))
-    return w
+        return x.to(torch.get_autocast_dtype(device))
+    return x
 
 
 class _SumBiases(torch.autograd.Function):
@@ -43,10 +45,17 @@ def sum_biases(b_ih: Tensor, b_hh: Tensor) -> Tensor:
 
 
 def lstm_cell(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
-    """LSTM state update from pre-activations (..., 4H) in torch's gate order i, f, g, o."""
+    """LSTM state update from pre-activations (..., 4H) in torch's gate order i, f, g, o. The
+    cell ``c`` keeps its own (fp32) precision; ``h`` comes out in the gates' dtype, the one its
+    consumers (the next step's matmuls, attention) compute in, so it is cast once, not by each."""
     i, f, g, o = gates.chunk(4, dim=-1)
     c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-    return torch.sigmoid(o) * torch.tanh(c), c
+    return (torch.sigmoid(o) * torch.tanh(c)).to(gates.dtype), c
+
+
+def cell_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The LSTM cell state's dtype: at least fp32, also under bf16/fp16 autocast."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 class RNNEncoder(nn.Module):
@@ -101,8 +110,9 @@ class RNNEncoder(nn.Module):
         x_proj = x_proj.view(length, batch, dirs, -1).transpose(1, 2)  # (S, D, B, 4h)
         if dirs == 2:  # the backward direction reads the positions last to first
             x_proj = torch.stack([x_proj[:, 0], x_proj[:, 1].flip(0)], dim=1)
-        w_hh = autocast_weight(torch.stack(params["weight_hh"]).transpose(1, 2))  # (D, h, 4h)
-        h = c = x.new_zeros(dirs, batch, w_hh.size(1))  # (D, B, h)
+        w_hh = in_autocast_dtype(torch.stack(params["weight_hh"]).transpose(1, 2))  # (D, h, 4h)
+        h = x.new_zeros(dirs, batch, w_hh.size(1), dtype=w_hh.dtype)  # (D, B, h), the matmuls' dtype
+        c = x.new_zeros(dirs, batch, w_hh.size(1), dtype=cell_dtype(x.dtype))
         outputs = []
         for x_t, m_t in zip(x_proj.unbind(0), mask.unbind(0)):
             h_new, c_new = lstm_cell(torch.baddbmm(x_t, h, w_hh), c)
@@ -129,6 +139,16 @@ class RNNEncoder(nn.Module):
             final_h.append(h)
             final_c.append(c)
         return {"enc_out": self.dropout(x), "src_mask": src_mask, "final_h": torch.stack(final_h, 1), "final_c": torch.stack(final_c, 1)}
+
+
+@dataclass(frozen=True)
+class StepWeights:
+    """``RNNDecoder._weights()``, kept in the decoder's memory; not a dict, list or tuple, so
+    ``nmt.models.base.select`` leaves it alone when it reorders the batch."""
+
+    emb: Tensor
+    bias: Tensor
+    layers: list[tuple[Tensor | None, Tensor, Tensor]]
 
 
 class RNNDecoder(nn.Module):
@@ -184,11 +204,14 @@ class RNNDecoder(nn.Module):
         self.att_out = nn.Linear(memory_size + hidden_size, hidden_size, bias=False) if attention else None
         self.out = nn.Linear(hidden_size, vocab_size, bias=False)
 
-    def prepare_memory(self, memory: dict[str, Tensor]) -> dict[str, Tensor]:
-        """Project the attention keys once per sentence."""
+    def prepare_memory(self, memory: dict[str, Tensor]) -> dict[str, Any]:
+        """What every step reuses: the LSTM's step weights (cast once under autocast), and with
+        attention the projected keys and the values in the matmul dtype."""
+        memory = {**memory, "weights": StepWeights(*self._weights())}
         if self.attention is None:
             return memory
-        return {**memory, "keys": self.attention.project_keys(memory["enc_out"])}
+        values = in_autocast_dtype(memory["enc_out"])
+        return {**memory, "keys": self.attention.project_keys(values), "values": values}
 
     def init_state(self, memory: dict[str, Tensor]) -> dict[str, Any]:
         state = {"h": memory["final_h"], "c": memory["final_c"]}  # (B, L, H)
@@ -197,7 +220,7 @@ class RNNDecoder(nn.Module):
         return state
 
     def _attend(self, query: Tensor, memory: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        return self.attention(query, memory["keys"], memory["enc_out"], memory["src_mask"])
+        return self.attention(query, memory["keys"], memory["values"], memory["src_mask"])
 
     def _output(self, h: Tensor, context: Tensor | None) -> Tensor:
         if context is None:
@@ -215,8 +238,8 @@ class RNNDecoder(nn.Module):
             w_ih, w_hh, b_ih, b_hh = (getattr(self.rnn, f"{name}_l{layer}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
             if layer == 0:
                 w_emb, w_ih = w_ih[:, :emb_size], w_ih[:, emb_size:]
-            w_x = autocast_weight(w_ih.t()) if w_ih.size(1) else None
-            layers.append((w_x, autocast_weight(w_hh.t()), autocast_weight(sum_biases(b_ih, b_hh))))
+            w_x = in_autocast_dtype(w_ih.t()) if w_ih.size(1) else None
+            layers.append((w_x, in_autocast_dtype(w_hh.t()), in_autocast_dtype(sum_biases(b_ih, b_hh))))
         return w_emb, layers[0][2], layers
 
     def _recur(self, x_proj: Tensor, feed: Tensor | None, h: list[Tensor], c: list[Tensor], layers) -> None:
@@ -233,14 +256,14 @@ class RNNDecoder(nn.Module):
             h[layer], c[layer] = lstm_cell(gates, c[layer])
             x = h[layer]
 
-    def _step(self, x_proj: Tensor, memory: dict[str, Tensor], state: dict[str, Any], layers) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    def _step(self, x_proj: Tensor, memory: dict[str, Any], state: dict[str, Any]) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """x_proj (B, 4H) -> top state (B, H), context (B, Hk) | None, attention (B, S) | None;
         ``state`` (lists ``h``/``c`` and ``feed``) is updated in place."""
         context = attn = None
         if self.input_feeding == "context":
             context, attn = self._attend(state["h"][-1], memory)
             state["feed"] = context
-        self._recur(x_proj, state.get("feed"), state["h"], state["c"], layers)
+        self._recur(x_proj, state.get("feed"), state["h"], state["c"], memory["weights"].layers)
         h_top = state["h"][-1]
         if self.attention is not None and self.input_feeding != "context":
             context, attn = self._attend(h_top, memory)
@@ -251,10 +274,10 @@ class RNNDecoder(nn.Module):
     def decode_step(
         self, prev: Tensor, memory: dict[str, Tensor], state: dict[str, Any], need_attn: bool = False
     ) -> tuple[Tensor, dict[str, Any], Tensor | None]:
-        w_emb, bias, layers = self._weights()
-        x_proj = F.linear(self.dropout(self.embed(prev)), w_emb, bias)  # (B, 4H)
+        weights = memory["weights"]
+        x_proj = F.linear(self.dropout(self.embed(prev)), weights.emb, weights.bias)  # (B, 4H)
         step_state = {"h": list(state["h"].unbind(1)), "c": list(state["c"].unbind(1)), "feed": state.get("feed")}
-        h_top, context, attn = self._step(x_proj, memory, step_state, layers)
+        h_top, context, attn = self._step(x_proj, memory, step_state)
         output = step_state["feed"] if self.input_feeding == "attentional" else self._output(h_top, context)
         new_state = {"h": torch.stack(step_state["h"], 1), "c": torch.stack(step_state["c"], 1)}
         if self.input_feeding == "attentional":
@@ -266,18 +289,18 @@ class RNNDecoder(nn.Module):
         emb = self.dropout(self.embed(tgt_in))  # (B, T, E)
         state = self.init_state(memory)
         if self.input_feeding == "none":  # no recurrence through attention: one LSTM call
-            hc = (state["h"].transpose(0, 1).contiguous(), state["c"].transpose(0, 1).contiguous())
+            hc = tuple(state[k].transpose(0, 1).to(emb.dtype).contiguous() for k in ("h", "c"))
             h, _ = self.rnn(emb, hc)  # (B, T, H)
             if self.attention is None:
                 return self._output(h, None), None
             context, attn = self._attend(h, memory)  # (B, T, Hk), (B, T, S)
             return self._output(h, context), attn
-        w_emb, bias, layers = self._weights()
-        x_proj = F.linear(emb.transpose(0, 1), w_emb, bias)  # (T, B, 4H), all steps at once
+        weights = memory["weights"]
+        x_proj = F.linear(emb.transpose(0, 1), weights.emb, weights.bias)  # (T, B, 4H), all steps at once
         state = {"h": list(state["h"].unbind(1)), "c": list(state["c"].unbind(1)), "feed": state.get("feed")}
         tops, contexts, attns = [], [], []
         for x_t in x_proj.unbind(0):  # unbind, not x_proj[t]: one backward node, no per-step zeros
-            h_top, context, attn = self._step(x_t, memory, state, layers)
+            h_top, context, attn = self._step(x_t, memory, state)
             # Luong: the output is the feed, computed in the step; Bahdanau: it does not feed
             # back, so the output layer runs once over all steps below.
             tops.append(state["feed"] if self.input_feeding == "attentional" else h_top)
