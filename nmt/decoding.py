@@ -35,7 +35,7 @@ def _max_lengths(src_mask: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
 def _log_probs(logits: Tensor, vocab_size: int) -> Tensor:
     """Log-probabilities in fp32 over the first ``vocab_size`` ids (the rest is the output layer's
     padding); PAD and BOS are never generated."""
-    logp = torch.log_softmax(logits[..., :vocab_size].float(), dim=-1)
+    logp = torch.log_softmax(logits[..., :vocab_size], dim=-1, dtype=torch.float32)
     logp[..., PAD] = float("-inf")
     logp[..., BOS] = float("-inf")
     return logp

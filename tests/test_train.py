@@ -68,6 +68,16 @@ def test_learns_the_tiny_task(cfg_train):
     fp32, _ = translate_lines(*args)
     bf16, _ = translate_lines(*args, precision="bf16")
     assert sum(a == b for a, b in zip(fp32, bf16)) >= 0.8 * len(lines), list(zip(fp32, bf16))
+    # Batches decoded side by side, one thread each, give what they give one after another,
+    # attention included, and torch's thread count is restored.
+    threads = torch.get_num_threads()
+    serial, serial_attn = translate_lines(*args, max_tokens=40, attention_lines=[0, 7], workers=1)
+    parallel, parallel_attn = translate_lines(*args, max_tokens=40, attention_lines=[0, 7], workers=3)
+    assert parallel == serial and parallel_attn.keys() == serial_attn.keys() == {0, 7}
+    for i, (attn, src_pieces, tgt_pieces) in serial_attn.items():
+        torch.testing.assert_close(parallel_attn[i][0], attn)
+        assert parallel_attn[i][1:] == (src_pieces, tgt_pieces)
+    assert torch.get_num_threads() == threads
     with pytest.raises(ValueError, match="precision='fp16': choose one of 32, bf16"):
         translate_lines(*args, precision="fp16")
 
