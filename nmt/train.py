@@ -28,6 +28,8 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
+from pytorch_lightning.callbacks import Timer
+from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from nmt import CONF_DIR
@@ -151,6 +153,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
     return metrics
 
 
+def train_wall_seconds(trainer: L.Trainer, fit_seconds: float) -> float:
+    """Wall-clock training time over the whole run: with a ``max_time`` budget, Lightning's timer
+    carries the time of the runs it resumed from; without one, this call's ``fit`` time."""
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    return timer.time_elapsed(RunningStage.TRAINING) if timer is not None else fit_seconds
+
+
 def write_summary(cfg: DictConfig, module, metrics: dict[str, float], fit_seconds: float, params: int, trainer,
                   resumed_from: str | None = None, stopped_by: str | None = None) -> None:
     """``<run>/summary.json``: what a study or sweep table needs from a run."""
@@ -161,6 +170,7 @@ def write_summary(cfg: DictConfig, module, metrics: dict[str, float], fit_second
         "overrides": list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else [],
         "parameters": params,
         "fit_seconds": round(fit_seconds, 1),
+        "train_wall_seconds": round(train_wall_seconds(trainer, fit_seconds), 1),
         "steps": trainer.global_step,
         "epochs": trainer.current_epoch,
         "train_tokens_per_sec": round(module.train_tokens * trainer.world_size / max(module.train_seconds, 1e-9), 1),

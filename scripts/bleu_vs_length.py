@@ -78,7 +78,7 @@ def collect(sweep_dir: Path, num_heatmaps: int) -> Path:
         buckets = report["buckets"]
         rows.append(
             f"| {name} | {summary['parameters'] / 1e6:.1f}M | {summary['train_tokens_per_sec']:,.0f} | "
-            f"{summary['fit_seconds'] / 60:.1f} | {summary['steps']} | {report['bleu']:.1f} | "
+            f"{summary.get('train_wall_seconds', summary['fit_seconds']) / 60:.1f} | {summary['steps']} | {report['bleu']:.1f} | "
             f"{buckets[0]['bleu']:.1f} | {next(b for b in reversed(buckets) if b['count'])['bleu']:.1f} |"
         )
         if num_heatmaps and name != "lstm":

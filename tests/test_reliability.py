@@ -121,7 +121,8 @@ def reference(tmp_path_factory):
 def test_killed_run_resumes_to_the_same_weights_and_bleu(reference, tmp_path):
     _, ref_ckpt, ref_metrics = reference
     killed = tmp_path / "killed"
-    proc = start(command(tmp_path, killed, "+callbacks.slow._target_=tests.test_reliability.Slow"), tmp_path / "killed.log")
+    budget = "trainer.max_time=00:01:00:00"  # a budget: Lightning's timer keeps the training time
+    proc = start(command(tmp_path, killed, "+callbacks.slow._target_=tests.test_reliability.Slow", budget), tmp_path / "killed.log")
     ckpt = killed / "checkpoints" / "last.ckpt"
     try:
         wait_for_step(ckpt, proc, 10)
@@ -131,9 +132,12 @@ def test_killed_run_resumes_to_the_same_weights_and_bleu(reference, tmp_path):
     stopped_at = load(ckpt)["global_step"]  # usually 10: epoch 2, batch 2 of 4
     assert 10 <= stopped_at < 30
 
-    _, metrics = in_process(tmp_path, [f"ckpt_path={ckpt}"])  # a new run folder: tmp_path/run
+    _, metrics = in_process(tmp_path, [f"ckpt_path={ckpt}", budget])  # a new run folder: tmp_path/run
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 30 and summary["resumed_from"] == str(ckpt)
+    timer = next(state for key, state in load(ckpt)["callbacks"].items() if key.startswith("Timer"))
+    before = timer["time_elapsed"]["train"]  # the killed run's training time, carried over
+    assert 0 < before < summary["train_wall_seconds"]
 
     # Bitwise: the same data order, dropout masks, optimizer and schedule.
     assert_same_weights(ref_ckpt, tmp_path / "run" / "checkpoints" / "last.ckpt")
