@@ -120,9 +120,11 @@ def translate_lines(
     workers = min(workers or torch.get_num_threads(), len(batches)) if device.type == "cpu" else 1
     if workers > 1:
         threads = torch.get_num_threads()
-        with ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,)) as pool:
-            results = list(pool.map(decode, batches))
-        torch.set_num_threads(threads)
+        try:
+            with ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,)) as pool:
+                results = list(pool.map(decode, batches))
+        finally:  # the workers' setting is process-wide
+            torch.set_num_threads(threads)
     else:
         results = map(decode, batches)
     for batch, need_attn, hyps in results:
