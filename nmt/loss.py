@@ -9,7 +9,7 @@ For decoder states ``h`` (N, H), the output weight ``W`` (V, H), logits ``z = h 
 
 which is ``F.cross_entropy(F.linear(h, W), y, label_smoothing=eps)``. The gradient with respect
 to the logits is ``G = (softmax(z) - (1 - eps) onehot(y) - eps / V) / N``, so the forward pass
-computes it too, a block of rows at a time: the block's logits and their softmax (fp32, in place,
+computes it too (unless no gradient is needed, as in validation), a block of rows at a time: the block's logits and their softmax (fp32, in place,
 with ``log sum exp z`` for the loss) stay in the CPU cache, and only ``G`` is written, in the
 matmul dtype (bf16 under autocast). The backward pass is then two matmuls, ``G W`` and
 ``G^T h``. Autograd's path (logits, an fp32 copy, log-softmax, its gradient, each (N, V), the
@@ -37,7 +37,8 @@ class _OutputCrossEntropy(torch.autograd.Function):
         dtype = _matmul_dtype(hidden)
         h, w = hidden.to(dtype), weight.to(dtype)
         n, v = h.size(0), w.size(0)
-        grad_logits = h.new_empty(n, v)
+        need_grad = any(ctx.needs_input_grad[:2])  # not in validation
+        grad_logits = h.new_empty(n, v) if need_grad else None
         loss_sum = nll_sum = h.new_zeros((), dtype=torch.promote_types(dtype, torch.float32))
         for start in range(0, n, block_rows):
             rows = slice(start, start + block_rows)
@@ -51,9 +52,10 @@ class _OutputCrossEntropy(torch.autograd.Function):
             nll = (log_total - z_y).sum()
             nll_sum = nll_sum + nll
             loss_sum = loss_sum + ((1 - eps) * nll + eps * (log_total - z_mean).sum() if eps else nll)
-            probs = exp.mul_(total.reciprocal_())
-            probs.sub_(eps / v).scatter_add_(1, y, probs.new_full(y.shape, eps - 1))
-            grad_logits[rows] = probs  # unscaled by 1/N, cast to the matmul dtype
+            if need_grad:
+                probs = exp.mul_(total.reciprocal_())
+                probs.sub_(eps / v).scatter_add_(1, y, probs.new_full(y.shape, eps - 1))
+                grad_logits[rows] = probs  # unscaled by 1/N, cast to the matmul dtype
         ctx.save_for_backward(h, w, grad_logits)
         ctx.dtypes = (hidden.dtype, weight.dtype)
         nll = nll_sum / n
@@ -64,6 +66,9 @@ class _OutputCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor, Tensor, None, None, None]:
         h, w, grad_logits = ctx.saved_tensors
         scale = grad_loss / h.size(0)
+        if grad_logits.dtype == torch.float16:  # scaled first, so fp16 loss scaling governs the range
+            grad_logits = grad_logits * scale.to(grad_logits.dtype)
+            return (grad_logits @ w).to(ctx.dtypes[0]), (grad_logits.t() @ h).to(ctx.dtypes[1]), None, None, None
         grad_hidden = (grad_logits @ w).to(ctx.dtypes[0]).mul_(scale)
         grad_weight = (grad_logits.t() @ h).to(ctx.dtypes[1]).mul_(scale)
         return grad_hidden, grad_weight, None, None, None

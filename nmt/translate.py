@@ -120,11 +120,12 @@ def translate_lines(
     workers = min(workers or torch.get_num_threads(), len(batches)) if device.type == "cpu" else 1
     if workers > 1:
         threads = torch.get_num_threads()
+        pool = ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,))
         try:
-            with ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,)) as pool:
-                results = list(pool.map(decode, batches))
-        finally:  # the workers' setting is process-wide
-            torch.set_num_threads(threads)
+            results = list(pool.map(decode, batches))
+        finally:
+            pool.shutdown(cancel_futures=True)  # after an error, the batches not started are dropped
+            torch.set_num_threads(threads)  # the workers' setting is process-wide
     else:
         results = map(decode, batches)
     for batch, need_attn, hyps in results:

@@ -26,11 +26,12 @@ def test_equals_torch_linear_and_cross_entropy(eps, block_rows):
         torch.testing.assert_close(got, want)
 
 
-def test_bf16_autocast_matches_fp32_with_fp32_loss_and_gradients():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_matches_fp32_with_fp32_loss_and_gradients(dtype):
     hidden = torch.randn(64, 32, requires_grad=True)
     weight = (0.1 * torch.randn(100, 32)).requires_grad_()
     target = torch.randint(0, 100, (64,))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=dtype):
         loss, _ = output_cross_entropy(hidden, weight, target, 0.1, block_rows=16)
     assert loss.dtype == torch.float32
     grads = torch.autograd.grad(loss, (hidden, weight))
@@ -40,6 +41,15 @@ def test_bf16_autocast_matches_fp32_with_fp32_loss_and_gradients():
     for got, want in zip(grads, ref_grads):
         assert got.dtype == torch.float32
         torch.testing.assert_close(got, want, atol=2e-4, rtol=5e-2)
+
+
+def test_without_gradients_the_loss_is_the_same():
+    hidden, weight = torch.randn(20, 8), torch.randn(11, 8)
+    target = torch.randint(0, 11, (20,))
+    with torch.no_grad():
+        loss, nll = output_cross_entropy(hidden, weight, target, 0.1, block_rows=6)
+    torch.testing.assert_close(loss, F.cross_entropy(F.linear(hidden, weight), target, label_smoothing=0.1))
+    torch.testing.assert_close(nll, F.cross_entropy(F.linear(hidden, weight), target))
 
 
 def test_no_targets_is_an_error():

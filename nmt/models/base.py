@@ -10,8 +10,9 @@ which encoder or decoder it holds:
 - ``encode(src, src_mask) -> memory``; ``init_state(memory) -> state``;
   ``decode_step(prev (B,), memory, state) -> (logits (B, V), state, attn (B, S) | None)``.
 
-``memory`` and ``state`` are dicts of batch-first tensors (or None), so decoding reorders or
-repeats them with ``select`` alone.
+``memory`` and ``state`` are dicts of batch-first tensors (or None, or objects that are not
+dicts, lists or tuples, which ``select`` leaves as they are: an RNN decoder's step weights), so
+decoding reorders or repeats them with ``select`` alone.
 
 Encoders return ``{"enc_out": (B, S, H), "src_mask": (B, S)}`` and, if recurrent, the final
 states ``"final_h"``/``"final_c"`` (B, L, H). Decoders expose ``prepare_memory`` (precompute what

@@ -206,12 +206,12 @@ class RNNDecoder(nn.Module):
 
     def prepare_memory(self, memory: dict[str, Tensor]) -> dict[str, Any]:
         """What every step reuses: the LSTM's step weights (cast once under autocast), and with
-        attention the projected keys and the values in the matmul dtype."""
+        attention the projected keys and ``enc_out`` (the values) in the matmul dtype."""
         memory = {**memory, "weights": StepWeights(*self._weights())}
         if self.attention is None:
             return memory
         values = in_autocast_dtype(memory["enc_out"])
-        return {**memory, "keys": self.attention.project_keys(values), "values": values}
+        return {**memory, "enc_out": values, "keys": self.attention.project_keys(values)}
 
     def init_state(self, memory: dict[str, Tensor]) -> dict[str, Any]:
         state = {"h": memory["final_h"], "c": memory["final_c"]}  # (B, L, H)
@@ -220,7 +220,7 @@ class RNNDecoder(nn.Module):
         return state
 
     def _attend(self, query: Tensor, memory: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        return self.attention(query, memory["keys"], memory["values"], memory["src_mask"])
+        return self.attention(query, memory["keys"], memory["enc_out"], memory["src_mask"])
 
     def _output(self, h: Tensor, context: Tensor | None) -> Tensor:
         if context is None:

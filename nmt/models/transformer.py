@@ -103,8 +103,8 @@ class MultiHeadAttention(nn.Module):
                 mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
             if mask is not None:
                 scores = scores.masked_fill(~mask, float("-inf"))
-            weights = torch.softmax(scores, dim=-1)
-            out = F.dropout(weights, dropout, self.training) @ v
+            weights = torch.softmax(scores, dim=-1, dtype=torch.float32)  # fp32 also under autocast
+            out = F.dropout(weights, dropout, self.training).to(v.dtype) @ v
         else:
             weights = None
             out = _sdpa(q, k, v, mask, dropout, is_causal)
