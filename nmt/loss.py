@@ -11,9 +11,10 @@ which is ``F.cross_entropy(F.linear(h, W), y, label_smoothing=eps)``. The gradie
 to the logits is ``G = (softmax(z) - (1 - eps) onehot(y) - eps / V) / N``, so the forward pass
 computes it too (unless no gradient is needed, as in validation), a block of rows at a time: the
 block's logits and their softmax (fp32, in place, with ``log sum exp z`` for the loss) stay in
-the CPU cache, and only ``G`` is written, in the matmul dtype (bf16 under autocast). The backward pass is then two matmuls, ``G W`` and
-``G^T h``. Autograd's path (logits, an fp32 copy, log-softmax, its gradient, each (N, V), the
-largest tensors of a training step) moves several times the memory.
+the CPU cache, and only ``G`` is written, in the matmul dtype (bf16 under autocast). The
+backward pass is then two matmuls, ``G W`` and ``G^T h``. Autograd's path (logits, an fp32 copy,
+log-softmax, its gradient, each (N, V), the largest tensors of a training step) moves several
+times the memory.
 """
 
 from __future__ import annotations
