@@ -137,6 +137,37 @@ def test_transformer_encoder_is_order_sensitive(positions):
     assert (out[0, 0] - out_swapped[0, 0]).abs().max() > 1e-4
 
 
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
+def test_position_shift_starts_both_sides_at_the_sampled_position(positions):
+    """With ``position_shift`` a training pass puts a sentence pair at positions k, k+1, ... on
+    both sides (one random k per pair); evaluation always starts at 0."""
+    name = "transformer" if positions == "sinusoidal" else "transformer_post_learned"
+    model = build(name)
+    model.encoder.position_shift = 7
+    src, src_mask, tgt_in = batch()
+    reference = model.features(src, src_mask, tgt_in)  # eval: no shift
+    model.train()
+    torch.manual_seed(3)
+    shifted = model.features(src, src_mask, tgt_in)
+    torch.manual_seed(3)
+    shift = torch.randint(0, 8, (src.size(0),))
+    assert shift.unique().numel() > 1, "pick a seed that gives the pairs different shifts"
+    model.eval()
+    # the same shifted pass by hand, one pair at a time, as a decoding step would place it
+    for i, k in enumerate(shift.tolist()):
+        enc = model.encoder
+        x = enc.embed_tokens(src[i : i + 1], offset=k)
+        for layer in enc.layers:
+            x = layer(x, src_mask[i : i + 1, None, None, :])
+        memory = model.decoder.prepare_memory({"enc_out": enc.final_norm(x), "src_mask": src_mask[i : i + 1]})
+        dec = model.decoder
+        y, _ = dec._layers(dec.embed_tokens(tgt_in[i : i + 1], offset=k), memory, None, None, False)
+        torch.testing.assert_close(shifted[i], y[0])
+    assert (shifted - reference).abs().max() > 1e-4
+    with pytest.raises(ValueError, match="rotary positions are relative already"):
+        type(model.encoder)(VOCAB, 16, 1, 2, 32, positions="rope", position_shift=3)
+
+
 def test_tied_and_shared_embeddings():
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=["model=transformer", "model.hidden_size=16", "model.encoder.num_heads=2", "model.decoder.num_heads=2"])

@@ -218,15 +218,21 @@ class _Embedding(nn.Module):
             self.register_buffer("pos_table", sinusoids(max_len, hidden_size), persistent=False)
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
-        if offset + tokens.size(1) > self.max_len:
-            raise ValueError(f"sequence of {offset + tokens.size(1)} tokens exceeds the model's max_len {self.max_len}")
+    def forward(self, tokens: Tensor, offset: int = 0, shift: Tensor | None = None) -> Tensor:
+        """Positions start at ``offset`` (a decoding step), or at ``shift`` (B,), one start per
+        sentence (training with ``position_shift``)."""
+        last = offset + tokens.size(1) + (int(shift.max()) if shift is not None else 0)
+        if last > self.max_len:
+            raise ValueError(f"sequence of {last} tokens exceeds the model's max_len {self.max_len}")
         x = self.embed(tokens) * self.scale  # (B, T, H)
-        if self.positions == "learned":
-            x = x + self.pos.weight[offset : offset + tokens.size(1)]
-        elif self.positions == "sinusoidal":
-            x = x + self.pos_table[offset : offset + tokens.size(1)].to(x.dtype)
-        return self.drop(x)
+        if self.positions == "rope":
+            return self.drop(x)
+        table = self.pos.weight if self.positions == "learned" else self.pos_table
+        if shift is None:
+            pos = table[offset : offset + tokens.size(1)]  # (T, H)
+        else:
+            pos = table[shift.unsqueeze(1) + torch.arange(tokens.size(1), device=tokens.device)]  # (B, T, H)
+        return self.drop(x + pos.to(x.dtype))
 
 
 def _band(length_q: int, length_k: int, window: int, causal: bool, device: torch.device) -> Tensor:
@@ -252,11 +258,15 @@ class TransformerEncoder(nn.Module):
         window: int | None = None,
         attention_dropout: float = 0.0,
         activation_dropout: float = 0.0,
+        position_shift: int = 0,
     ) -> None:
         super().__init__()
+        if position_shift and positions == "rope":
+            raise ValueError("position_shift shifts absolute positions; rotary positions are relative already: set position_shift: 0")
         rotary = Rotary(hidden_size // num_heads, max_len) if positions == "rope" else None
         self.embed_tokens = _Embedding(vocab_size, hidden_size, dropout, positions, max_len)
         self.embed = self.embed_tokens.embed  # for embedding tying
+        self.position_shift = position_shift
         self.layers = nn.ModuleList(
             EncoderLayer(hidden_size, num_heads, ff_size, dropout, norm, rotary, attention_dropout, activation_dropout)
             for _ in range(num_layers)
@@ -266,7 +276,10 @@ class TransformerEncoder(nn.Module):
         self.gradient_checkpointing = False
 
     def forward(self, src: Tensor, src_mask: Tensor) -> dict[str, Tensor]:
-        x = self.embed_tokens(src)  # (B, S, H)
+        shift = None
+        if self.training and self.position_shift:  # SHAPE: one random start per sentence pair
+            shift = torch.randint(0, self.position_shift + 1, (src.size(0),), device=src.device)
+        x = self.embed_tokens(src, shift=shift)  # (B, S, H)
         mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
         if self.window is not None:
             mask = mask & _band(src.size(1), src.size(1), self.window, False, src.device)
@@ -275,7 +288,10 @@ class TransformerEncoder(nn.Module):
                 x = checkpoint(layer, x, mask, use_reentrant=False)
             else:
                 x = layer(x, mask)
-        return {"enc_out": self.final_norm(x), "src_mask": src_mask}
+        memory = {"enc_out": self.final_norm(x), "src_mask": src_mask}
+        if shift is not None:  # the decoder's positions start there too
+            memory["position_shift"] = shift
+        return memory
 
 
 class TransformerDecoder(nn.Module):
@@ -338,7 +354,9 @@ class TransformerDecoder(nn.Module):
 
     def features(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> Tensor:
         """Teacher-forced top-layer states (B, T, H), the input of ``self.out``."""
-        x, _ = self._layers(self.embed_tokens(tgt_in), memory, self._self_mask(tgt_in.size(1), tgt_in.device), None, False)
+        shift = memory.get("position_shift") if self.training else None
+        x = self.embed_tokens(tgt_in, shift=shift)
+        x, _ = self._layers(x, memory, self._self_mask(tgt_in.size(1), tgt_in.device), None, False)
         return x
 
     def forward(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> Tensor:
