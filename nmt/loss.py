@@ -25,6 +25,7 @@ from torch import Tensor
 # Logits per block in the forward pass: ~4 MB of fp32 on a CPU (cache-sized), more on a GPU.
 _BLOCK_ELEMENTS = {"cpu": 1 << 20}
 _DEFAULT_BLOCK_ELEMENTS = 1 << 24
+_LOG2E = 1.4426950408889634
 
 
 def _matmul_dtype(x: Tensor) -> torch.dtype:
@@ -38,21 +39,31 @@ class _OutputCrossEntropy(torch.autograd.Function):
         dtype = _matmul_dtype(hidden)
         h, w = hidden.to(dtype), weight.to(dtype)
         n, v = h.size(0), w.size(0)
+        fp = torch.promote_types(dtype, torch.float32)  # the softmax's dtype
         need_grad = any(ctx.needs_input_grad[:2])  # not in validation
         grad_logits = h.new_empty(n, v) if need_grad else None
-        loss_sum = nll_sum = h.new_zeros((), dtype=torch.promote_types(dtype, torch.float32))
+        # one logits buffer for every block (and an fp32 one under autocast): fresh multi-MB
+        # tensors per block would each cost page faults
+        logits = h.new_empty(min(block_rows, n), v)
+        logits_fp = logits if fp == dtype else logits.new_empty(logits.shape, dtype=fp)
+        mean_logit = h.to(fp) @ w.mean(0, dtype=fp)  # (N,): mean_v z_v, for the smoothing term
+        loss_sum = nll_sum = h.new_zeros((), dtype=fp)
         for start in range(0, n, block_rows):
             rows = slice(start, start + block_rows)
-            z = (h[rows] @ w.t()).to(loss_sum.dtype)  # (b, V) logits, fp32 at least
-            z.sub_(z.amax(dim=-1, keepdim=True))  # log p = z - log sum exp z, now with max z = 0
+            b = h[rows].size(0)
+            z = torch.mm(h[rows], w.t(), out=logits[:b])
+            if z.dtype != fp:
+                z = logits_fp[:b].copy_(z)
             y = target[rows].unsqueeze(1)
-            z_y, z_mean = z.gather(1, y).squeeze(1), z.mean(dim=-1)
-            exp = z.exp_()
+            z_max = z.amax(dim=-1, keepdim=True)
+            z_y = z.gather(1, y).squeeze(1)
+            # exp(z - max) as exp2((z - max) log2 e): torch's CPU exp2 is ~3x faster than its exp
+            exp = z.sub_(z_max).mul_(_LOG2E).exp2_()
             total = exp.sum(dim=-1, keepdim=True)
-            log_total = total.log().squeeze(1)
+            log_total = (total.log() + z_max).squeeze(1)  # log sum_v exp z_v
             nll = (log_total - z_y).sum()
             nll_sum = nll_sum + nll
-            loss_sum = loss_sum + ((1 - eps) * nll + eps * (log_total - z_mean).sum() if eps else nll)
+            loss_sum = loss_sum + ((1 - eps) * nll + eps * (log_total - mean_logit[rows]).sum() if eps else nll)
             if need_grad:
                 probs = exp.mul_(total.reciprocal_())
                 probs.sub_(eps / v).scatter_add_(1, y, probs.new_full(y.shape, eps - 1))

@@ -35,6 +35,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from nmt import CONF_DIR
 from nmt.callbacks import AtomicCheckpointIO, PreemptionCheckpoint
 from nmt.checkpoint import check_resume, tokenizer_protos
+from nmt.malloc import keep_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ def count_parameters(model: torch.nn.Module) -> int:
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit and test one model; returns the metrics logged last (``val/bleu``, ``test/bleu``, ...)."""
+    keep_freed_memory()
     L.seed_everything(cfg.seed, workers=True)
     ckpt_path = resolve_ckpt_path(cfg)
     datamodule = instantiate(cfg.data)

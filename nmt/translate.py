@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nmt import CONF_DIR
 from nmt.checkpoint import load_checkpoint
+from nmt.malloc import keep_freed_memory
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.tokenizer import EOS, PAD, Tokenizer
 
@@ -152,6 +153,7 @@ def model_max_src_len(run_config: dict[str, Any]) -> int:
 @hydra.main(config_path=CONF_DIR, config_name="translate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    keep_freed_memory()
     loaded = load_checkpoint(cfg.ckpt, device=device)
     lines = read_lines(cfg.input, errors=cfg.errors)
     search = instantiate(cfg.decoding)

@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 from nmt import CONF_DIR  # noqa: E402
 from nmt.data.tokenizer import PAD  # noqa: E402
 from nmt.decoding import beam_search, greedy_search  # noqa: E402
+from nmt.malloc import keep_freed_memory  # noqa: E402
 from nmt.models.rnn import RNNDecoder, RNNEncoder  # noqa: E402
 from nmt.models.transformer import TransformerDecoder, TransformerEncoder  # noqa: E402
 from nmt.train import build_model, build_module, count_parameters  # noqa: E402
@@ -287,6 +288,7 @@ def main(cfg: DictConfig) -> None:
                           ("cpu" if cfg.device == "auto" else cfg.device))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    keep_freed_memory()  # as train() does
     if cfg.precision not in ("auto", "fp32", "bf16"):
         raise ValueError(f"precision must be auto, fp32 or bf16, got {cfg.precision!r}")
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")

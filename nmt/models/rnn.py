@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from nmt.data.tokenizer import PAD
+from nmt.models.dropout import Dropout, dropout
 
 FEEDS = ("none", "context", "attentional")
 
@@ -89,7 +90,7 @@ class RNNEncoder(nn.Module):
         self.final_state_layers = num_layers
         self.gradient_checkpointing = False
         self.embed = nn.Embedding(vocab_size, emb_size, padding_idx=PAD)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.rnn = nn.LSTM(
             emb_size,
             hidden_size // self.num_directions,
@@ -131,7 +132,7 @@ class RNNEncoder(nn.Module):
         final_h, final_c = [], []
         for layer in range(self.rnn.num_layers):
             if layer > 0:  # between layers, as nn.LSTM
-                x = F.dropout(x, self.rnn.dropout, self.training)
+                x = dropout(x, self.rnn.dropout, self.training)
             if self.gradient_checkpointing and self.training:  # keep only each layer's input
                 x, h, c = checkpoint(self._layer, x, mask, layer, use_reentrant=False)
             else:
@@ -191,7 +192,7 @@ class RNNDecoder(nn.Module):
         self.input_feeding = input_feeding
         self.needs_init_state = num_layers
         self.embed = nn.Embedding(vocab_size, emb_size, padding_idx=PAD)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         feed_size = {"none": 0, "context": memory_size, "attentional": hidden_size}[input_feeding]
         self.rnn = nn.LSTM(
             emb_size + feed_size,
@@ -249,7 +250,7 @@ class RNNDecoder(nn.Module):
         x = feed
         for layer, (w_x, w_h, bias) in enumerate(layers):
             if layer > 0 and self.rnn.dropout:
-                x = F.dropout(x, self.rnn.dropout, self.training)
+                x = dropout(x, self.rnn.dropout, self.training)
             gates = torch.addmm(x_proj if layer == 0 else bias, h[layer], w_h)  # (B, 4H)
             if w_x is not None:
                 gates = torch.addmm(gates, x, w_x)  # out of place: autocast casts its inputs

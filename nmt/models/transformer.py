@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from nmt.data.tokenizer import PAD
+from nmt.models.dropout import Dropout
 
 POSITIONS = ("sinusoidal", "learned", "rope")
 
@@ -114,7 +115,7 @@ class MultiHeadAttention(nn.Module):
 
 class FeedForward(nn.Sequential):
     def __init__(self, hidden_size: int, ff_size: int, dropout: float) -> None:
-        super().__init__(nn.Linear(hidden_size, ff_size), nn.ReLU(), nn.Dropout(dropout), nn.Linear(ff_size, hidden_size))
+        super().__init__(nn.Linear(hidden_size, ff_size), nn.ReLU(), Dropout(dropout), nn.Linear(ff_size, hidden_size))
 
 
 class _Block(nn.Module):
@@ -126,7 +127,7 @@ class _Block(nn.Module):
             raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
         self.pre_norm = norm == "pre"
         self.norms = nn.ModuleList(nn.LayerNorm(hidden_size) for _ in range(num_sublayers))
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
 
     def residual(self, i: int, x: Tensor, fn) -> Tensor:
         if self.pre_norm:
@@ -216,7 +217,7 @@ class _Embedding(nn.Module):
             self.pos = nn.Embedding(max_len, hidden_size)
         elif positions == "sinusoidal":
             self.register_buffer("pos_table", sinusoids(max_len, hidden_size), persistent=False)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
 
     def forward(self, tokens: Tensor, offset: int = 0, shift: Tensor | None = None) -> Tensor:
         """Positions start at ``offset`` (a decoding step), or at ``shift`` (B,), one start per
