@@ -50,6 +50,18 @@ def test_every_experiment_composes(experiment, tmp_path):
     instantiate(cfg.trainer)
 
 
+@pytest.mark.parametrize("model", ["lstm", "lstm_luong", "transformer"])
+def test_the_study_shifts_only_transformer_positions(model, tmp_path):
+    """experiment=bleu_vs_length sets the top-level position_shift, which only a Transformer
+    encoder reads; plain runs start positions at 0."""
+    for experiment, shift in (["experiment=bleu_vs_length"], 100), ([], 0):
+        cfg = compose_train(tmp_path, experiment, model=model)
+        with open_dict(cfg):
+            cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = 1000
+        encoder = instantiate(cfg.model).encoder
+        assert getattr(encoder, "position_shift", None) == (shift if model == "transformer" else None)
+
+
 @pytest.mark.parametrize("group", ["optimizer", "scheduler", "decoding", "trainer", "callbacks", "logger"])
 def test_every_group_option_composes(group):
     key = {"decoding": "decoding@test_decoding"}.get(group, group)
