@@ -55,11 +55,13 @@ def batch(lengths=(7, 5, 3), tgt_len=6, seed=0):
     return src, src != PAD, tgt_in
 
 
+@pytest.mark.parametrize("mode", ["eval", "train"])
 @pytest.mark.parametrize("name", VARIANTS)
-def test_decode_step_equals_forward(name):
+def test_decode_step_equals_forward(name, mode):
     """Teacher-forced step-by-step decoding (with the key/value cache for Transformers) equals
-    the full forward pass."""
-    model = build(name)
+    the full forward pass, also from a memory encoded in training mode (dropout is 0 here),
+    where an LSTM decoder without a feed does not prepare its step weights."""
+    model = build(name).train(mode == "train")
     src, src_mask, tgt_in = batch()
     full = model(src, src_mask, tgt_in)
     memory = model.encode(src, src_mask)

@@ -206,9 +206,11 @@ class RNNDecoder(nn.Module):
         self.out = nn.Linear(hidden_size, vocab_size, bias=False)
 
     def prepare_memory(self, memory: dict[str, Tensor]) -> dict[str, Any]:
-        """What every step reuses: the LSTM's step weights (cast once under autocast), and with
-        attention the projected keys and ``enc_out`` (the values) in the matmul dtype."""
-        memory = {**memory, "weights": StepWeights(*self._weights())}
+        """What every step reuses: the LSTM's step weights (cast once under autocast; not when
+        teacher-forced training calls ``nn.LSTM`` once), and with attention the projected keys
+        and ``enc_out`` (the values) in the matmul dtype."""
+        if self.input_feeding != "none" or not self.training:
+            memory = {**memory, "weights": StepWeights(*self._weights())}
         if self.attention is None:
             return memory
         values = in_autocast_dtype(memory["enc_out"])
@@ -275,6 +277,8 @@ class RNNDecoder(nn.Module):
     def decode_step(
         self, prev: Tensor, memory: dict[str, Tensor], state: dict[str, Any], need_attn: bool = False
     ) -> tuple[Tensor, dict[str, Any], Tensor | None]:
+        if "weights" not in memory:  # encoded in training mode by a decoder that does not step there
+            memory = {**memory, "weights": StepWeights(*self._weights())}
         weights = memory["weights"]
         x_proj = F.linear(self.dropout(self.embed(prev)), weights.emb, weights.bias)  # (B, 4H)
         step_state = {"h": list(state["h"].unbind(1)), "c": list(state["c"].unbind(1)), "feed": state.get("feed")}
