@@ -54,7 +54,7 @@ def test_every_experiment_composes(experiment, tmp_path):
 def test_the_study_shifts_only_transformer_positions(model, tmp_path):
     """experiment=bleu_vs_length sets the top-level position_shift, which only a Transformer
     encoder reads; plain runs start positions at 0."""
-    for experiment, shift in (["experiment=bleu_vs_length"], 100), ([], 0):
+    for experiment, shift in (["experiment=bleu_vs_length"], 30), ([], 0):
         cfg = compose_train(tmp_path, experiment, model=model)
         with open_dict(cfg):
             cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = 1000
