@@ -46,7 +46,8 @@ class _OutputCrossEntropy(torch.autograd.Function):
         # tensors per block would each cost page faults
         logits = h.new_empty(min(block_rows, n), v)
         logits_fp = logits if fp == dtype else logits.new_empty(logits.shape, dtype=fp)
-        mean_logit = h.to(fp) @ w.mean(0, dtype=fp)  # (N,): mean_v z_v, for the smoothing term
+        with torch.autocast(h.device.type, enabled=False):  # fp32 also under autocast
+            mean_logit = h.to(fp) @ w.mean(0, dtype=fp)  # (N,): mean_v z_v, for the smoothing term
         loss_sum = nll_sum = h.new_zeros((), dtype=fp)
         for start in range(0, n, block_rows):
             rows = slice(start, start + block_rows)

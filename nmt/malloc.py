@@ -3,9 +3,10 @@
 By default glibc hands every allocation above a (dynamic, at most 32 MB) threshold to the kernel
 on free and maps fresh pages for the next one, so a training step's large tensors (an LSTM
 batch's output-layer gradient is ~50 MB) page-fault their way in again at every step: ~20 ms of
-an LSTM step on CPU. Raising the mmap and trim thresholds keeps that memory in the heap, so the
-next step reuses it. The peak memory is unchanged; the process just does not give memory back
-between steps. Elsewhere (other C libraries, macOS, Windows) this does nothing.
+an LSTM step on CPU. Raising the mmap threshold and turning off trimming keeps that memory in the
+heap, so the next step reuses it. The peak memory is unchanged; the process just does not give
+memory back between steps. glibc before 2.35 caps the mmap threshold at 32 MB (then only smaller
+tensors are kept); other C libraries, macOS and Windows are left alone.
 """
 
 from __future__ import annotations
@@ -17,17 +18,22 @@ import sys
 log = logging.getLogger(__name__)
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+_INT_MAX = 2**31 - 1
+_OLD_GLIBC_MAX = 32 << 20  # the largest mmap threshold glibc < 2.35 accepts on 64-bit
 
 
-def keep_freed_memory(threshold: int = 1 << 30) -> bool:
-    """Serve allocations up to ``threshold`` bytes from the heap and keep up to twice that free
-    in it; returns whether the C library accepted both settings."""
+def keep_freed_memory() -> bool:
+    """Serve allocations up to 1 GB from the heap (32 MB on older glibc) and never trim it;
+    returns whether the C library took the settings."""
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL("libc.so.6")
-        accepted = bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 2 * threshold))
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
     except (OSError, AttributeError):  # not glibc
-        accepted = False
-    log.debug("malloc keeps freed memory: %s", accepted)
-    return accepted
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    mmap_ok = mallopt(_M_MMAP_THRESHOLD, 1 << 30) or mallopt(_M_MMAP_THRESHOLD, _OLD_GLIBC_MAX)
+    trim_ok = mallopt(_M_TRIM_THRESHOLD, _INT_MAX)
+    if not (mmap_ok and trim_ok):
+        log.info("malloc did not take the keep-freed-memory settings (mmap %s, trim %s)", mmap_ok, trim_ok)
+    return bool(mmap_ok and trim_ok)

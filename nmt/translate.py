@@ -22,9 +22,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from nmt import CONF_DIR
 from nmt.checkpoint import load_checkpoint
-from nmt.malloc import keep_freed_memory
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.tokenizer import EOS, PAD, Tokenizer
+from nmt.malloc import keep_freed_memory
 
 log = logging.getLogger(__name__)
 

@@ -44,6 +44,7 @@ def test_identity_in_eval_and_at_zero_all_dropped_at_one():
     assert module(x) is x
     assert dropout(x, 0.0) is x
     assert torch.equal(dropout(x, 1.0), torch.zeros_like(x))
+    assert torch.equal(dropout(x, 0.999999), torch.zeros_like(x))  # rounds to 1 in 2^-16 steps
     with pytest.raises(ValueError, match="between 0 and 1, got 1.5"):
         dropout(x, 1.5)
 

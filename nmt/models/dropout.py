@@ -47,8 +47,8 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         raise ValueError(f"dropout probability has to be between 0 and 1, got {p}")
     if not training or p == 0.0 or x.numel() == 0:
         return x
-    if x.device.type != "cpu" or p == 1.0:
-        return F.dropout(x, p, training)
+    if x.device.type != "cpu" or round(p * _LEVELS) == _LEVELS or torch.compiler.is_compiling():
+        return F.dropout(x, p, training)  # (compiled graphs draw their own randomness in bulk)
     return _Dropout.apply(x, p)
 
 

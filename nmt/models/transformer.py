@@ -1,7 +1,11 @@
 """Transformer encoder and decoder (Vaswani et al. 2017) on ``scaled_dot_product_attention``.
 
 Options: ``norm: pre | post`` (Xiong et al. 2020 / the original), ``positions: sinusoidal |
-learned | rope`` (Su et al. 2021, applied to self-attention queries and keys), ``window``: local
+learned | rope`` (Su et al. 2021, applied to self-attention queries and keys),
+``position_shift`` (SHAPE, Kiyono et al. 2021: in training, a sentence pair's absolute positions
+start at a random 0..K on both sides, drawn by the encoder and passed to a Transformer decoder in
+the memory; an LSTM decoder ignores it, and a Transformer decoder after an LSTM encoder is not
+shifted; decoding starts at 0), ``window``: local
 self-attention over the ``window`` nearest positions on each side (the decoder: the last
 ``window``), ``attention_dropout`` and ``activation_dropout`` apart from the residual
 ``dropout`` (0 by default: attention dropout would move SDPA off its fused kernels), and
@@ -219,12 +223,16 @@ class _Embedding(nn.Module):
             self.register_buffer("pos_table", sinusoids(max_len, hidden_size), persistent=False)
         self.drop = Dropout(dropout)
 
-    def forward(self, tokens: Tensor, offset: int = 0, shift: Tensor | None = None) -> Tensor:
-        """Positions start at ``offset`` (a decoding step), or at ``shift`` (B,), one start per
-        sentence (training with ``position_shift``)."""
-        last = offset + tokens.size(1) + (int(shift.max()) if shift is not None else 0)
-        if last > self.max_len:
-            raise ValueError(f"sequence of {last} tokens exceeds the model's max_len {self.max_len}")
+    def forward(self, tokens: Tensor, offset: int = 0, shift: tuple[Tensor, int] | None = None) -> Tensor:
+        """Positions start at ``offset`` (a decoding step), or per sentence at ``shift``: the
+        starts (B,) and their bound (training with ``position_shift``)."""
+        if offset + tokens.size(1) > self.max_len:
+            raise ValueError(f"sequence of {offset + tokens.size(1)} tokens exceeds the model's max_len {self.max_len}")
+        if shift is not None and tokens.size(1) + shift[1] > self.max_len:
+            raise ValueError(
+                f"sequence of {tokens.size(1)} tokens with position_shift {shift[1]} exceeds the "
+                f"model's max_len {self.max_len}: lower position_shift or raise max_len"
+            )
         x = self.embed(tokens) * self.scale  # (B, T, H)
         if self.positions == "rope":
             return self.drop(x)
@@ -232,7 +240,7 @@ class _Embedding(nn.Module):
         if shift is None:
             pos = table[offset : offset + tokens.size(1)]  # (T, H)
         else:
-            pos = table[shift.unsqueeze(1) + torch.arange(tokens.size(1), device=tokens.device)]  # (B, T, H)
+            pos = table[shift[0].unsqueeze(1) + torch.arange(tokens.size(1), device=tokens.device)]  # (B, T, H)
         return self.drop(x + pos.to(x.dtype))
 
 
@@ -262,6 +270,8 @@ class TransformerEncoder(nn.Module):
         position_shift: int = 0,
     ) -> None:
         super().__init__()
+        if position_shift < 0:
+            raise ValueError(f"position_shift must be >= 0, got {position_shift}")
         if position_shift and positions == "rope":
             raise ValueError("position_shift shifts absolute positions; rotary positions are relative already: set position_shift: 0")
         rotary = Rotary(hidden_size // num_heads, max_len) if positions == "rope" else None
@@ -279,7 +289,7 @@ class TransformerEncoder(nn.Module):
     def forward(self, src: Tensor, src_mask: Tensor) -> dict[str, Tensor]:
         shift = None
         if self.training and self.position_shift:  # SHAPE: one random start per sentence pair
-            shift = torch.randint(0, self.position_shift + 1, (src.size(0),), device=src.device)
+            shift = (torch.randint(0, self.position_shift + 1, (src.size(0),), device=src.device), self.position_shift)
         x = self.embed_tokens(src, shift=shift)  # (B, S, H)
         mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
         if self.window is not None:
@@ -290,7 +300,7 @@ class TransformerEncoder(nn.Module):
             else:
                 x = layer(x, mask)
         memory = {"enc_out": self.final_norm(x), "src_mask": src_mask}
-        if shift is not None:  # the decoder's positions start there too
+        if shift is not None:  # the decoder's teacher-forced positions start there too
             memory["position_shift"] = shift
         return memory
 
