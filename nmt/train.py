@@ -135,10 +135,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
         if preemption or trainer.received_sigterm:
             stopped_by = preemption[0] if preemption else signal.SIGTERM
     fit_seconds = time.perf_counter() - start
+    train_seconds = train_wall_seconds(trainer, fit_seconds)  # now: testing a checkpoint restores its timer
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if stopped_by is not None:  # preempted: no test, and an exit status that says so
         if trainer.is_global_zero:
-            write_summary(cfg, module, metrics, fit_seconds, count_parameters(model), trainer,
+            write_summary(cfg, module, metrics, (fit_seconds, train_seconds), count_parameters(model), trainer,
                           resumed_from=ckpt_path, stopped_by=signal.Signals(stopped_by).name)
         raise SystemExit(128 + stopped_by)
 
@@ -147,7 +148,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
     log.info("metrics: %s", {k: round(v, 4) for k, v in sorted(metrics.items())})
     if trainer.is_global_zero:
-        write_summary(cfg, module, metrics, fit_seconds, count_parameters(model), trainer, resumed_from=ckpt_path)
+        write_summary(cfg, module, metrics, (fit_seconds, train_seconds), count_parameters(model), trainer,
+                      resumed_from=ckpt_path)
     if any(type(logger).__name__ == "WandbLogger" for logger in loggers):
         import wandb
 
@@ -162,9 +164,11 @@ def train_wall_seconds(trainer: L.Trainer, fit_seconds: float) -> float:
     return timer.time_elapsed(RunningStage.TRAINING) if timer is not None else fit_seconds
 
 
-def write_summary(cfg: DictConfig, module, metrics: dict[str, float], fit_seconds: float, params: int, trainer,
+def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: tuple[float, float], params: int, trainer,
                   resumed_from: str | None = None, stopped_by: str | None = None) -> None:
-    """``<run>/summary.json``: what a study or sweep table needs from a run."""
+    """``<run>/summary.json``: what a study or sweep table needs from a run; ``seconds``: this
+    call's ``fit`` time and the run's training time (``train_wall_seconds``)."""
+    fit_seconds, train_seconds = seconds
     summary = {
         "model": cfg.model._target_,
         "encoder": cfg.model.encoder._target_,
@@ -172,7 +176,7 @@ def write_summary(cfg: DictConfig, module, metrics: dict[str, float], fit_second
         "overrides": list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else [],
         "parameters": params,
         "fit_seconds": round(fit_seconds, 1),
-        "train_wall_seconds": round(train_wall_seconds(trainer, fit_seconds), 1),
+        "train_wall_seconds": round(train_seconds, 1),
         "steps": trainer.global_step,
         "epochs": trainer.current_epoch,
         "train_tokens_per_sec": round(module.train_tokens * trainer.world_size / max(module.train_seconds, 1e-9), 1),

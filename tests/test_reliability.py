@@ -132,12 +132,13 @@ def test_killed_run_resumes_to_the_same_weights_and_bleu(reference, tmp_path):
     stopped_at = load(ckpt)["global_step"]  # usually 10: epoch 2, batch 2 of 4
     assert 10 <= stopped_at < 30
 
-    _, metrics = in_process(tmp_path, [f"ckpt_path={ckpt}", budget])  # a new run folder: tmp_path/run
+    # a new run folder: tmp_path/run; testing the best checkpoint restores that checkpoint's timer
+    _, metrics = in_process(tmp_path, [f"ckpt_path={ckpt}", budget, "test=true"])
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 30 and summary["resumed_from"] == str(ckpt)
     timer = next(state for key, state in load(ckpt)["callbacks"].items() if key.startswith("Timer"))
     before = timer["time_elapsed"]["train"]  # the killed run's training time, carried over
-    assert 0 < before < summary["train_wall_seconds"]
+    assert 0 < before < summary["train_wall_seconds"] <= before + summary["fit_seconds"]
 
     # Bitwise: the same data order, dropout masks, optimizer and schedule.
     assert_same_weights(ref_ckpt, tmp_path / "run" / "checkpoints" / "last.ckpt")
