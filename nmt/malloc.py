@@ -22,14 +22,20 @@ _INT_MAX = 2**31 - 1
 _OLD_GLIBC_MAX = 32 << 20  # the largest mmap threshold glibc < 2.35 accepts on 64-bit
 
 
+def _libc():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
 def keep_freed_memory() -> bool:
     """Serve allocations up to 1 GB from the heap (32 MB on older glibc) and never trim it;
     returns whether the C library took the settings."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):  # not glibc
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:  # not glibc
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     mmap_ok = mallopt(_M_MMAP_THRESHOLD, 1 << 30) or mallopt(_M_MMAP_THRESHOLD, _OLD_GLIBC_MAX)
@@ -37,3 +43,12 @@ def keep_freed_memory() -> bool:
     if not (mmap_ok and trim_ok):
         log.info("malloc did not take the keep-freed-memory settings (mmap %s, trim %s)", mmap_ok, trim_ok)
     return bool(mmap_ok and trim_ok)
+
+
+def release_freed_memory() -> None:
+    """Give the heap's free memory back to the kernel now (``malloc_trim``), e.g. before
+    measuring a peak resident size."""
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is not None:
+        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+        trim(0)

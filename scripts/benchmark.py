@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 from nmt import CONF_DIR  # noqa: E402
 from nmt.data.tokenizer import PAD  # noqa: E402
 from nmt.decoding import beam_search, greedy_search  # noqa: E402
-from nmt.malloc import keep_freed_memory  # noqa: E402
+from nmt.malloc import keep_freed_memory, release_freed_memory  # noqa: E402
 from nmt.models.rnn import RNNDecoder, RNNEncoder  # noqa: E402
 from nmt.models.transformer import TransformerDecoder, TransformerEncoder  # noqa: E402
 from nmt.train import build_model, build_module, count_parameters  # noqa: E402
@@ -163,6 +163,7 @@ def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return
+    release_freed_memory()  # what keep_freed_memory() kept from the previous model
     with contextlib.suppress(OSError):  # Linux: reset the peak RSS that getrusage reports
         Path("/proc/self/clear_refs").write_text("5")
 
