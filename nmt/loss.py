@@ -51,7 +51,7 @@ class _OutputCrossEntropy(torch.autograd.Function):
         loss_sum = nll_sum = h.new_zeros((), dtype=fp)
         for start in range(0, n, block_rows):
             rows = slice(start, start + block_rows)
-            b = h[rows].size(0)
+            b = min(block_rows, n - start)
             z = torch.mm(h[rows], w.t(), out=logits[:b])
             if z.dtype != fp:
                 z = logits_fp[:b].copy_(z)

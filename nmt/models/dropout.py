@@ -17,7 +17,7 @@ from torch import Tensor, nn
 _LEVELS = 1 << 16
 
 
-def keep_mask(shape: torch.Size, p: float, device: torch.device) -> tuple[Tensor, float]:
+def _keep_mask(shape: torch.Size, p: float, device: torch.device) -> tuple[Tensor, float]:
     """A bool mask of ``shape``, True with probability ``1 - p`` (``p`` rounded to 2^-16), and
     the scale ``1 / (1 - p)`` for the kept elements."""
     dropped = round(p * _LEVELS)
@@ -30,7 +30,7 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device) -> tuple[Tensor
 class _Dropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, p: float) -> Tensor:
-        keep, scale = keep_mask(x.shape, p, x.device)
+        keep, scale = _keep_mask(x.shape, p, x.device)
         mask = keep.to(x.dtype).mul_(scale)  # 0 or 1 / (1 - p)
         ctx.save_for_backward(mask)
         return x * mask
