@@ -109,3 +109,54 @@ def test_models_without_attention_return_none():
 def test_length_penalty_is_gnmt():
     assert length_penalty(torch.tensor(1), 0.0).item() == 1.0
     assert abs(length_penalty(torch.tensor(7), 1.0).item() - 2.0) < 1e-6
+
+
+@pytest.mark.parametrize("vocab", [37, 64, 1000, 8003])
+def test_chunked_candidates_equal_a_top_k_over_every_score(vocab):
+    """Beam search's chunked top-k returns the same scores and indices as a top-k over all
+    K * W scores, also with beams at -inf (the first step) and rows masked to EOS."""
+    from nmt.decoding import _scores, _top_candidates
+
+    gen = torch.Generator().manual_seed(vocab)
+    n, k = 7, 5
+    logits = torch.randn(n * k, vocab + 5, generator=gen) * 4
+    x, lse = _scores(logits, vocab)
+    x[3 * k : 4 * k, 1:] = float("-inf")  # one sentence at its length cap: only id 0 left
+    beam_scores = torch.randn(n, k, generator=gen) * 10
+    beam_scores[0, 1:] = float("-inf")
+    top, idx = _top_candidates(x, lse, beam_scores, 2 * k)
+    full = (beam_scores.unsqueeze(-1) + (x - lse.unsqueeze(1)).view(n, k, -1)).view(n, -1)
+    ref_top, ref_idx = full.topk(2 * k, dim=1)
+    torch.testing.assert_close(top, ref_top, atol=0, rtol=0)
+    finite = ref_top > float("-inf")
+    assert torch.equal(idx[finite], ref_idx[finite])
+
+
+def test_scores_are_log_softmax_over_the_real_vocabulary():
+    from nmt.data.tokenizer import BOS, PAD
+    from nmt.decoding import _scores
+
+    logits = torch.randn(4, 104, dtype=torch.bfloat16) * 5
+    x, lse = _scores(logits, 100)
+    assert x.shape == (4, 128) and torch.isinf(x[:, 100:]).all()
+    assert torch.isinf(x[:, PAD]).all() and torch.isinf(x[:, BOS]).all()
+    ref = torch.log_softmax(logits[:, :100].float(), dim=-1)
+    keep = [i for i in range(100) if i not in (PAD, BOS)]
+    torch.testing.assert_close((x - lse.unsqueeze(1))[:, keep], ref[:, keep], atol=1e-5, rtol=1e-5)
+
+
+def test_large_vocabulary_beam_search_agrees_with_greedy_and_batching():
+    """With 600 target ids beam search takes the chunked candidate path: beam 1 still equals
+    greedy, and a batch decodes as its sentences do alone."""
+    model = build("transformer", vocab=600)
+    src, src_mask, _ = batch(lengths=(8, 5, 2))
+    greedy = greedy_search(model, src, src_mask, max_len_a=1.0, max_len_b=5)
+    beam1 = beam_search(model, src, src_mask, beam_size=1, alpha=0.0, max_len_a=1.0, max_len_b=5)
+    assert beam1.tokens == greedy.tokens
+    torch.testing.assert_close(beam1.scores, greedy.scores, atol=1e-4, rtol=1e-4)
+    together = beam_search(model, src, src_mask)
+    for i in range(src.size(0)):
+        n = int(src_mask[i].sum())
+        alone = beam_search(model, src[i : i + 1, :n], src_mask[i : i + 1, :n])
+        assert alone.tokens[0] == together.tokens[i]
+        torch.testing.assert_close(alone.scores[0], together.scores[i], atol=1e-5, rtol=1e-5)
