@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from nmt.models.rnn import cell_dtype
+from nmt.models.rnn import cell_dtype, tanh
 
 Tree = Any  # nested dict / list / tuple of tensors (or None)
 
@@ -58,7 +58,7 @@ class MeanPoolBridge(nn.Module):
     def forward(self, memory: dict[str, Tensor]) -> dict[str, Tensor]:
         mask = memory["src_mask"].unsqueeze(-1).to(memory["enc_out"].dtype)  # (B, S, 1)
         mean = (memory["enc_out"] * mask).sum(1) / mask.sum(1).clamp(min=1)  # (B, H)
-        h = torch.tanh(self.proj(mean)).view(mean.size(0), self.num_layers, -1)  # (B, L, H)
+        h = tanh(self.proj(mean)).view(mean.size(0), self.num_layers, -1)  # (B, L, H)
         return {**memory, "final_h": h, "final_c": torch.zeros_like(h, dtype=cell_dtype(h.dtype))}
 
 
