@@ -37,13 +37,13 @@ LOG2E = 1.4426950408889634
 
 
 def _scores(logits: Tensor, vocab_size: int) -> tuple[Tensor, Tensor]:
-    """The logits of the real vocabulary in (at least) fp32, (rows, W) with W the vocabulary size rounded
+    """The logits of the real vocabulary in fp32, (rows, W) with W the vocabulary size rounded
     up to a multiple of ``CHUNK`` (the extra columns -inf), and each row's log-normaliser
     (rows,): log p = x - lse. PAD and BOS are never generated: -inf after normalising, so the
     probabilities are those of a softmax over the whole vocabulary."""
     rows = logits.shape[:-1]
     width = -(-vocab_size // CHUNK) * CHUNK
-    x = logits.new_empty((*rows, width), dtype=torch.promote_types(logits.dtype, torch.float32))
+    x = logits.new_empty((*rows, width), dtype=torch.float32)
     x[..., :vocab_size] = logits[..., :vocab_size]
     x[..., vocab_size:] = float("-inf")
     top = x.amax(-1, keepdim=True)

@@ -111,17 +111,20 @@ def test_length_penalty_is_gnmt():
     assert abs(length_penalty(torch.tensor(7), 1.0).item() - 2.0) < 1e-6
 
 
-@pytest.mark.parametrize("vocab", [37, 64, 1000, 8003])
+@pytest.mark.parametrize("vocab", [37, 64, 300, 1000, 8003])
 def test_chunked_candidates_equal_a_top_k_over_every_score(vocab):
     """Beam search's chunked top-k returns the same scores and indices as a top-k over all
-    K * W scores, also with beams at -inf (the first step) and rows masked to EOS."""
+    K * W scores, also with beams at -inf (the first step: with 300 ids fewer finite chunks than
+    candidates) and a sentence whose rows are masked to EOS."""
+    from nmt.data.tokenizer import EOS
     from nmt.decoding import _scores, _top_candidates
 
     gen = torch.Generator().manual_seed(vocab)
     n, k = 7, 5
     logits = torch.randn(n * k, vocab + 5, generator=gen) * 4
     x, lse = _scores(logits, vocab)
-    x[3 * k : 4 * k, 1:] = float("-inf")  # one sentence at its length cap: only id 0 left
+    capped = x[3 * k : 4 * k]  # one sentence at its length cap: only EOS may follow
+    capped.masked_fill_(torch.arange(x.size(1)) != EOS, float("-inf"))
     beam_scores = torch.randn(n, k, generator=gen) * 10
     beam_scores[0, 1:] = float("-inf")
     top, idx = _top_candidates(x, lse, beam_scores, 2 * k)
@@ -160,3 +163,24 @@ def test_large_vocabulary_beam_search_agrees_with_greedy_and_batching():
         alone = beam_search(model, src[i : i + 1, :n], src_mask[i : i + 1, :n])
         assert alone.tokens[0] == together.tokens[i]
         torch.testing.assert_close(alone.scores[0], together.scores[i], atol=1e-5, rtol=1e-5)
+
+
+def test_fp64_model_decodes():
+    """Scores stay fp32 whatever the model's dtype (an fp64 model once failed in beam search)."""
+    model = build("lstm_luong").double()
+    src, src_mask, _ = batch()
+    greedy = greedy_search(model, src, src_mask, max_len_a=1.0, max_len_b=5)
+    beam1 = beam_search(model, src, src_mask, beam_size=1, alpha=0.0, max_len_a=1.0, max_len_b=5)
+    assert beam1.tokens == greedy.tokens and beam1.scores.dtype == torch.float32
+
+
+def test_a_sentence_capped_at_one_token_next_to_a_long_one():
+    """A sentence whose cap is reached at the first step ends there with EOS (its other
+    candidates are -inf and may point at the vocabulary's padding columns), while the other one
+    decodes as it does alone."""
+    model = build("transformer", vocab=600)
+    src, src_mask, _ = batch(lengths=(8, 1))
+    together = beam_search(model, src, src_mask, max_len_a=0.5, max_len_b=1)
+    assert together.tokens[1] == []
+    alone = beam_search(model, src[:1], src_mask[:1], max_len_a=0.5, max_len_b=1)
+    assert alone.tokens[0] == together.tokens[0]

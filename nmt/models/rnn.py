@@ -46,9 +46,13 @@ def sum_biases(b_ih: Tensor, b_hh: Tensor) -> Tensor:
 
 
 def tanh(x: Tensor) -> Tensor:
-    """``tanh x = 2 sigmoid(2x) - 1``: torch's CPU tanh is ~6x slower than its sigmoid (fp32,
-    (150, 256): 218 vs 33 us), so four small ops beat one; equal up to rounding."""
-    return (torch.sigmoid(2 * x) * 2).sub_(1)
+    """``tanh x = 2 sigmoid(2x) - 1`` on CPUs, in at least fp32 (in bf16 the subtraction would
+    cancel small values to 0): torch's CPU tanh is ~6x slower than its sigmoid (fp32,
+    (150, 256): 218 vs 33 us), so a few small ops beat one. GPUs keep ``torch.tanh``."""
+    if not x.is_cpu:
+        return torch.tanh(x)
+    y = x.to(cell_dtype(x.dtype))
+    return (torch.sigmoid(2 * y) * 2).sub_(1).to(x.dtype)
 
 
 def lstm_cell(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
@@ -157,7 +161,7 @@ class StepWeights:
 
     emb: Tensor
     bias: Tensor
-    layers: list[tuple[Tensor | None, Tensor, Tensor]]
+    layers: list[tuple[Tensor, Tensor]]
 
 
 class RNNDecoder(nn.Module):
@@ -176,8 +180,8 @@ class RNNDecoder(nn.Module):
 
     Step by step (with a feed, and in ``decode_step``) the LSTM runs on ``self.rnn``'s own
     weights, so the parameters stay those of ``nn.LSTM``: the embedding part of the first layer's
-    input projection is one matmul over all steps, and a step costs ``h @ W_hh^T`` and
-    ``input @ W_ih^T`` per layer (the input of the first layer being the feed alone).
+    input projection is one matmul over all steps, and a step costs one matmul per layer,
+    ``[h; input] @ [W_hh W_ih]^T`` (the input of the first layer being the feed alone).
     """
 
     def __init__(
@@ -238,33 +242,31 @@ class RNNDecoder(nn.Module):
             return self.dropout(h)
         return self.dropout(tanh(self.att_out(torch.cat([context, h], dim=-1))))
 
-    def _weights(self) -> tuple[Tensor, Tensor, list[tuple[Tensor | None, Tensor, Tensor]]]:
+    def _weights(self) -> tuple[Tensor, Tensor, list[tuple[Tensor, Tensor]]]:
         """``self.rnn``'s weights for stepping: the embedding columns of the first layer's input
-        weight (4H, E), its summed bias (4H,), and per layer the transposed weights applied each
-        step, to the input (the feed in the first layer; None without one) and to h, with the
-        layer's summed bias."""
+        weight (4H, E), its summed bias (4H,), and per layer the transposed weight applied each
+        step to ``[h; input]`` (the input being the feed in the first layer; h alone without a
+        feed), one matmul instead of two, with the layer's summed bias."""
         emb_size = self.embed.embedding_dim
         layers = []
         for layer in range(self.rnn.num_layers):
             w_ih, w_hh, b_ih, b_hh = (getattr(self.rnn, f"{name}_l{layer}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
             if layer == 0:
                 w_emb, w_ih = w_ih[:, :emb_size], w_ih[:, emb_size:]
-            w_x = in_autocast_dtype(w_ih.t()) if w_ih.size(1) else None
-            layers.append((w_x, in_autocast_dtype(w_hh.t()), in_autocast_dtype(sum_biases(b_ih, b_hh))))
-        return w_emb, layers[0][2], layers
+            w = torch.cat([w_hh, w_ih], dim=1) if w_ih.size(1) else w_hh  # (4H, H + I)
+            layers.append((in_autocast_dtype(w.t()), in_autocast_dtype(sum_biases(b_ih, b_hh))))
+        return w_emb, layers[0][1], layers
 
     def _recur(self, x_proj: Tensor, feed: Tensor | None, h: list[Tensor], c: list[Tensor], layers) -> None:
         """One LSTM step through every layer (torch's gate order i, f, g, o), updating the
         per-layer states ``h``/``c`` (lists of (B, H)) in place. ``x_proj`` (B, 4H) is the first
         layer's embedding projection plus bias; dropout between layers as in ``nn.LSTM``."""
         x = feed
-        for layer, (w_x, w_h, bias) in enumerate(layers):
+        for layer, (w, bias) in enumerate(layers):
             if layer > 0 and self.rnn.dropout:
                 x = dropout(x, self.rnn.dropout, self.training)
-            gates = torch.addmm(x_proj if layer == 0 else bias, h[layer], w_h)  # (B, 4H)
-            if w_x is not None:
-                gates = torch.addmm(gates, x, w_x)  # out of place: autocast casts its inputs
-            h[layer], c[layer] = lstm_cell(gates, c[layer])
+            hx = h[layer] if x is None else torch.cat([h[layer], x], dim=-1)  # (B, H + I)
+            h[layer], c[layer] = lstm_cell(torch.addmm(x_proj if layer == 0 else bias, hx, w), c[layer])
             x = h[layer]
 
     def _step(self, x_proj: Tensor, memory: dict[str, Any], state: dict[str, Any]) -> tuple[Tensor, Tensor | None, Tensor | None]:
