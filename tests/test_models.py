@@ -268,23 +268,3 @@ def test_fast_tanh_equals_torch_tanh_to_rounding(dtype):
     grad = torch.autograd.grad(y.sum(), x)[0]
     exact = 1 - torch.tanh(x.detach().double()) ** 2  # torch's bf16 backward rounds y first: not a reference
     torch.testing.assert_close(grad.double(), exact, atol=2 * tol["atol"], rtol=2 * tol["rtol"])
-
-
-@pytest.mark.parametrize("score", ["bahdanau", "luong_concat"])
-def test_additive_scores_are_fp32_under_bf16_autocast(score):
-    """On CPUs the additive scores are computed in fp32 also under bf16 autocast: from the bf16
-    query projection and the fp32 keys they equal an fp64 computation to fp32 rounding (a bf16
-    matmul over the attention size would be off by ~1e-2)."""
-    from nmt.models.attention import BahdanauAttention, LuongAttention, _additive
-
-    torch.manual_seed(0)
-    attention = BahdanauAttention(16, 12) if score == "bahdanau" else LuongAttention(16, 12, score="concat")
-    query, values = torch.randn(3, 1, 16), torch.randn(3, 5, 12)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        q = attention.query_proj(query)
-        keys = attention.project_keys(values)
-        scores = _additive(attention.v, q, keys)
-    assert (q.dtype, keys.dtype, scores.dtype) == (torch.bfloat16, torch.float32, torch.float32)
-    v = attention.v.weight.double().view(-1)
-    ref = torch.tanh(keys.double().unsqueeze(1) + q.double().unsqueeze(2)) @ v
-    torch.testing.assert_close(scores.double(), ref, atol=2e-6, rtol=2e-6)

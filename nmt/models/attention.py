@@ -46,19 +46,13 @@ class _AdditiveScore(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query: Tensor, keys: Tensor, v: Tensor) -> Tensor:
-        with torch.autocast(query.device.type, enabled=False):  # in the inputs' dtype
-            s = _AdditiveScore._sigmoid(query, keys)
-            v = v.to(s.dtype)
-            ctx.save_for_backward(query, keys, v)
-            return torch.matmul(s, 2 * v) - v.sum()  # (B, T, S)
+        s = _AdditiveScore._sigmoid(query, keys)
+        v = v.to(s.dtype)
+        ctx.save_for_backward(query, keys, v)
+        return torch.matmul(s, 2 * v) - v.sum()  # (B, T, S)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        with torch.autocast(grad.device.type, enabled=False):
-            return _AdditiveScore._backward(ctx, grad)
-
-    @staticmethod
-    def _backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         query, keys, v = ctx.saved_tensors
         s = _AdditiveScore._sigmoid(query, keys)
         grad = grad.to(s.dtype)
@@ -71,17 +65,8 @@ class _AdditiveScore(torch.autograd.Function):
 
 
 def _additive(v: nn.Linear, query: Tensor, keys: Tensor) -> Tensor:
-    """``v^T tanh(query + key)`` for every (step, source) pair: (B, T, A), (B, S, A) -> (B, T, S),
-    in the keys' dtype (``_additive_keys``)."""
-    return _AdditiveScore.apply(query.to(keys.dtype), keys, v.weight.view(-1))
-
-
-def _additive_keys(key_proj: nn.Linear, values: Tensor) -> Tensor:
-    """Keys projected once per sentence; on CPUs in at least fp32, so that every step's additive
-    score is: torch's CPU elementwise ops are slower in bf16 than in fp32, and these are the
-    largest of a decoder step (forward + backward of (150, 16, 256): ~4.0 vs ~5.9 ms)."""
-    keys = key_proj(values)
-    return keys.to(torch.promote_types(keys.dtype, torch.float32)) if keys.is_cpu else keys
+    """``v^T tanh(query + key)`` for every (step, source) pair: (B, T, A), (B, S, A) -> (B, T, S)."""
+    return _AdditiveScore.apply(query, keys, v.weight.view(-1))
 
 
 class BahdanauAttention(nn.Module):
@@ -96,7 +81,7 @@ class BahdanauAttention(nn.Module):
         self.v = nn.Linear(attn_size, 1, bias=False)
 
     def project_keys(self, values: Tensor) -> Tensor:
-        return _additive_keys(self.key_proj, values)  # (B, S, A)
+        return self.key_proj(values)  # (B, S, A)
 
     def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         squeeze = query.dim() == 2
@@ -127,8 +112,6 @@ class LuongAttention(nn.Module):
             self.v = nn.Linear(query_size, 1, bias=False)
 
     def project_keys(self, values: Tensor) -> Tensor:
-        if self.score == "concat":
-            return _additive_keys(self.key_proj, values)
         return values if self.score == "dot" else self.key_proj(values)
 
     def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
