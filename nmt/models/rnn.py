@@ -47,9 +47,9 @@ def sum_biases(b_ih: Tensor, b_hh: Tensor) -> Tensor:
 
 def tanh(x: Tensor) -> Tensor:
     """``tanh x = 2 sigmoid(2x) - 1`` on CPUs, in at least fp32 (in bf16 the subtraction would
-    cancel small values to 0): torch's CPU tanh is ~6x slower than its sigmoid, so on large
-    tensors (the attentional layer over all steps) a few ops beat one; ``lstm_cell``'s small
-    per-step tensors keep ``torch.tanh``. GPUs keep ``torch.tanh``."""
+    cancel small values to 0): torch's CPU tanh is ~6x slower than its sigmoid. Used by the
+    attentional layer and the bridge; ``lstm_cell`` keeps ``torch.tanh`` (the extra ops measured
+    slower there), and so do GPUs."""
     if not x.is_cpu:
         return torch.tanh(x)
     y = x.to(cell_dtype(x.dtype))
