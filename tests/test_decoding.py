@@ -10,14 +10,25 @@ from nmt.decoding import beam_search, greedy_search, length_penalty
 from tests.test_models import VARIANTS, batch, build
 
 
-@pytest.mark.parametrize("name", VARIANTS)
-def test_beam_size_one_equals_greedy(name):
-    model = build(name)
-    src, src_mask, _ = batch()
+def assert_beam_one_is_greedy(model, src, src_mask):
     greedy = greedy_search(model, src, src_mask, max_len_a=1.0, max_len_b=5)
     beam = beam_search(model, src, src_mask, beam_size=1, alpha=0.0, max_len_a=1.0, max_len_b=5)
     assert beam.tokens == greedy.tokens
     torch.testing.assert_close(beam.scores, greedy.scores, atol=1e-4, rtol=1e-4)
+
+
+def assert_batched_equals_alone(model, search, src, src_mask):
+    together = search(model, src, src_mask)
+    for i in range(src.size(0)):
+        n = int(src_mask[i].sum())
+        alone = search(model, src[i : i + 1, :n], src_mask[i : i + 1, :n])
+        assert alone.tokens[0] == together.tokens[i]
+        torch.testing.assert_close(alone.scores[0], together.scores[i], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_beam_size_one_equals_greedy(name):
+    assert_beam_one_is_greedy(build(name), *batch()[:2])
 
 
 @pytest.mark.parametrize("name", ["lstm_bahdanau", "transformer"])
@@ -43,14 +54,7 @@ def test_padding_rows_of_the_vocabulary_are_never_generated(name):
 @pytest.mark.parametrize("name", ["lstm_luong", "transformer", "hybrid_transformer_luong"])
 @pytest.mark.parametrize("search", [greedy_search, beam_search])
 def test_batched_decoding_equals_one_by_one(name, search):
-    model = build(name)
-    src, src_mask, _ = batch(lengths=(8, 5, 2))
-    together = search(model, src, src_mask)
-    for i in range(src.size(0)):
-        n = int(src_mask[i].sum())
-        alone = search(model, src[i : i + 1, :n], src_mask[i : i + 1, :n])
-        assert alone.tokens[0] == together.tokens[i]
-        torch.testing.assert_close(alone.scores[0], together.scores[i], atol=1e-5, rtol=1e-5)
+    assert_batched_equals_alone(build(name), search, *batch(lengths=(8, 5, 2))[:2])
 
 
 def test_beam_search_drops_finished_sentences_without_changing_any_result():
@@ -153,16 +157,8 @@ def test_large_vocabulary_beam_search_agrees_with_greedy_and_batching():
     greedy, and a batch decodes as its sentences do alone."""
     model = build("transformer", vocab=600)
     src, src_mask, _ = batch(lengths=(8, 5, 2))
-    greedy = greedy_search(model, src, src_mask, max_len_a=1.0, max_len_b=5)
-    beam1 = beam_search(model, src, src_mask, beam_size=1, alpha=0.0, max_len_a=1.0, max_len_b=5)
-    assert beam1.tokens == greedy.tokens
-    torch.testing.assert_close(beam1.scores, greedy.scores, atol=1e-4, rtol=1e-4)
-    together = beam_search(model, src, src_mask)
-    for i in range(src.size(0)):
-        n = int(src_mask[i].sum())
-        alone = beam_search(model, src[i : i + 1, :n], src_mask[i : i + 1, :n])
-        assert alone.tokens[0] == together.tokens[i]
-        torch.testing.assert_close(alone.scores[0], together.scores[i], atol=1e-5, rtol=1e-5)
+    assert_beam_one_is_greedy(model, src, src_mask)
+    assert_batched_equals_alone(model, beam_search, src, src_mask)
 
 
 def test_fp64_model_decodes():
