@@ -15,7 +15,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from nmt.data.tokenizer import Tokenizer
+from nmt.data.tokenizer import Tokenizer, from_model_bytes
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,31 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", model_
     return Loaded(model, tokenizer_from_proto(protos["src"], "src"), tokenizer_from_proto(protos["tgt"], "tgt"), run_config)
 
 
+def saved_vocabularies(path: str | Path, cache_dir: str | Path) -> tuple[Tokenizer, Tokenizer]:
+    """Source and target tokenizers to train with instead of training new ones (``data.vocab_from``):
+    those saved in a checkpoint written by ``train.py``, or one SentencePiece ``.model`` file for both
+    sides (its special ids must be PAD=0, UNK=1, BOS=2, EOS=3)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data.vocab_from={path}: no such file (give a checkpoint written by "
+                                "train.py or a SentencePiece .model file)")
+    if path.suffix == ".ckpt":
+        protos = torch.load(path, map_location="cpu", weights_only=False, mmap=True).get("tokenizers")
+        if not protos:
+            raise ValueError(f"data.vocab_from={path}: the checkpoint has no saved tokenizers "
+                             "(it was not written by nmt's train.py)")
+    else:
+        try:
+            spm.SentencePieceProcessor(model_proto=path.read_bytes())
+        except (RuntimeError, OSError) as e:
+            raise ValueError(f"data.vocab_from={path}: not a SentencePiece model ({e}); give a "
+                             "checkpoint (.ckpt) or a SentencePiece .model file") from e
+        protos = {"src": path.read_bytes(), "tgt": path.read_bytes()}
+    src = from_model_bytes(protos["src"], cache_dir, "source")
+    tgt = src if protos["tgt"] == protos["src"] else from_model_bytes(protos["tgt"], cache_dir, "target")
+    return src, tgt
+
+
 def nonfinite(tensors: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
     """Names of the floating-point tensors holding a NaN or an infinity (one host sync in all)."""
     named = [(name, t) for name, t in tensors if torch.is_tensor(t) and t.is_floating_point()]
@@ -106,10 +131,10 @@ def vocab_pieces(sp: spm.SentencePieceProcessor) -> list[str]:
 
 
 def check_resume(path: str | Path, model: torch.nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer) -> None:
-    """Before resuming training from ``path``: its weights must fit ``model`` and its SentencePiece
-    vocabularies must be the ones of the configured data, else a ValueError names what differs."""
+    """Before resuming training from ``path``: its SentencePiece vocabularies must be the ones of
+    the configured data and its weights must fit ``model``, else a ValueError names what differs
+    (the vocabulary first: another vocabulary also changes the embedding shapes)."""
     checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    check_weights(model, model_state(checkpoint), str(path))
     for side, vocab in (("src", src_vocab), ("tgt", tgt_vocab)):
         proto = checkpoint.get("tokenizers", {}).get(side)
         if proto is None:
@@ -119,5 +144,7 @@ def check_resume(path: str | Path, model: torch.nn.Module, src_vocab: Tokenizer,
             i = next((i for i, (a, b) in enumerate(zip(saved, now)) if a != b), min(len(saved), len(now)))
             raise ValueError(
                 f"{path} was trained with another {side} vocabulary ({len(saved)} pieces, the data config "
-                f"gives {len(now)}; first difference at id {i}): resume with the data config it was trained with"
+                f"gives {len(now)}; first difference at id {i}): resume with the data config it was trained with, "
+                f"or set data.vocab_from={path} to continue on other data with its vocabulary"
             )
+    check_weights(model, model_state(checkpoint), str(path))

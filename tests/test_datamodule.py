@@ -251,3 +251,36 @@ def test_train_max_words_drops_long_training_pairs_only(tmp_path):
         tiny(tmp_path / "none", train_max_words=1).setup()
     with pytest.raises(ValueError, match="train_max_words must be a positive number"):
         tiny(tmp_path, train_max_words=0)
+
+
+def test_vocab_from_a_model_file_or_a_checkpoint(tmp_path):
+    first = tiny(tmp_path / "a")
+    first.setup()
+    other = tiny(tmp_path / "b", train_pairs=20, seed=3)  # other training text: another tokenizer
+    other.setup()
+    pieces = lambda tok: [tok.sp.id_to_piece(i) for i in range(tok.vocab_size)]  # noqa: E731
+    assert pieces(other.src_vocab) != pieces(first.src_vocab)
+
+    given = tiny(tmp_path / "c", train_pairs=20, seed=3, vocab_from=first.src_vocab.model_file)
+    given.setup()
+    assert given.src_vocab is given.tgt_vocab and given.joint_vocab
+    assert pieces(given.src_vocab) == pieces(first.src_vocab)
+    assert len(given.raw("train")[0]) == 20
+    assert given.datasets["train"].src[0].tolist() != other.datasets["train"].src[0].tolist()
+
+    ckpt = tmp_path / "run.ckpt"  # what train.py stores: the serialized models of both sides
+    torch.save({"tokenizers": {"src": first.src_vocab.sp.serialized_model_proto(),
+                               "tgt": other.tgt_vocab.sp.serialized_model_proto()}}, ckpt)
+    from_ckpt = tiny(tmp_path / "c", vocab_from=str(ckpt))
+    from_ckpt.setup()
+    assert pieces(from_ckpt.src_vocab) == pieces(first.src_vocab)
+    assert pieces(from_ckpt.tgt_vocab) == pieces(other.tgt_vocab) and not from_ckpt.joint_vocab
+
+    with pytest.raises(FileNotFoundError, match=r"data.vocab_from=.*missing.ckpt: no such file"):
+        tiny(tmp_path, vocab_from=str(tmp_path / "missing.ckpt")).setup()
+    (tmp_path / "notes.model").write_text("not a model")
+    with pytest.raises(ValueError, match=r"data.vocab_from=.*notes.model: not a SentencePiece model"):
+        tiny(tmp_path, vocab_from=str(tmp_path / "notes.model")).setup()
+    torch.save({"state_dict": {}}, tmp_path / "foreign.ckpt")
+    with pytest.raises(ValueError, match="the checkpoint has no saved tokenizers"):
+        tiny(tmp_path, vocab_from=str(tmp_path / "foreign.ckpt")).setup()

@@ -317,6 +317,23 @@ def test_resume_with_another_model_config_names_the_mismatched_weights(reference
     assert not (Path(cfg.paths.output_dir) / "checkpoints").exists()  # refused before training
 
 
+def test_resume_on_other_training_data_keeps_the_vocabulary_of_the_checkpoint(reference, cfg_train):
+    """Other training pairs train another tokenizer, so resuming on them is refused; with
+    data.vocab_from=<the checkpoint> the run continues (weights, optimizer, schedule) on them."""
+    _, ckpt, _ = reference
+    other = ["data.train_pairs=40", "data.seed=7"]
+    with pytest.raises(ValueError, match=f"{re.escape(str(ckpt))} was trained with another src vocabulary") as err:
+        train(cfg_train([*RESUME, *other, f"ckpt_path={ckpt}"]))
+    assert f"or set data.vocab_from={ckpt} to continue on other data" in str(err.value)
+    cfg = cfg_train([*RESUME, *other, f"ckpt_path={ckpt}", f"data.vocab_from={ckpt}", "trainer.max_steps=34"])
+    train(cfg)
+    summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
+    assert summary["steps"] == 34 and summary["resumed_from"] == str(ckpt)
+    before, after = load(ckpt), load(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt")
+    assert after["tokenizers"] == before["tokenizers"]
+    assert after["lr_schedulers"][0]["last_epoch"] == before["lr_schedulers"][0]["last_epoch"] + 4
+
+
 # --- config errors ----------------------------------------------------------------------------------
 def test_unknown_data_name_lists_the_available_ones():
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -26,6 +26,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
+from nmt.checkpoint import saved_vocabularies
 from nmt.data.batching import TokenBatchSampler, TokenizedSplit, collate, padding_ratio
 from nmt.data.sources import SPLITS, DataError, columns, drop_empty, plain
 from nmt.data.tokenizer import Tokenizer, load_or_train, options_with_defaults, text_hash
@@ -88,6 +89,10 @@ class TranslationDataModule(L.LightningDataModule):
         on sentences of at most 30 or 50 words); valid and test keep every length. None: no limit.
     train_pairs: train on a random subset of this many pairs (drawn with `seed`, kept in corpus
         order; the tokenizer is trained on it too); None keeps them all.
+    vocab_from: use the SentencePiece models saved in this checkpoint (or this `.model` file, for
+        both sides) instead of training a tokenizer; `tokenizer` is then ignored. This continues a
+        run on other training data (`ckpt_path=<run>/checkpoints/last.ckpt data.vocab_from=<same>`)
+        or fine-tunes it, since a resumed run must keep its vocabulary.
     """
 
     def __init__(self, source: Any, tokenizer: dict | DictConfig | None, src_lang: str,
@@ -95,7 +100,7 @@ class TranslationDataModule(L.LightningDataModule):
                  max_src_len: int = 256, max_tgt_len: int = 256, too_long: str = "drop",
                  src_words: str = "words", num_workers: int = 0, cache_dir: str = ".cache",
                  seed: int = 0, eval_max_tokens: int | None = None, train_pairs: int | None = None,
-                 train_max_words: int | None = None) -> None:
+                 train_max_words: int | None = None, vocab_from: str | None = None) -> None:
         super().__init__()
         if too_long not in ("drop", "truncate"):
             raise ValueError(f"too_long must be 'drop' or 'truncate', got {too_long!r}")
@@ -119,6 +124,7 @@ class TranslationDataModule(L.LightningDataModule):
         if train_max_words is not None and train_max_words < 1:
             raise ValueError(f"train_max_words must be a positive number of words or null, got {train_max_words}")
         self.train_max_words = train_max_words
+        self.vocab_from = vocab_from
         self.joint_vocab = bool(self.tokenizer_options["joint"])
         self.src_vocab: Tokenizer
         self.tgt_vocab: Tokenizer
@@ -173,6 +179,10 @@ class TranslationDataModule(L.LightningDataModule):
                  len(sampler), 100 * self.train_padding)
 
     def _build_vocab(self, train_hash: tuple[str, str]) -> None:
+        if self.vocab_from is not None:
+            self.src_vocab, self.tgt_vocab = saved_vocabularies(self.vocab_from, self.cache_dir)
+            self.joint_vocab = self.src_vocab is self.tgt_vocab
+            return
         src, tgt = self._texts["train"]
         args = (self.cache_dir, self.tokenizer_options)
         if self.joint_vocab:

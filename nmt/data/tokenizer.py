@@ -158,6 +158,21 @@ def train_sentencepiece(sentences: Iterable[str], out_dir: str | Path,
     return tok
 
 
+def from_model_bytes(proto: bytes, cache_dir: str | Path, name: str = "joint") -> Tokenizer:
+    """A SentencePiece model given as its serialized bytes (e.g. from a checkpoint), stored once
+    under `<cache_dir>/spm/model-<hash of the bytes>/spm.model` so tokenized data caches key on it."""
+    folder = Path(cache_dir) / "spm" / f"model-{hashlib.blake2b(proto, digest_size=8).hexdigest()}"
+    model = folder / "spm.model"
+    if not model.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".spm.model.{os.getpid()}"
+        tmp.write_bytes(proto)
+        tmp.replace(model)  # atomic
+    tok = Tokenizer(model)
+    log.info("%s vocabulary: %s (%d pieces, given)", name, model, tok.vocab_size)
+    return tok
+
+
 def load_or_train(sentences: Sequence[str] | Sequence[Sequence[str]], text_key: str,
                   cache_dir: str | Path, options: Mapping[str, Any], name: str = "joint") -> Tokenizer:
     """The cached model for (text_key, options), training it first when absent.
