@@ -11,6 +11,14 @@
    comparison table and plot, with parameters, training tokens/s and wall time per model;
 3. draws attention heatmaps of the longest test sentences for each attention model.
 
+``--then "OVERRIDES"`` adds a second stage: each model goes on from its ``last.ckpt`` (weights,
+optimizer, schedule, time budget; the same vocabulary through ``data.vocab_from``) with these
+overrides, e.g. longer training pairs and a larger total budget, into ``<out>/stage2/<model>``,
+collected like the first stage:
+
+    python scripts/bleu_vs_length.py --experiment bleu_vs_length_europarl \
+        --then "data.train_max_words=50 trainer.max_time=00:00:45:00"
+
 ``--collect DIR`` redoes steps 2-3 on an existing multirun folder. Runs go to ``<out>/<model>``,
 so models trained by separate calls with the same ``--out`` (e.g. in parallel, one per core
 with ``OMP_NUM_THREADS=1``) are collected together.
@@ -44,6 +52,19 @@ def train_all(overrides: list[str], sweep_dir: Path, models: list[str], experime
                "hydra.sweep.subdir=${hydra.runtime.choices.model}", *overrides]  # one folder per model
     log.info("running: %s", " ".join(command))
     subprocess.run(command, check=True, cwd=ROOT)
+
+
+def override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def second_stage(overrides: list[str], then: list[str], first: Path) -> list[str]:
+    """Stage-2 overrides: resume each model's stage-1 ``last.ckpt`` with its vocabulary, and
+    ``then`` in place of any stage-1 override of the same key."""
+    resume = [f"ckpt_path={first}/${{hydra:runtime.choices.model}}/checkpoints/last.ckpt",
+              "data.vocab_from=${ckpt_path}"]
+    replaced = {override_key(o) for o in [*resume, *then]}
+    return [*(o for o in overrides if override_key(o) not in replaced), *resume, *then]
 
 
 def model_name(summary: dict) -> str:
@@ -106,14 +127,21 @@ def main() -> None:
     parser.add_argument("--experiment", default="bleu_vs_length", help="conf/experiment file of the study")
     parser.add_argument("--heatmaps", type=int, default=3, help="long test sentences to plot per attention model")
     parser.add_argument("--out", type=Path, default=None, help="multirun folder (default outputs/bleu_vs_length/<time>)")
+    parser.add_argument("--then", default=None, metavar="OVERRIDES",
+                        help="a second stage: go on from each model's last.ckpt with these overrides")
     args, overrides = parser.parse_known_args()
-    sweep_dir = args.collect
-    if sweep_dir is None:
-        from datetime import datetime
+    if args.collect is not None:
+        collect(args.collect, args.heatmaps)
+        return
+    from datetime import datetime
 
-        sweep_dir = args.out or ROOT / "outputs" / args.experiment / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-        train_all(overrides, sweep_dir, args.models.split(","), args.experiment)
+    sweep_dir = (args.out or ROOT / "outputs" / args.experiment / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")).resolve()
+    models = args.models.split(",")
+    train_all(overrides, sweep_dir, models, args.experiment)
     collect(sweep_dir, args.heatmaps)
+    if args.then is not None:
+        train_all(second_stage(overrides, args.then.split(), sweep_dir), sweep_dir / "stage2", models, args.experiment)
+        collect(sweep_dir / "stage2", args.heatmaps)
 
 
 if __name__ == "__main__":

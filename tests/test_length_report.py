@@ -100,12 +100,14 @@ def test_evaluate_compares_two_hypothesis_files(tmp_path):
 
 def test_study_script_trains_every_model_and_draws_the_comparison(tmp_path):
     """scripts/bleu_vs_length.py: one multirun, then the comparison, the summary (with cost
-    columns) and attention heatmaps for attention models only."""
+    columns) and attention heatmaps for attention models only; with --then, a second stage that
+    goes on from each model's checkpoint on other training pairs, collected the same way."""
     from tests.test_scale import cli_overrides, run
 
     out = tmp_path / "study"
     run(["scripts/bleu_vs_length.py", "--models", "lstm,lstm_bahdanau", "--heatmaps", "1", "--out", str(out),
-         *cli_overrides(tmp_path), "model.hidden_size=32", "trainer.max_epochs=2"])
+         *cli_overrides(tmp_path), "model.hidden_size=32", "trainer.max_epochs=2",
+         "--then", "trainer.max_epochs=3 data.train_pairs=40"])
     summary = (out / "summary.md").read_text()
     assert "| model | parameters | train tokens/s | train minutes | steps | test BLEU |" in summary
     assert "| lstm |" in summary and "| lstm_bahdanau |" in summary
@@ -115,3 +117,11 @@ def test_study_script_trains_every_model_and_draws_the_comparison(tmp_path):
     assert len(list((out / "attention" / "lstm_bahdanau").glob("*.png"))) == 1
     assert not (out / "attention" / "lstm").exists()  # no attention, no heatmap
     assert (out / "lstm" / "summary.json").is_file()  # one run folder per model
+
+    for model in ("lstm", "lstm_bahdanau"):  # stage 2: one more epoch on 40 of the pairs, same vocabulary
+        first, second = (json.loads((d / model / "summary.json").read_text()) for d in (out, out / "stage2"))
+        assert second["resumed_from"] == str(out / model / "checkpoints" / "last.ckpt")
+        assert second["epochs"] == 3 and first["epochs"] == 2 and second["steps"] > first["steps"]
+        assert "data.train_pairs=40" in second["overrides"] and "trainer.max_epochs=2" not in second["overrides"]
+    assert set(json.loads((out / "stage2" / "comparison" / "comparison.json").read_text())) == {"lstm", "lstm_bahdanau"}
+    assert (out / "stage2" / "summary.md").is_file()
