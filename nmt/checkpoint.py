@@ -5,6 +5,7 @@ them, and write checkpoint files atomically, never with non-finite weights."""
 from __future__ import annotations
 
 import logging
+import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,20 +100,25 @@ def saved_vocabularies(path: str | Path, cache_dir: str | Path) -> tuple[Tokeniz
     if not path.is_file():
         raise FileNotFoundError(f"data.vocab_from={path}: no such file (give a checkpoint written by "
                                 "train.py or a SentencePiece .model file)")
-    if path.suffix == ".ckpt":
-        protos = torch.load(path, map_location="cpu", weights_only=False, mmap=True).get("tokenizers")
-        if not protos:
+    if zipfile.is_zipfile(path):  # torch.save's format
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        protos = checkpoint.get("tokenizers") if isinstance(checkpoint, dict) else None
+        if not protos or not {"src", "tgt"} <= set(protos):
             raise ValueError(f"data.vocab_from={path}: the checkpoint has no saved tokenizers "
                              "(it was not written by nmt's train.py)")
     else:
+        proto = path.read_bytes()
         try:
-            spm.SentencePieceProcessor(model_proto=path.read_bytes())
+            spm.SentencePieceProcessor(model_proto=proto)
         except (RuntimeError, OSError) as e:
             raise ValueError(f"data.vocab_from={path}: not a SentencePiece model ({e}); give a "
-                             "checkpoint (.ckpt) or a SentencePiece .model file") from e
-        protos = {"src": path.read_bytes(), "tgt": path.read_bytes()}
-    src = from_model_bytes(protos["src"], cache_dir, "source")
-    tgt = src if protos["tgt"] == protos["src"] else from_model_bytes(protos["tgt"], cache_dir, "target")
+                             "checkpoint written by train.py or a SentencePiece .model file") from e
+        protos = {"src": proto, "tgt": proto}
+    try:
+        src = from_model_bytes(protos["src"], cache_dir, "source")
+        tgt = src if protos["tgt"] == protos["src"] else from_model_bytes(protos["tgt"], cache_dir, "target")
+    except ValueError as e:  # special ids other than nmt's
+        raise ValueError(f"data.vocab_from={path}: {e}") from e
     return src, tgt
 
 

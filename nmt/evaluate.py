@@ -50,11 +50,13 @@ def compare(reports: dict[str, dict[str, Any]], out_dir: Path, title: str = "") 
     paths["json"].write_text(json.dumps(reports, indent=2) + "\n")
     with paths["csv"].open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["system", "bucket", "count", "bleu", "chrf", "bleu_ci_low", "bleu_ci_high"])
+        writer.writerow(["system", "bucket", "count", "bleu", "chrf", "bleu_ci_low", "bleu_ci_high", "length_ratio"])
         for name, report in reports.items():
             for b in report["buckets"]:
-                writer.writerow([name, b["label"], b["count"], b["bleu"], b["chrf"], b["bleu_ci_low"], b["bleu_ci_high"]])
-            writer.writerow([name, "all", report["count"], report["bleu"], report["chrf"], *report["bleu_ci"]])
+                writer.writerow([name, b["label"], b["count"], b["bleu"], b["chrf"], b["bleu_ci_low"], b["bleu_ci_high"],
+                                 b.get("length_ratio")])
+            writer.writerow([name, "all", report["count"], report["bleu"], report["chrf"], *report["bleu_ci"],
+                             report.get("length_ratio")])
     paths["md"].write_text(markdown_table(reports))
     plot_bleu_by_length(reports, paths["png"], title=title)
     return paths

@@ -3,7 +3,9 @@
 Sentences are bucketed by the length of their *source* (words before subword segmentation, or
 characters for Chinese), so every system is scored on the same sentences in each bucket. Each
 bucket gets corpus BLEU/chrF over its sentences and a 95% bootstrap confidence interval of its
-BLEU; an empty bucket is reported as empty, never as BLEU 0.
+BLEU, and the hypothesis/reference length ratio behind BLEU's brevity penalty (a system that
+stops long sentences early shows it there first); an empty bucket is reported as empty, never as
+BLEU 0.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class Bucket:
     chrf: float | None
     bleu_ci_low: float | None
     bleu_ci_high: float | None
+    length_ratio: float | None  # hypothesis / reference length in BLEU's tokens (sacreBLEU's sys_len / ref_len)
 
 
 def bucket_bounds(edges: Sequence[int]) -> list[tuple[str, int, int | None]]:
@@ -82,17 +85,18 @@ def length_report(
     stats = np.array(bleu._extract_corpus_statistics(list(hyps), [list(refs)]), dtype=np.int64)
     lengths = np.array(source_lengths(sources, unit))
 
-    def score(index: np.ndarray) -> tuple[float, float, float, float]:
+    def score(index: np.ndarray) -> tuple[float, float, float, float, float]:
         h = [hyps[i] for i in index]
         r = [refs[i] for i in index]
         low, high = bootstrap_bleu(bleu, stats[index], n_bootstrap, seed) if n_bootstrap > 1 else (math.nan, math.nan)
-        return bleu.corpus_score(h, [r]).score, chrf.corpus_score(h, [r]).score, low, high
+        b = bleu.corpus_score(h, [r])
+        return b.score, chrf.corpus_score(h, [r]).score, low, high, b.sys_len / max(b.ref_len, 1)
 
     buckets = []
     for label, low, high in bucket_bounds(edges):
         index = np.flatnonzero((lengths >= low) & (lengths <= (high if high is not None else np.inf)))
         if len(index) == 0:
-            buckets.append(Bucket(label, low, high, 0, None, None, None, None))
+            buckets.append(Bucket(label, low, high, 0, None, None, None, None, None))
         else:
             buckets.append(Bucket(label, low, high, len(index), *score(index)))
     overall = score(np.arange(len(hyps)))
@@ -102,6 +106,7 @@ def length_report(
         "bleu": overall[0],
         "chrf": overall[1],
         "bleu_ci": [overall[2], overall[3]],
+        "length_ratio": overall[4],
         "buckets": [asdict(b) for b in buckets],
         "bleu_signature": str(bleu.get_signature()),
         "chrf_signature": str(chrf.get_signature()),
@@ -167,12 +172,13 @@ def write_report(report: dict[str, Any], out_dir: str | Path, name: str = "model
     paths["json"].write_text(json.dumps(report, indent=2) + "\n")
     with paths["csv"].open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["bucket", "low", "high", "count", "bleu", "chrf", "bleu_ci_low", "bleu_ci_high"])
+        writer.writerow(["bucket", "low", "high", "count", "bleu", "chrf", "bleu_ci_low", "bleu_ci_high", "length_ratio"])
         for b in report["buckets"]:
             writer.writerow([b["label"], b["low"], b["high"] if b["high"] is not None else "", b["count"],
-                             _fmt(b["bleu"]), _fmt(b["chrf"]), _fmt(b["bleu_ci_low"]), _fmt(b["bleu_ci_high"])])
+                             _fmt(b["bleu"]), _fmt(b["chrf"]), _fmt(b["bleu_ci_low"]), _fmt(b["bleu_ci_high"]),
+                             _fmt(b.get("length_ratio"))])
         writer.writerow(["all", "", "", report["count"], _fmt(report["bleu"]), _fmt(report["chrf"]),
-                         _fmt(report["bleu_ci"][0]), _fmt(report["bleu_ci"][1])])
+                         _fmt(report["bleu_ci"][0]), _fmt(report["bleu_ci"][1]), _fmt(report.get("length_ratio"))])
     paths["md"].write_text(markdown_table({name: report}))
     plot_bleu_by_length({name: report}, paths["png"])
     return paths

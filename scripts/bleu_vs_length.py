@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -61,9 +62,10 @@ def override_key(override: str) -> str:
 def second_stage(overrides: list[str], then: list[str], first: Path) -> list[str]:
     """Stage-2 overrides: resume each model's stage-1 ``last.ckpt`` with its vocabulary, and
     ``then`` in place of any stage-1 override of the same key."""
-    resume = [f"ckpt_path={first}/${{hydra:runtime.choices.model}}/checkpoints/last.ckpt",
-              "data.vocab_from=${ckpt_path}"]
-    replaced = {override_key(o) for o in [*resume, *then]}
+    given = {override_key(o) for o in then}
+    resume = [o for o in (f"ckpt_path={first}/${{hydra:runtime.choices.model}}/checkpoints/last.ckpt",
+                          "data.vocab_from=${ckpt_path}") if override_key(o) not in given]
+    replaced = given | {override_key(o) for o in resume}
     return [*(o for o in overrides if override_key(o) not in replaced), *resume, *then]
 
 
@@ -130,6 +132,8 @@ def main() -> None:
     parser.add_argument("--then", default=None, metavar="OVERRIDES",
                         help="a second stage: go on from each model's last.ckpt with these overrides")
     args, overrides = parser.parse_known_args()
+    if args.collect is not None and args.then is not None:
+        parser.error("--then trains a second stage; --collect only collects: give one of them")
     if args.collect is not None:
         collect(args.collect, args.heatmaps)
         return
@@ -140,7 +144,7 @@ def main() -> None:
     train_all(overrides, sweep_dir, models, args.experiment)
     collect(sweep_dir, args.heatmaps)
     if args.then is not None:
-        train_all(second_stage(overrides, args.then.split(), sweep_dir), sweep_dir / "stage2", models, args.experiment)
+        train_all(second_stage(overrides, shlex.split(args.then), sweep_dir), sweep_dir / "stage2", models, args.experiment)
         collect(sweep_dir / "stage2", args.heatmaps)
 
 

@@ -271,7 +271,11 @@ def test_vocab_from_a_model_file_or_a_checkpoint(tmp_path):
     ckpt = tmp_path / "run.ckpt"  # what train.py stores: the serialized models of both sides
     torch.save({"tokenizers": {"src": first.src_vocab.sp.serialized_model_proto(),
                                "tgt": other.tgt_vocab.sp.serialized_model_proto()}}, ckpt)
-    from_ckpt = tiny(tmp_path / "c", vocab_from=str(ckpt))
+    with pytest.raises(ValueError, match=r"data.vocab_from=.*run.ckpt has separate source and target "
+                                         r"vocabularies: set data.tokenizer.joint=false"):
+        tiny(tmp_path / "c", vocab_from=str(ckpt)).setup()
+    from_ckpt = TranslationDataModule(FileSource(str(TINY), "src", "tgt"), TOKENIZER | {"joint": False}, "src", "tgt",
+                                      cache_dir=str(tmp_path / "c"), vocab_from=str(ckpt))
     from_ckpt.setup()
     assert pieces(from_ckpt.src_vocab) == pieces(first.src_vocab)
     assert pieces(from_ckpt.tgt_vocab) == pieces(other.tgt_vocab) and not from_ckpt.joint_vocab
@@ -281,6 +285,6 @@ def test_vocab_from_a_model_file_or_a_checkpoint(tmp_path):
     (tmp_path / "notes.model").write_text("not a model")
     with pytest.raises(ValueError, match=r"data.vocab_from=.*notes.model: not a SentencePiece model"):
         tiny(tmp_path, vocab_from=str(tmp_path / "notes.model")).setup()
-    torch.save({"state_dict": {}}, tmp_path / "foreign.ckpt")
+    torch.save({"state_dict": {}}, tmp_path / "foreign.pt")  # any name: torch.save files are recognised by content
     with pytest.raises(ValueError, match="the checkpoint has no saved tokenizers"):
-        tiny(tmp_path, vocab_from=str(tmp_path / "foreign.ckpt")).setup()
+        tiny(tmp_path, vocab_from=str(tmp_path / "foreign.pt")).setup()

@@ -42,7 +42,9 @@ def test_per_bucket_scores_equal_sacrebleu_on_the_subset():
         index = [i for i, n in enumerate(lengths) if n >= b["low"] and (b["high"] is None or n <= b["high"])]
         assert b["count"] == len(index)
         h, r = [hyps[i] for i in index], [refs[i] for i in index]
-        assert b["bleu"] == pytest.approx(BLEU().corpus_score(h, [r]).score)
+        direct = BLEU().corpus_score(h, [r])
+        assert b["bleu"] == pytest.approx(direct.score)
+        assert b["length_ratio"] == pytest.approx(direct.sys_len / direct.ref_len)
         assert b["chrf"] == pytest.approx(CHRF().corpus_score(h, [r]).score)
         assert b["bleu_ci_low"] <= b["bleu"] <= b["bleu_ci_high"]
     assert report["bleu"] == pytest.approx(BLEU().corpus_score(hyps, [refs]).score)
@@ -55,6 +57,19 @@ def test_an_empty_bucket_is_empty_not_zero():
     empty = report["buckets"][2]
     assert empty["label"] == "101-200" and empty["count"] == 0
     assert empty["bleu"] is None and empty["chrf"] is None and empty["bleu_ci_low"] is None
+    assert empty["length_ratio"] is None
+
+
+def test_length_ratio_shows_outputs_stopped_early():
+    """Hypotheses that drop the second half of every long sentence: ratio 1 on short sentences,
+    about 0.5 on long ones."""
+    short = ["a b c d"] * 5
+    long = [" ".join(f"w{i}" for i in range(40))] * 5
+    refs = short + long
+    hyps = short + [" ".join(r.split()[:20]) for r in long]
+    report = length_report(refs, hyps, refs, edges=[10], n_bootstrap=0)
+    assert [b["length_ratio"] for b in report["buckets"]] == [1.0, 0.5]
+    assert report["length_ratio"] == pytest.approx(120 / 220)
 
 
 def test_files_are_written(tmp_path):
@@ -64,7 +79,7 @@ def test_files_are_written(tmp_path):
     assert sorted(p.suffix for p in paths.values()) == [".csv", ".json", ".md", ".png"]
     assert json.loads(paths["json"].read_text())["count"] == len(hyps)
     rows = paths["csv"].read_text().splitlines()
-    assert rows[0].startswith("bucket,low,high,count,bleu") and rows[-1].startswith("all,")
+    assert rows[0] == "bucket,low,high,count,bleu,chrf,bleu_ci_low,bleu_ci_high,length_ratio" and rows[-1].startswith("all,")
     assert rows[3].startswith("21-60,21,60,") and rows[4].startswith(">60,61,,0,,")  # empty bucket: blank scores
     assert "| >60 | 0 | empty |" in paths["md"].read_text()
     assert paths["png"].read_bytes()[:4] == b"\x89PNG"

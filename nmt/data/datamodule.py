@@ -90,9 +90,11 @@ class TranslationDataModule(L.LightningDataModule):
     train_pairs: train on a random subset of this many pairs (drawn with `seed`, kept in corpus
         order; the tokenizer is trained on it too); None keeps them all.
     vocab_from: use the SentencePiece models saved in this checkpoint (or this `.model` file, for
-        both sides) instead of training a tokenizer; `tokenizer` is then ignored. This continues a
-        run on other training data (`ckpt_path=<run>/checkpoints/last.ckpt data.vocab_from=<same>`)
-        or fine-tunes it, since a resumed run must keep its vocabulary.
+        both sides) instead of training a tokenizer (of `tokenizer`, only `joint` still counts and
+        must say whether the two models are one). This continues a run on other training data
+        (`ckpt_path=<run>/checkpoints/last.ckpt data.vocab_from=<same>`) or fine-tunes it, since a
+        resumed run must keep its vocabulary. A run resumed mid-epoch on other data
+        starts the new data's epoch as far in as the old one was (those batches are skipped once).
     """
 
     def __init__(self, source: Any, tokenizer: dict | DictConfig | None, src_lang: str,
@@ -181,7 +183,9 @@ class TranslationDataModule(L.LightningDataModule):
     def _build_vocab(self, train_hash: tuple[str, str]) -> None:
         if self.vocab_from is not None:
             self.src_vocab, self.tgt_vocab = saved_vocabularies(self.vocab_from, self.cache_dir)
-            self.joint_vocab = self.src_vocab is self.tgt_vocab
+            if self.joint_vocab and self.src_vocab is not self.tgt_vocab:  # models share embeddings when joint
+                raise ValueError(f"data.vocab_from={self.vocab_from} has separate source and target "
+                                 "vocabularies: set data.tokenizer.joint=false")
             return
         src, tgt = self._texts["train"]
         args = (self.cache_dir, self.tokenizer_options)
