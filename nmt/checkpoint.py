@@ -16,7 +16,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from nmt.data.tokenizer import Tokenizer, from_model_bytes
+from nmt.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", model_
     return Loaded(model, tokenizer_from_proto(protos["src"], "src"), tokenizer_from_proto(protos["tgt"], "tgt"), run_config)
 
 
-def saved_vocabularies(path: str | Path, cache_dir: str | Path) -> tuple[Tokenizer, Tokenizer]:
+def saved_vocabularies(path: str | Path) -> tuple[Tokenizer, Tokenizer]:
     """Source and target tokenizers to train with instead of training new ones (``data.vocab_from``):
     those saved in a checkpoint written by ``train.py``, or one SentencePiece ``.model`` file for both
     sides (its special ids must be PAD=0, UNK=1, BOS=2, EOS=3)."""
@@ -106,20 +106,16 @@ def saved_vocabularies(path: str | Path, cache_dir: str | Path) -> tuple[Tokeniz
         if not protos or not {"src", "tgt"} <= set(protos):
             raise ValueError(f"data.vocab_from={path}: the checkpoint has no saved tokenizers "
                              "(it was not written by nmt's train.py)")
-    else:
-        proto = path.read_bytes()
-        try:
-            spm.SentencePieceProcessor(model_proto=proto)
-        except (RuntimeError, OSError) as e:
-            raise ValueError(f"data.vocab_from={path}: not a SentencePiece model ({e}); give a "
-                             "checkpoint written by train.py or a SentencePiece .model file") from e
-        protos = {"src": proto, "tgt": proto}
+        src = tokenizer_from_proto(protos["src"], "src")
+        return src, src if protos["tgt"] == protos["src"] else tokenizer_from_proto(protos["tgt"], "tgt")
     try:
-        src = from_model_bytes(protos["src"], cache_dir, "source")
-        tgt = src if protos["tgt"] == protos["src"] else from_model_bytes(protos["tgt"], cache_dir, "target")
+        tok = Tokenizer(path)
+    except (RuntimeError, OSError) as e:
+        raise ValueError(f"data.vocab_from={path}: not a SentencePiece model ({e}); give a "
+                         "checkpoint written by train.py or a SentencePiece .model file") from e
     except ValueError as e:  # special ids other than nmt's
-        raise ValueError(f"data.vocab_from={path}: {e}") from e
-    return src, tgt
+        raise ValueError(f"data.vocab_from={e}") from e
+    return tok, tok
 
 
 def nonfinite(tensors: Iterable[tuple[str, torch.Tensor]]) -> list[str]:

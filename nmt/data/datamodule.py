@@ -182,7 +182,7 @@ class TranslationDataModule(L.LightningDataModule):
 
     def _build_vocab(self, train_hash: tuple[str, str]) -> None:
         if self.vocab_from is not None:
-            self.src_vocab, self.tgt_vocab = saved_vocabularies(self.vocab_from, self.cache_dir)
+            self.src_vocab, self.tgt_vocab = saved_vocabularies(self.vocab_from)
             if self.joint_vocab and self.src_vocab is not self.tgt_vocab:  # models share embeddings when joint
                 raise ValueError(f"data.vocab_from={self.vocab_from} has separate source and target "
                                  "vocabularies: set data.tokenizer.joint=false")
@@ -197,8 +197,8 @@ class TranslationDataModule(L.LightningDataModule):
 
     def _tokenized(self, hashes: dict[str, tuple[str, str]]) -> dict[str, tuple[Flat, Flat]]:
         """Every split as flat id arrays, from `<cache_dir>/data/<hash>/` or encoded now."""
-        key = json.dumps({"data": hashes, "src": Path(self.src_vocab.model_file).parent.name,
-                          "tgt": Path(self.tgt_vocab.model_file).parent.name}, sort_keys=True)
+        key = json.dumps({"data": hashes, "src": self.src_vocab.fingerprint, "tgt": self.tgt_vocab.fingerprint},
+                         sort_keys=True)
         folder = self.cache_dir / "data" / hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
         names = [f"{s}.{side}.{part}" for s in SPLITS for side in ("src", "tgt")
                  for part in ("tokens", "offsets")]

@@ -56,6 +56,11 @@ class Tokenizer:
         self.trained = False  # True when this process trained the model (not read from cache)
 
     @property
+    def fingerprint(self) -> str:
+        """A hash of the model's content (what tokenized-data caches are keyed on)."""
+        return hashlib.blake2b(self.sp.serialized_model_proto(), digest_size=8).hexdigest()
+
+    @property
     def vocab_size(self) -> int:
         return self.sp.get_piece_size()
 
@@ -155,21 +160,6 @@ def train_sentencepiece(sentences: Iterable[str], out_dir: str | Path,
                         "data.tokenizer.vocab_size") from e
     tok = Tokenizer(out_dir / "spm.model")
     tok.trained = True
-    return tok
-
-
-def from_model_bytes(proto: bytes, cache_dir: str | Path, name: str = "joint") -> Tokenizer:
-    """A SentencePiece model given as its serialized bytes (e.g. from a checkpoint), stored once
-    under `<cache_dir>/spm/model-<hash of the bytes>/spm.model` so tokenized data caches key on it."""
-    folder = Path(cache_dir) / "spm" / f"model-{hashlib.blake2b(proto, digest_size=8).hexdigest()}"
-    model = folder / "spm.model"
-    if not model.is_file():
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".spm.model.{os.getpid()}"
-        tmp.write_bytes(proto)
-        tmp.replace(model)  # atomic
-    tok = Tokenizer(model)
-    log.info("%s vocabulary: %s (%d pieces, given)", name, model, tok.vocab_size)
     return tok
 
 
