@@ -126,6 +126,14 @@ def length_penalty(length: Tensor, alpha: float) -> Tensor:
     return ((5.0 + length.float()) / 6.0) ** alpha
 
 
+def _best_possible(score: Tensor, t: int, max_len: Tensor, alpha: float) -> Tensor:
+    """The best normalised score that a live hypothesis with log-prob ``score`` (<= 0) after
+    step ``t`` can still end with: its log-prob can only fall, and it ends with between t + 2
+    and ``max_len`` tokens, so score / length_penalty is at most the larger of the two ends'."""
+    shortest = length_penalty(torch.full_like(max_len, t + 2), alpha)
+    return torch.maximum(score / shortest, score / length_penalty(max_len, alpha))
+
+
 @torch.no_grad()
 def beam_search(
     model,
@@ -137,7 +145,8 @@ def beam_search(
     max_len_b: int = 10,
     need_attn: bool = False,
 ) -> Hypotheses:
-    """Batched beam search; a sentence stops once ``beam_size`` hypotheses have ended and then
+    """Batched beam search; a sentence stops once ``beam_size`` hypotheses have ended, or once
+    none of its live hypotheses can still beat its best (which changes no result), and then
     leaves the batch (the others decode on fewer rows); the search stops when every sentence
     has. Hypotheses are ranked by score / length_penalty."""
     batch, k = src.size(0), beam_size
@@ -193,12 +202,14 @@ def beam_search(
             if need_attn:
                 best_attn[rows, : t + 1] = attn_hist.index_select(0, src_beam)
         num_finished += ended.sum(1)
-        searching = num_finished < k
-        if not bool(searching.any()):
-            break
         # The K best candidates that did not end continue.
         alive_scores = top_scores.masked_fill(token == EOS, float("-inf"))
         beam_scores, keep = alive_scores.topk(k, dim=1)  # (n, K)
+        # A sentence searches on until beam_size hypotheses have ended, or until none of its
+        # live ones can still beat its best.
+        searching = (num_finished < k) & (best_scores[active] < _best_possible(beam_scores[:, 0], t, max_len, alpha))
+        if not bool(searching.any()):
+            break
         reorder = origin.gather(1, keep)  # (n, K), rows of the current batch
         prev = token.gather(1, keep)
         shrink = not bool(searching.all())

@@ -9,6 +9,7 @@ lines are truncated to the model's limit with a warning, invalid UTF-8 is an err
 
 from __future__ import annotations
 
+import copy
 import logging
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +26,7 @@ from nmt.checkpoint import load_checkpoint
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.tokenizer import EOS, PAD, Tokenizer
 from nmt.malloc import keep_freed_memory
+from nmt.quantize import quantize_int8
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +78,7 @@ def _pad(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor, tor
     return src, src != PAD
 
 
-PRECISIONS = ("32", "bf16")
+PRECISIONS = ("32", "bf16", "int8")
 
 
 @torch.no_grad()
@@ -95,7 +97,8 @@ def translate_lines(
     """Translate ``lines`` in length-sorted batches; returns one hypothesis per line (empty for
     an empty line) and, for the 0-based ``attention_lines``, (attention (T, S), source pieces,
     target pieces). ``precision="bf16"`` decodes under bf16 autocast (matmuls in bf16, scores
-    and softmax in fp32).
+    and softmax in fp32); ``precision="int8"`` (CPU) with a copy of the model whose linear layers
+    multiply in int8 (``nmt.quantize``), the rest in fp32.
 
     On a CPU, ``workers`` batches decode at once, each on one thread (default: as many as torch
     has threads): a decoding step is many small operations that one thread runs nearly as fast
@@ -104,6 +107,8 @@ def translate_lines(
         raise ValueError(f"precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
     model.eval()
     device = next(model.parameters()).device
+    if str(precision) == "int8":
+        model = quantize_int8(copy.deepcopy(model))
     wanted = set(attention_lines)
     outputs = [""] * len(lines)
     attentions: dict[int, tuple[torch.Tensor, list[str], list[str]]] = {}

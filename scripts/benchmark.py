@@ -13,7 +13,8 @@ optimizer on the same batches of ``data``. Reported per model:
   below) on real tokens, as 3x the forward matmuls (forward + backward);
 - decoding: sentences/s and output tokens/s of greedy and beam search at each batch size on the
   first ``decoding.num_sentences`` test sentences (the weights are those after the timed
-  steps, so outputs tend to run to the length cap);
+  steps, so outputs tend to run to the length cap); on CPUs also beam search with the linear
+  layers in int8 (``decoding.int8``, ``nmt.quantize``);
 - for Transformer decoders: beam search with the key/value cache vs without it, where "without"
   re-runs the decoder over the whole prefix every step (``NoCache``, as Joey NMT decodes).
 
@@ -26,6 +27,7 @@ Results go to ``<run>/benchmark.json`` and ``<run>/benchmark.md``; the tables ar
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -54,6 +56,7 @@ from nmt.decoding import beam_search, greedy_search  # noqa: E402
 from nmt.malloc import keep_freed_memory, release_freed_memory  # noqa: E402
 from nmt.models.rnn import RNNDecoder, RNNEncoder  # noqa: E402
 from nmt.models.transformer import TransformerDecoder, TransformerEncoder  # noqa: E402
+from nmt.quantize import quantize_int8  # noqa: E402
 from nmt.train import build_model, build_module, count_parameters  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -270,7 +273,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", "| model | search | batch | sentences/s | tokens/s |", "|---|---|---:|---:|---:|"]
     for r in report["models"]:
         for d in r["decoding"]:
-            search = "greedy" if d["beam_size"] == 1 else f"beam {d['beam_size']}"
+            search = ("greedy" if d["beam_size"] == 1 else f"beam {d['beam_size']}") + (", int8" if d.get("int8") else "")
             lines.append(f"| {r['model']} | {search} | {d['batch_size']} | {d['sentences_per_s']:.1f} | {d['tokens_per_s']:,.0f} |")
     caches = [r for r in report["models"] if "kv_cache" in r]
     if caches:
@@ -340,6 +343,12 @@ def main(cfg: DictConfig) -> None:
                 speed, _ = decode_speed(model, decode_batches[bs], search, device, autocast)
                 result["decoding"].append({"batch_size": bs, "beam_size": k, **speed})
                 log.info("%s: %s batch %d: %.1f sentences/s", preset, f"beam {k}" if k > 1 else "greedy", bs, speed["sentences_per_s"])
+        if cfg.decoding.int8 and device.type == "cpu":  # translate.py precision=int8
+            bs, k = max(cfg.decoding.batch_sizes), max(cfg.decoding.beam_sizes)
+            search = partial(beam_search, beam_size=k, alpha=beam.alpha, **limits)
+            speed, _ = decode_speed(quantize_int8(copy.deepcopy(model)), decode_batches[bs], search, device, contextlib.nullcontext)
+            result["decoding"].append({"batch_size": bs, "beam_size": k, "int8": True, **speed})
+            log.info("%s: beam %d batch %d, int8: %.1f sentences/s", preset, k, bs, speed["sentences_per_s"])
 
         if isinstance(model.decoder, TransformerDecoder):
             kv = cfg.kv_cache

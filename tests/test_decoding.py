@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nmt import decoding
+from nmt.data.tokenizer import EOS
 from nmt.decoding import beam_search, greedy_search, length_penalty
 from tests.test_models import VARIANTS, batch, build
 
@@ -180,3 +182,36 @@ def test_a_sentence_capped_at_one_token_next_to_a_long_one():
     assert together.tokens[1] == []
     alone = beam_search(model, src[:1], src_mask[:1], max_len_a=0.5, max_len_b=1)
     assert alone.tokens[0] == together.tokens[0]
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, -0.5])
+def test_beam_search_stops_a_sentence_no_live_hypothesis_can_improve_on_without_changing_it(alpha, monkeypatch):
+    """The bound on what a live hypothesis can still reach saves steps; searching on until
+    beam_size hypotheses have ended finds the same hypotheses."""
+    model = build("transformer")
+    src, src_mask, _ = batch(lengths=(8, 5, 2, 6))
+    steps = []
+    decode_step = model.decode_step
+
+    def eos_likely(*args, **kwargs):  # hypotheses end early, some long before the cap
+        steps.append(1)
+        logits, state, attn = decode_step(*args, **kwargs)
+        return logits.index_add(-1, torch.tensor([EOS]), torch.full((logits.size(0), 1), 2.0)), state, attn
+
+    model.decode_step = eos_likely
+    kwargs = {"beam_size": 3, "alpha": alpha, "max_len_a": 2.0, "max_len_b": 6}
+    bounded = beam_search(model, src, src_mask, **kwargs)
+    bounded_steps, steps[:] = len(steps), []
+    monkeypatch.setattr(decoding, "_best_possible", lambda score, *_: torch.full_like(score, float("inf")))
+    exhaustive = beam_search(model, src, src_mask, **kwargs)
+    assert bounded.tokens == exhaustive.tokens
+    torch.testing.assert_close(bounded.scores, exhaustive.scores)
+    assert bounded_steps < len(steps), (bounded_steps, len(steps))
+
+
+def test_best_possible_score_of_a_live_hypothesis():
+    score, max_len = torch.tensor([-3.0]), torch.tensor([10])
+    # alpha > 0: the longest ending divides by the largest penalty; alpha < 0: the shortest
+    assert decoding._best_possible(score, 4, max_len, 1.0).item() == pytest.approx(-3.0 / ((5 + 10) / 6))
+    assert decoding._best_possible(score, 4, max_len, -1.0).item() == pytest.approx(-3.0 / ((5 + 6) / 6) ** -1)
+    assert decoding._best_possible(score, 4, max_len, 0.0).item() == -3.0

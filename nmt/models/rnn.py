@@ -56,6 +56,12 @@ def tanh(x: Tensor) -> Tensor:
     return (torch.sigmoid(2 * y) * 2).sub_(1).to(x.dtype)
 
 
+def affine(add: Tensor, x: Tensor, w: Any) -> Tensor:
+    """``add + x @ w`` for a (in, out) matrix ``w``, or an int8 one (``nmt.quantize.Int8Linear``
+    of the transposed matrix) once ``RNNDecoder.quantize_steps`` has run."""
+    return torch.addmm(add, x, w) if isinstance(w, Tensor) else w(x).add_(add)
+
+
 def lstm_cell(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
     """LSTM state update from pre-activations (..., 4H) in torch's gate order i, f, g, o. The
     cell ``c`` keeps its own (fp32) precision; ``h`` comes out in the gates' dtype, the one its
@@ -158,11 +164,12 @@ class RNNEncoder(nn.Module):
 @dataclass(frozen=True)
 class StepWeights:
     """``RNNDecoder._weights()``, kept in the decoder's memory; not a dict, list or tuple, so
-    ``nmt.models.base.select`` leaves it alone when it reorders the batch."""
+    ``nmt.models.base.select`` leaves it alone when it reorders the batch. Each matrix is applied
+    as ``x @ w`` (see ``affine``)."""
 
-    emb: Tensor
+    emb: Any
     bias: Tensor
-    layers: list[tuple[Tensor, Tensor]]
+    layers: list[tuple[Any, Tensor]]
 
 
 class RNNDecoder(nn.Module):
@@ -217,13 +224,24 @@ class RNNDecoder(nn.Module):
         self.attention = attention(query_size=hidden_size, key_size=memory_size) if attention else None
         self.att_out = nn.Linear(memory_size + hidden_size, hidden_size, bias=False) if attention else None
         self.out = nn.Linear(hidden_size, vocab_size, bias=False)
+        self.int8_weights: StepWeights | None = None
+
+    def quantize_steps(self) -> None:
+        """Step with int8 matmuls from now on (``nmt.quantize``; inference only)."""
+        from nmt.quantize import Int8Linear
+
+        emb, bias, layers = self._weights()
+        self.int8_weights = StepWeights(Int8Linear(emb.t()), bias, [(Int8Linear(w.t()), b) for w, b in layers])
+
+    def step_weights(self) -> StepWeights:
+        return self.int8_weights or StepWeights(*self._weights())
 
     def prepare_memory(self, memory: dict[str, Tensor]) -> dict[str, Any]:
         """What every step reuses: the LSTM's step weights (cast once under autocast; not when
         teacher-forced training calls ``nn.LSTM`` once), and with attention the projected keys
         and ``enc_out`` (the values) in the matmul dtype."""
         if self.input_feeding != "none" or not self.training:
-            memory = {**memory, "weights": StepWeights(*self._weights())}
+            memory = {**memory, "weights": self.step_weights()}
         if self.attention is None:
             return memory
         values = in_autocast_dtype(memory["enc_out"])
@@ -245,7 +263,7 @@ class RNNDecoder(nn.Module):
 
     def _weights(self) -> tuple[Tensor, Tensor, list[tuple[Tensor, Tensor]]]:
         """``self.rnn``'s weights for stepping: the embedding columns of the first layer's input
-        weight (4H, E), its summed bias (4H,), and per layer the transposed weight applied each
+        weight, transposed (E, 4H), its summed bias (4H,), and per layer the transposed weight applied each
         step to ``[h; input]`` (the input being the feed in the first layer; h alone without a
         feed), one matmul instead of two, with the layer's summed bias."""
         emb_size = self.embed.embedding_dim
@@ -256,7 +274,7 @@ class RNNDecoder(nn.Module):
                 w_emb, w_ih = w_ih[:, :emb_size], w_ih[:, emb_size:]
             w = torch.cat([w_hh, w_ih], dim=1) if w_ih.size(1) else w_hh  # (4H, H + I)
             layers.append((in_autocast_dtype(w.t()), in_autocast_dtype(sum_biases(b_ih, b_hh))))
-        return w_emb, layers[0][1], layers
+        return w_emb.t(), layers[0][1], layers
 
     def _recur(self, x_proj: Tensor, feed: Tensor | None, h: list[Tensor], c: list[Tensor], layers) -> None:
         """One LSTM step through every layer (torch's gate order i, f, g, o), updating the
@@ -267,7 +285,7 @@ class RNNDecoder(nn.Module):
             if layer > 0 and self.rnn.dropout:
                 x = dropout(x, self.rnn.dropout, self.training)
             hx = h[layer] if x is None else torch.cat([h[layer], x], dim=-1)  # (B, H + I)
-            h[layer], c[layer] = lstm_cell(torch.addmm(x_proj if layer == 0 else bias, hx, w), c[layer])
+            h[layer], c[layer] = lstm_cell(affine(x_proj if layer == 0 else bias, hx, w), c[layer])
             x = h[layer]
 
     def _step(self, x_proj: Tensor, memory: dict[str, Any], state: dict[str, Any]) -> tuple[Tensor, Tensor | None, Tensor | None]:
@@ -289,9 +307,9 @@ class RNNDecoder(nn.Module):
         self, prev: Tensor, memory: dict[str, Tensor], state: dict[str, Any], need_attn: bool = False
     ) -> tuple[Tensor, dict[str, Any], Tensor | None]:
         if "weights" not in memory:  # encoded in training mode by a decoder that does not step there
-            memory = {**memory, "weights": StepWeights(*self._weights())}
+            memory = {**memory, "weights": self.step_weights()}
         weights = memory["weights"]
-        x_proj = F.linear(self.dropout(self.embed(prev)), weights.emb, weights.bias)  # (B, 4H)
+        x_proj = affine(weights.bias, self.dropout(self.embed(prev)), weights.emb)  # (B, 4H)
         step_state = {"h": list(state["h"].unbind(1)), "c": list(state["c"].unbind(1)), "feed": state.get("feed")}
         h_top, context, attn = self._step(x_proj, memory, step_state)
         output = step_state["feed"] if self.input_feeding == "attentional" else self._output(h_top, context)
@@ -312,7 +330,7 @@ class RNNDecoder(nn.Module):
             context, attn = self._attend(h, memory)  # (B, T, Hk), (B, T, S)
             return self._output(h, context), attn
         weights = memory["weights"]
-        x_proj = F.linear(emb.transpose(0, 1), weights.emb, weights.bias)  # (T, B, 4H), all steps at once
+        x_proj = F.linear(emb.transpose(0, 1), weights.emb.t(), weights.bias)  # (T, B, 4H), all steps at once
         state = {"h": list(state["h"].unbind(1)), "c": list(state["c"].unbind(1)), "feed": state.get("feed")}
         tops, contexts, attns = [], [], []
         for x_t in x_proj.unbind(0):  # unbind, not x_proj[t]: one backward node, no per-step zeros

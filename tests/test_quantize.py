@@ -1,0 +1,63 @@
+"""Int8 inference (``nmt.quantize``): each layer against its float original, and every model's
+decoding steps against the float model's."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from nmt.models.rnn import RNNDecoder
+from nmt.quantize import Int8Linear, quantize_int8
+from tests.test_models import VARIANTS, batch, build
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def test_int8_linear_matches_the_float_layer():
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48)
+    with torch.no_grad():
+        linear.weight[0] *= 1000  # one large output channel: scales are per channel
+    q = Int8Linear.from_linear(linear)
+    x = torch.randn(3, 5, 64)
+    x[1, 2] = 0  # an all-zero token
+    with torch.no_grad():
+        y, ref = q(x), linear(x)
+    assert y.shape == (3, 5, 48) and y.dtype == torch.float32
+    assert relative_error(y[..., 1:], ref[..., 1:]) < 0.02
+    assert relative_error(y[..., 0], ref[..., 0]) < 0.02
+    torch.testing.assert_close(y[1, 2], linear.bias.detach())  # zero in, bias out, exactly
+    assert not torch.equal(y, ref)  # it does compute in int8
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_int8_decoding_steps_stay_close_to_float(name):
+    model = build(name)
+    q = quantize_int8(copy.deepcopy(model))
+    assert not [n for n, m in q.named_modules() if isinstance(m, nn.Linear) and m.out_features > 1]
+    if isinstance(q.decoder, RNNDecoder):  # its step matmuls too
+        assert q.decoder.int8_weights is not None and model.decoder.int8_weights is None
+    src, src_mask, tgt_in = batch()
+    logits = {}
+    with torch.no_grad():
+        for key, m in (("float", model), ("int8", q)):
+            memory = m.encode(src, src_mask)
+            state = m.init_state(memory)
+            steps = []
+            for t in range(tgt_in.size(1)):
+                step, state, _ = m.decode_step(tgt_in[:, t], memory, state)
+                steps.append(step)
+            logits[key] = torch.stack(steps, 1)
+    assert relative_error(logits["int8"], logits["float"]) < 0.05
+    assert not torch.equal(logits["int8"], logits["float"])
+
+
+def test_int8_refuses_a_model_off_the_cpu():
+    model = build("transformer").to("meta")
+    with pytest.raises(ValueError, match=r"precision=int8 decodes on CPUs only \(torch._int_mm\); on a GPU use precision=bf16"):
+        quantize_int8(model)
