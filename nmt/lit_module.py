@@ -53,7 +53,7 @@ class TranslationModule(L.LightningModule):
     """
 
     # Saved in checkpoints and restored on resume, with best_bleu.
-    COUNTERS = ("skipped_steps", "nonfinite_in_a_row", "train_tokens", "train_seconds")
+    COUNTERS = ("skipped_steps", "nonfinite_in_a_row", "train_tokens", "train_tgt_tokens", "train_seconds")
 
     def __init__(
         self,
@@ -82,6 +82,7 @@ class TranslationModule(L.LightningModule):
         self._outputs: dict[str, list[tuple[int, str]]] = {"val": [], "test": []}
         self._tick: float | None = None
         self.train_tokens = 0  # source + target tokens trained on (this rank), for throughput
+        self.train_tgt_tokens = 0  # of which target tokens
         self.train_seconds = 0.0  # time in training steps, validation excluded
         self.best_bleu = -math.inf
         self.skipped_steps = 0  # steps whose loss was not finite, in total
@@ -115,6 +116,7 @@ class TranslationModule(L.LightningModule):
         if self._tick is not None:  # time since the previous step: one full step, data included
             self.log("train/tokens_per_sec", tokens / (now - self._tick))
             self.train_tokens += tokens
+            self.train_tgt_tokens += batch["num_tgt_tokens"]
             self.train_seconds += now - self._tick
         self._tick = now
         return loss

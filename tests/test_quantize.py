@@ -55,6 +55,8 @@ def test_int8_decoding_steps_stay_close_to_float(name):
             logits[key] = torch.stack(steps, 1)
     assert relative_error(logits["int8"], logits["float"]) < 0.05
     assert not torch.equal(logits["int8"], logits["float"])
+    with torch.no_grad():  # the teacher-forced pass too
+        assert relative_error(q(src, src_mask, tgt_in), model(src, src_mask, tgt_in)) < 0.05
 
 
 def test_int8_refuses_a_model_off_the_cpu():

@@ -263,9 +263,9 @@ class RNNDecoder(nn.Module):
 
     def _weights(self) -> tuple[Tensor, Tensor, list[tuple[Tensor, Tensor]]]:
         """``self.rnn``'s weights for stepping: the embedding columns of the first layer's input
-        weight, transposed (E, 4H), its summed bias (4H,), and per layer the transposed weight applied each
-        step to ``[h; input]`` (the input being the feed in the first layer; h alone without a
-        feed), one matmul instead of two, with the layer's summed bias."""
+        weight, transposed (E, 4H), its summed bias (4H,), and per layer the transposed weight
+        applied each step to ``[h; input]`` (the input being the feed in the first layer; h alone
+        without a feed), one matmul instead of two, with the layer's summed bias."""
         emb_size = self.embed.embedding_dim
         layers = []
         for layer in range(self.rnn.num_layers):
@@ -330,7 +330,11 @@ class RNNDecoder(nn.Module):
             context, attn = self._attend(h, memory)  # (B, T, Hk), (B, T, S)
             return self._output(h, context), attn
         weights = memory["weights"]
-        x_proj = F.linear(emb.transpose(0, 1), weights.emb.t(), weights.bias)  # (T, B, 4H), all steps at once
+        x_in = emb.transpose(0, 1)  # (T, B, E): the embedding projection of all steps at once
+        if isinstance(weights.emb, Tensor):
+            x_proj = F.linear(x_in, weights.emb.t(), weights.bias)  # (T, B, 4H)
+        else:  # int8
+            x_proj = weights.emb(x_in).add_(weights.bias)
         state = {"h": list(state["h"].unbind(1)), "c": list(state["c"].unbind(1)), "feed": state.get("feed")}
         tops, contexts, attns = [], [], []
         for x_t in x_proj.unbind(0):  # unbind, not x_proj[t]: one backward node, no per-step zeros
