@@ -153,9 +153,10 @@ def beam_search(
     device = src.device
     max_len = _max_lengths(src_mask, max_len_a, max_len_b)
     steps = int(max_len.max())
-    memory = model.encode(src, src_mask)
-    memory = select(memory, torch.arange(batch, device=device).repeat_interleave(k))  # (B*K, ...)
-    state = model.init_state(memory)
+    # One copy of a sentence's memory serves its K beams (rows s*K .. s*K + K - 1 of the state):
+    # attention reads it once for all of them.
+    memory = model.encode(src, src_mask)  # (B, ...)
+    state = select(model.init_state(memory), torch.arange(batch, device=device).repeat_interleave(k))  # (B*K, ...)
     prev = src.new_full((batch * k,), BOS)
     beam_scores = torch.full((batch, k), float("-inf"), device=device)
     beam_scores[:, 0] = 0.0  # all beams start identical: keep one
@@ -216,9 +217,8 @@ def beam_search(
         if shrink:  # drop the sentences that are done
             active, max_len, num_finished = active[searching], max_len[searching], num_finished[searching]
             beam_scores, reorder, prev = beam_scores[searching], reorder[searching], prev[searching]
+            memory = select(memory, searching.nonzero().squeeze(1))
         reorder, prev = reorder.reshape(-1), prev.reshape(-1)
-        if shrink:
-            memory = select(memory, reorder)  # the rows of a sentence share its memory
         history = torch.cat([history.index_select(0, reorder), prev.unsqueeze(1)], 1)
         if need_attn:
             attn_hist = attn_hist.index_select(0, reorder)

@@ -268,3 +268,35 @@ def test_fast_tanh_equals_torch_tanh_to_rounding(dtype):
     grad = torch.autograd.grad(y.sum(), x)[0]
     exact = 1 - torch.tanh(x.detach().double()) ** 2  # torch's bf16 backward rounds y first: not a reference
     torch.testing.assert_close(grad.double(), exact, atol=2 * tol["atol"], rtol=2 * tol["rtol"])
+
+
+@pytest.mark.parametrize("kind", ["bahdanau", "general", "dot", "concat", "transformer"])
+@pytest.mark.parametrize("steps", [1, 3])
+def test_queries_grouped_over_shared_memory_equal_a_copy_per_query(kind, steps):
+    """Beam search keeps one copy of a sentence's memory for its beams: g query rows per memory
+    row give what they give against the memory repeated g times."""
+    from nmt.models.attention import BahdanauAttention, LuongAttention
+    from nmt.models.transformer import MultiHeadAttention
+
+    torch.manual_seed(0)
+    n, g, S, H = 3, 4, 5, 8
+    mask = torch.ones(n, S, dtype=torch.bool)
+    mask[1, 3:] = False
+    repeat = torch.arange(n).repeat_interleave(g)
+    if kind == "transformer":
+        attn = MultiHeadAttention(H, 2, 0.0).eval()
+        q = attn.split(torch.randn(n * g, steps, H))
+        k, v = attn.project_kv(torch.randn(n, S, H))
+        m = mask[:, None, None, :]
+        grouped = attn(q, k, v, m, need_weights=True)
+        copied = attn(q, k[repeat], v[repeat], m[repeat], need_weights=True)
+    else:
+        attn = BahdanauAttention(H, H) if kind == "bahdanau" else LuongAttention(H, H, score=kind)
+        query = torch.randn(n * g, H) if steps == 1 else torch.randn(n * g, steps, H)
+        values = torch.randn(n, S, H)
+        keys = attn.project_keys(values)
+        grouped = attn(query, keys, values, mask)
+        copied = attn(query, keys[repeat], values[repeat], mask[repeat])
+    for a, b in zip(grouped, copied):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b)

@@ -6,7 +6,9 @@ Every variant has the same two calls:
   score, computed once per sentence by ``RNNDecoder.prepare_memory`` and kept in ``memory``.
 - ``forward(query (B, Hq), keys (B, S, K), values (B, S, Hk), mask (B, S))
   -> (context (B, Hk), weights (B, S))``; ``mask`` is True on real tokens. A query of shape
-  (B, T, Hq) scores T decoder steps at once, giving (B, T, Hk) and (B, T, S).
+  (B, T, Hq) scores T decoder steps at once, giving (B, T, Hk) and (B, T, S). The query may
+  have g times the memory's rows, rows i*g .. i*g + g - 1 reading memory row i (beam search
+  keeps one copy of a sentence's memory for its g beams); their queries are scored together.
 
 Attention only scores and mixes; the decoder owns the wiring (input feeding, the attentional
 layer ``tanh(W_c [c; h])``).
@@ -18,14 +20,19 @@ import torch
 from torch import Tensor, nn
 
 
-def _mix(scores: Tensor, values: Tensor, mask: Tensor, squeeze: bool) -> tuple[Tensor, Tensor]:
-    """Masked softmax over source positions, then the weighted sum of ``values``."""
-    scores = scores.masked_fill(~mask.unsqueeze(1), float("-inf"))  # (B, T, S)
+def _grouped(query: Tensor, memory_rows: int) -> Tensor:
+    """Queries (B*g, Hq) or (B*g, T, Hq) -> (B, g*T, Hq): the queries of each memory row."""
+    return query.reshape(memory_rows, -1, query.size(-1))
+
+
+def _mix(scores: Tensor, values: Tensor, mask: Tensor, query_shape: torch.Size) -> tuple[Tensor, Tensor]:
+    """Masked softmax over source positions, then the weighted sum of ``values``; scores
+    (B, g*T, S) -> context and weights in the query's shape (``query_shape[:-1]``)."""
+    scores = scores.masked_fill(~mask.unsqueeze(1), float("-inf"))  # (B, g*T, S)
     weights = torch.softmax(scores, dim=-1)
-    context = torch.bmm(weights, values)  # (B, T, Hk)
-    if squeeze:
-        return context.squeeze(1), weights.squeeze(1)
-    return context, weights
+    context = torch.bmm(weights, values)  # (B, g*T, Hk)
+    rows = query_shape[:-1]
+    return context.reshape(*rows, -1), weights.reshape(*rows, -1)
 
 
 class _AdditiveScore(torch.autograd.Function):
@@ -84,9 +91,8 @@ class BahdanauAttention(nn.Module):
         return self.key_proj(values)  # (B, S, A)
 
     def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        squeeze = query.dim() == 2
-        query = query.unsqueeze(1) if squeeze else query  # (B, T, Hq)
-        return _mix(_additive(self.v, self.query_proj(query), keys), values, mask, squeeze)
+        grouped = _grouped(self.query_proj(query), keys.size(0))  # (B, g*T, A)
+        return _mix(_additive(self.v, grouped, keys), values, mask, query.shape)
 
 
 class LuongAttention(nn.Module):
@@ -115,10 +121,8 @@ class LuongAttention(nn.Module):
         return values if self.score == "dot" else self.key_proj(values)
 
     def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        squeeze = query.dim() == 2
-        query = query.unsqueeze(1) if squeeze else query  # (B, T, Hq)
         if self.score == "concat":
-            scores = _additive(self.v, self.query_proj(query), keys)
+            scores = _additive(self.v, _grouped(self.query_proj(query), keys.size(0)), keys)
         else:
-            scores = torch.bmm(query, keys.transpose(1, 2))  # (B, T, S)
-        return _mix(scores, values, mask, squeeze)
+            scores = torch.bmm(_grouped(query, keys.size(0)), keys.transpose(1, 2))  # (B, g*T, S)
+        return _mix(scores, values, mask, query.shape)

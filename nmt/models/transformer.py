@@ -98,11 +98,18 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """q (B, heads, T, d), k/v (B, heads, S, d) -> output (B, T, H), weights (B, heads, T, S) | None."""
+        """q (B, heads, T, d), k/v (B, heads, S, d) -> output (B, T, H), weights (B, heads, T, S) | None.
+
+        q may have g times the rows of k/v (cross-attention in beam search, which keeps one copy
+        of a sentence's keys/values for its g beams): rows i*g .. i*g + g - 1 attend to k/v row
+        i, their g*T queries in one matmul."""
         dropout = self.dropout if self.training else 0.0
-        # Eager path: for weights (SDPA returns none), and for one query on CPU (a decoding
-        # step), where torch's fused CPU kernel is 3-5x slower than two matmuls and a softmax.
-        if need_weights or (q.size(-2) == 1 and q.device.type == "cpu"):
+        shape = q.shape
+        if q.size(0) != k.size(0):
+            q = q.view(k.size(0), -1, *shape[1:]).transpose(1, 2).reshape(k.size(0), shape[1], -1, shape[3])  # (B, heads, g*T, d)
+        # Eager path: for weights (SDPA returns none), and for few queries on CPU (decoding
+        # steps), where torch's fused CPU kernel is 3-5x slower than two matmuls and a softmax.
+        if need_weights or q.shape != shape or (q.size(-2) == 1 and q.device.type == "cpu"):
             scores = (q / math.sqrt(q.size(-1))) @ k.transpose(-2, -1)
             if is_causal:
                 mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
@@ -113,7 +120,10 @@ class MultiHeadAttention(nn.Module):
         else:
             weights = None
             out = _sdpa(q, k, v, mask, dropout, is_causal)
-        out = out.transpose(1, 2).reshape(q.size(0), q.size(2), -1)  # (B, T, H)
+        if q.shape != shape:  # (B, heads, g*T, .) -> (B*g, heads, T, .)
+            out, weights = (None if x is None else x.view(k.size(0), shape[1], -1, shape[2], x.size(-1)).transpose(1, 2)
+                            .reshape(shape[0], shape[1], shape[2], -1) for x in (out, weights))
+        out = out.transpose(1, 2).reshape(shape[0], shape[2], -1)  # (B, T, H)
         return self.out_proj(out), weights
 
 
