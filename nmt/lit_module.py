@@ -116,7 +116,8 @@ class TranslationModule(L.LightningModule):
         if self._tick is not None:  # time since the previous step: one full step, data included
             self.log("train/tokens_per_sec", tokens / (now - self._tick))
             self.train_tokens += tokens
-            self.train_tgt_tokens += batch["num_tgt_tokens"]
+            if self.train_tgt_tokens is not None:
+                self.train_tgt_tokens += batch["num_tgt_tokens"]
             self.train_seconds += now - self._tick
         self._tick = now
         return loss
@@ -294,6 +295,8 @@ class TranslationModule(L.LightningModule):
         self.best_bleu = checkpoint.get("best_bleu", -math.inf)
         for name, value in checkpoint.get("counters", {}).items():
             setattr(self, name, value)
+        if "counters" in checkpoint and "train_tgt_tokens" not in checkpoint["counters"]:
+            self.train_tgt_tokens = None  # a checkpoint from before this counter: unknown
         rng = checkpoint.get("rng")
         if rng:
             random.setstate(rng["python"])

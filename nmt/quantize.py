@@ -4,7 +4,8 @@ AVX-512 VNNI CPU), as CTranslate2 and Marian decode on CPUs.
 
 Weights are quantized once, symmetrically per output channel; activations on the fly,
 symmetrically per row (token): ``x @ W^T ~ (s_x s_W) (q_x @ q_W^T)`` with ``q = round(127 x / max|x|)``.
-Embeddings, layer norms, attention's own matmuls and the LSTM cell stay in floating point.
+Embeddings, layer norms, attention's own matmuls, the LSTM cells and an LSTM encoder (one pass
+per sentence) stay in floating point.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
 
 class Int8Linear(nn.Module):
     """``x @ weight^T + bias`` with an int8 weight (out, in) and int8 activations; returns fp32.
-    Built from a float weight by ``from_weight``; inference only (no gradients)."""
+    Built from a float ``nn.Linear`` by ``from_linear``; inference only (no gradients)."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
         super().__init__()

@@ -180,7 +180,8 @@ def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: t
         "steps": trainer.global_step,
         "epochs": trainer.current_epoch,
         "train_tokens_per_sec": round(module.train_tokens * trainer.world_size / max(module.train_seconds, 1e-9), 1),
-        "train_tgt_tokens_per_sec": round(module.train_tgt_tokens * trainer.world_size / max(module.train_seconds, 1e-9), 1),
+        "train_tgt_tokens_per_sec": None if module.train_tgt_tokens is None else  # resumed from an older checkpoint
+        round(module.train_tgt_tokens * trainer.world_size / max(module.train_seconds, 1e-9), 1),
         "best_checkpoint": trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else None,
         "resumed_from": resumed_from,
         "stopped_by": stopped_by,

@@ -157,7 +157,8 @@ def model_max_src_len(run_config: dict[str, Any]) -> int:
 
 @hydra.main(config_path=CONF_DIR, config_name="translate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    gpu = torch.cuda.is_available() and str(cfg.precision) != "int8"  # int8 decodes on CPUs
+    device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if gpu else "cpu"))
     keep_freed_memory()
     loaded = load_checkpoint(cfg.ckpt, device=device)
     lines = read_lines(cfg.input, errors=cfg.errors)

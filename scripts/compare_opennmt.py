@@ -102,7 +102,7 @@ def onmt_speed(bin_dir: Path, config: Path, warmup: int, threads: int) -> float:
     rates = [(int(step), int(tgt)) for step, _, tgt in REPORT.findall(run.stderr + run.stdout) if int(step) > warmup]
     if not rates:
         raise RuntimeError(f"no report line after step {warmup} in the log of onmt_train -config {config}")
-    return statistics.harmonic_mean([tgt for _, tgt in rates])  # equal steps: tokens over total time
+    return statistics.harmonic_mean([tgt for _, tgt in rates])  # tokens over time, for windows of similar tokens
 
 
 def our_speed(model: str, steps: int, precision: str, data: str, out: Path, threads: int) -> float:

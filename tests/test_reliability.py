@@ -394,3 +394,15 @@ def test_translate_cli_on_odd_input(reference, tmp_path):
     out = result.stdout.split("\n")
     assert out[-1] == "" and len(out) - 1 == len(ODD_LINES) + 1
     assert "truncated 1 line(s)" in result.stderr and "replaced invalid UTF-8 on 1 line(s)" in result.stderr
+
+
+def test_a_checkpoint_without_the_target_token_counter_leaves_that_rate_unknown(cfg_train):
+    """Checkpoints written before ``train_tgt_tokens`` existed resume with it unknown (the
+    summary's ``train_tgt_tokens_per_sec`` is then null), not restarted from 0 against the whole
+    run's seconds."""
+    cfg = cfg_train()
+    module = nmt.train.build_module(cfg, nmt.train.build_model(cfg, 40, 40))
+    module.on_load_checkpoint({"counters": {"train_tokens": 100, "train_seconds": 2.0}})
+    assert module.train_tokens == 100 and module.train_tgt_tokens is None
+    module.on_load_checkpoint({"counters": {"train_tokens": 100, "train_tgt_tokens": 40, "train_seconds": 2.0}})
+    assert module.train_tgt_tokens == 40

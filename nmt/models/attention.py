@@ -22,6 +22,8 @@ from torch import Tensor, nn
 
 def _grouped(query: Tensor, memory_rows: int) -> Tensor:
     """Queries (B*g, Hq) or (B*g, T, Hq) -> (B, g*T, Hq): the queries of each memory row."""
+    if query.size(0) % memory_rows:
+        raise ValueError(f"{query.size(0)} query rows for {memory_rows} memory rows: not a multiple")
     return query.reshape(memory_rows, -1, query.size(-1))
 
 

@@ -12,7 +12,10 @@ which encoder or decoder it holds:
 
 ``memory`` and ``state`` are dicts of batch-first tensors (or None, or objects that are not
 dicts, lists or tuples, which ``select`` leaves as they are: an RNN decoder's step weights), so
-decoding reorders or repeats them with ``select`` alone.
+decoding reorders or repeats them with ``select`` alone. ``decode_step`` accepts a memory with
+1/g of ``prev``'s rows, rows i*g .. i*g + g - 1 reading memory row i: beam search keeps one
+copy of a sentence's memory for its g beams, and a decoder's attention scores their queries
+together.
 
 Encoders return ``{"enc_out": (B, S, H), "src_mask": (B, S)}`` and, if recurrent, the final
 states ``"final_h"``/``"final_c"`` (B, L, H). Decoders expose ``prepare_memory`` (precompute what

@@ -106,10 +106,14 @@ class MultiHeadAttention(nn.Module):
         dropout = self.dropout if self.training else 0.0
         shape = q.shape
         if q.size(0) != k.size(0):
+            if q.size(0) % k.size(0) or is_causal:
+                raise ValueError(f"grouped queries need a multiple of the {k.size(0)} key rows and no causal mask, "
+                                 f"got {q.size(0)} rows, is_causal={is_causal}")
             q = q.view(k.size(0), -1, *shape[1:]).transpose(1, 2).reshape(k.size(0), shape[1], -1, shape[3])  # (B, heads, g*T, d)
-        # Eager path: for weights (SDPA returns none), and for few queries on CPU (decoding
-        # steps), where torch's fused CPU kernel is 3-5x slower than two matmuls and a softmax.
-        if need_weights or q.shape != shape or (q.size(-2) == 1 and q.device.type == "cpu"):
+        # Eager path: for weights (SDPA returns none), and on CPU for a decoding step's queries
+        # (one, or a sentence's beams), where torch's fused CPU kernel is 3-5x slower than two
+        # matmuls and a softmax.
+        if need_weights or (q.device.type == "cpu" and (q.size(-2) == 1 or q.shape != shape)):
             scores = (q / math.sqrt(q.size(-1))) @ k.transpose(-2, -1)
             if is_causal:
                 mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
