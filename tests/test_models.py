@@ -55,6 +55,17 @@ def batch(lengths=(7, 5, 3), tgt_len=6, seed=0):
     return src, src != PAD, tgt_in
 
 
+def step_by_step(model, src, src_mask, tgt_in) -> torch.Tensor:
+    """Teacher-forced logits (B, T, V) from one ``decode_step`` per target position."""
+    memory = model.encode(src, src_mask)
+    state = model.init_state(memory)
+    steps = []
+    for t in range(tgt_in.size(1)):
+        logits, state, _ = model.decode_step(tgt_in[:, t], memory, state)
+        steps.append(logits)
+    return torch.stack(steps, 1)
+
+
 @pytest.mark.parametrize("mode", ["eval", "train"])
 @pytest.mark.parametrize("name", VARIANTS)
 def test_decode_step_equals_forward(name, mode):
@@ -64,13 +75,7 @@ def test_decode_step_equals_forward(name, mode):
     model = build(name).train(mode == "train")
     src, src_mask, tgt_in = batch()
     full = model(src, src_mask, tgt_in)
-    memory = model.encode(src, src_mask)
-    state = model.init_state(memory)
-    steps = []
-    for t in range(tgt_in.size(1)):
-        logits, state, _ = model.decode_step(tgt_in[:, t], memory, state)
-        steps.append(logits)
-    torch.testing.assert_close(torch.stack(steps, 1), full, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(step_by_step(model, src, src_mask, tgt_in), full, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("name", VARIANTS)

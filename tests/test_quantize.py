@@ -11,7 +11,7 @@ from torch import nn
 
 from nmt.models.rnn import RNNDecoder
 from nmt.quantize import Int8Linear, quantize_int8
-from tests.test_models import VARIANTS, batch, build
+from tests.test_models import VARIANTS, batch, build, step_by_step
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -43,16 +43,8 @@ def test_int8_decoding_steps_stay_close_to_float(name):
     if isinstance(q.decoder, RNNDecoder):  # its step matmuls too
         assert q.decoder.int8_weights is not None and model.decoder.int8_weights is None
     src, src_mask, tgt_in = batch()
-    logits = {}
     with torch.no_grad():
-        for key, m in (("float", model), ("int8", q)):
-            memory = m.encode(src, src_mask)
-            state = m.init_state(memory)
-            steps = []
-            for t in range(tgt_in.size(1)):
-                step, state, _ = m.decode_step(tgt_in[:, t], memory, state)
-                steps.append(step)
-            logits[key] = torch.stack(steps, 1)
+        logits = {key: step_by_step(m, src, src_mask, tgt_in) for key, m in (("float", model), ("int8", q))}
     assert relative_error(logits["int8"], logits["float"]) < 0.05
     assert not torch.equal(logits["int8"], logits["float"])
     with torch.no_grad():  # the teacher-forced pass too
