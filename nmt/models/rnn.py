@@ -57,9 +57,12 @@ def tanh(x: Tensor) -> Tensor:
 
 
 def affine(add: Tensor, x: Tensor, w: Any) -> Tensor:
-    """``add + x @ w`` for a (in, out) matrix ``w``, or an int8 one (``nmt.quantize.Int8Linear``
-    of the transposed matrix) once ``RNNDecoder.quantize_steps`` has run."""
-    return torch.addmm(add, x, w) if isinstance(w, Tensor) else w(x).add_(add)
+    """``add + x @ w`` for x (..., in) and a (in, out) matrix ``w``, or an int8 one
+    (``nmt.quantize.Int8Linear`` of the transposed matrix) once ``RNNDecoder.quantize_steps``
+    has run; ``add`` is a bias, or per row for a 2-D ``x``."""
+    if not isinstance(w, Tensor):
+        return w(x).add_(add)
+    return torch.addmm(add, x, w) if x.dim() == 2 else F.linear(x, w.t(), add)
 
 
 def lstm_cell(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
@@ -330,11 +333,7 @@ class RNNDecoder(nn.Module):
             context, attn = self._attend(h, memory)  # (B, T, Hk), (B, T, S)
             return self._output(h, context), attn
         weights = memory["weights"]
-        x_in = emb.transpose(0, 1)  # (T, B, E): the embedding projection of all steps at once
-        if isinstance(weights.emb, Tensor):
-            x_proj = F.linear(x_in, weights.emb.t(), weights.bias)  # (T, B, 4H)
-        else:  # int8
-            x_proj = weights.emb(x_in).add_(weights.bias)
+        x_proj = affine(weights.bias, emb.transpose(0, 1), weights.emb)  # (T, B, 4H), all steps at once
         state = {"h": list(state["h"].unbind(1)), "c": list(state["c"].unbind(1)), "feed": state.get("feed")}
         tops, contexts, attns = [], [], []
         for x_t in x_proj.unbind(0):  # unbind, not x_proj[t]: one backward node, no per-step zeros
