@@ -32,47 +32,52 @@ def _max_lengths(src_mask: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
     return (max_len_a * src_mask.sum(1).float() + max_len_b).long().clamp(min=1)  # (B,)
 
 
-CHUNK = 64  # beam search compares the maxima of chunks of this many logits before the logits
-LOG2E = 1.4426950408889634
+CHUNK = 64  # beam search compares the maxima of chunks of this many log-probs before the log-probs
 
 
-def _scores(logits: Tensor, vocab_size: int) -> tuple[Tensor, Tensor]:
-    """The logits of the real vocabulary in fp32, (rows, W) with W the vocabulary size rounded
-    up to a multiple of ``CHUNK`` (the extra columns -inf), and each row's log-normaliser
-    (rows,): log p = x - lse. PAD and BOS are never generated: -inf after normalising, so the
-    probabilities are those of a softmax over the whole vocabulary."""
+def _log_probs(logits: Tensor, vocab_size: int) -> Tensor:
+    """Log-probabilities over the real vocabulary in fp32, (rows, W) with W the vocabulary size
+    rounded up to a multiple of ``CHUNK`` (the extra columns -inf). PAD and BOS are never
+    generated: -inf after normalising, so the probabilities are those of a softmax over the
+    whole vocabulary.
+
+    fp32 logits that already have that shape are normalised in place (decoders return a fresh
+    tensor each step): a beam step's (rows, V) passes over memory cost as much as its output
+    matmul, so it makes no copy, and ``log_softmax``'s fused kernel reads each row twice where
+    max, subtract, exp and sum would take four passes."""
     rows = logits.shape[:-1]
     width = -(-vocab_size // CHUNK) * CHUNK
-    x = logits.new_empty((*rows, width), dtype=torch.float32)
-    x[..., :vocab_size] = logits[..., :vocab_size]
-    x[..., vocab_size:] = float("-inf")
-    top = x.amax(-1, keepdim=True)
-    # exp as exp2: 3x faster than torch's exp on CPUs
-    lse = top.squeeze(-1) + (x - top).mul_(LOG2E).exp2_().sum(-1).log_()
+    if logits.dtype == torch.float32 and logits.size(-1) == width == vocab_size and logits.is_contiguous():
+        x = logits
+    else:
+        x = logits.new_full((*rows, width), float("-inf"), dtype=torch.float32)
+        x[..., :vocab_size] = logits[..., :vocab_size]
+    if x.is_cpu:  # the CPU kernel's last pass is elementwise per row: safe in place
+        torch._log_softmax(x, -1, False, out=x)
+    else:
+        x = torch.log_softmax(x, -1)
     x[..., PAD] = float("-inf")
     x[..., BOS] = float("-inf")
-    return x, lse
+    return x
 
 
-def _top_candidates(x: Tensor, lse: Tensor, beam_scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """The ``k`` best continuations of each sentence's beams: scores beam_score + (x - lse)
-    (n, k) and their flat indices beam * W + token into (n, K * W); the same as a top-k over
-    all K * W scores, without sorting them: the k best lie in the k chunks of ``CHUNK`` logits
-    with the best maxima (a chunk holding one of them has a maximum at least that good, and at
-    most k - 1 candidates are better)."""
+def _top_candidates(x: Tensor, beam_scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The ``k`` best continuations of each sentence's beams: scores beam_score + log-prob
+    (n, k) and their flat indices beam * W + token into (n, K * W), for log-probs ``x``
+    (n * K, W); the same as a top-k over all K * W scores, without sorting them: the k best lie
+    in the k chunks of ``CHUNK`` log-probs with the best maxima (a chunk holding one of them has
+    a maximum at least that good, and at most k - 1 candidates are better)."""
     n, beams = beam_scores.shape
     width = x.size(-1)
-    lse = lse.view(n, beams)
     per_beam = width // CHUNK
     if beams * per_beam <= 2 * k:  # too few chunks to be worth it: score everything
-        cand = beam_scores.unsqueeze(-1) + (x.view(n, beams, width) - lse.unsqueeze(-1))
+        cand = beam_scores.unsqueeze(-1) + x.view(n, beams, width)
         return cand.view(n, -1).topk(k, dim=1)
     chunks = x.view(n, beams * per_beam, CHUNK)
-    chunk_best = beam_scores.unsqueeze(-1) + (chunks.amax(-1).view(n, beams, per_beam) - lse.unsqueeze(-1))
+    chunk_best = beam_scores.unsqueeze(-1) + chunks.amax(-1).view(n, beams, per_beam)
     best_chunks = chunk_best.view(n, -1).topk(k, dim=1).indices  # (n, k)
     values = chunks.gather(1, best_chunks.unsqueeze(-1).expand(n, k, CHUNK))  # (n, k, CHUNK)
-    beam = best_chunks // per_beam
-    values = beam_scores.gather(1, beam).unsqueeze(-1) + (values - lse.gather(1, beam).unsqueeze(-1))
+    values = values + beam_scores.gather(1, best_chunks // per_beam).unsqueeze(-1)
     top, pos = values.view(n, -1).topk(k, dim=1)
     return top, best_chunks.gather(1, pos // CHUNK) * CHUNK + pos % CHUNK
 
@@ -100,11 +105,11 @@ def greedy_search(
     for t in range(int(max_len.max())):
         logits, state, attn = model.decode_step(prev, memory, state, need_attn=need_attn)
         need_attn = need_attn and attn is not None  # models without attention give None
-        x, lse = _scores(logits, model.tgt_vocab_size)
+        x = _log_probs(logits, model.tgt_vocab_size)
         best, token = x.max(dim=-1)
         at_cap = t >= max_len - 1
         token = torch.where(at_cap & ~finished, torch.full_like(token, EOS), token)
-        best = torch.where(at_cap, x.gather(1, token.unsqueeze(1)).squeeze(1), best) - lse
+        best = torch.where(at_cap, x.gather(1, token.unsqueeze(1)).squeeze(1), best)
         scores += best.masked_fill(finished, 0.0)
         tokens.append(token.masked_fill(finished, PAD))
         if need_attn:
@@ -176,13 +181,13 @@ def beam_search(
         logits, state, attn = model.decode_step(prev, memory, state, need_attn=need_attn)
         if need_attn and attn is None:  # a model without attention
             need_attn, best_attn = False, None
-        x, lse = _scores(logits, model.tgt_vocab_size)  # (n*K, W), (n*K,)
+        x = _log_probs(logits, model.tgt_vocab_size)  # (n*K, W)
         width = x.size(-1)
         at_cap = t >= max_len - 1  # (n,)
         if bool(at_cap.any()):  # only EOS may follow at the length cap
             not_eos = torch.arange(width, device=device) != EOS
             x = x.masked_fill(at_cap.repeat_interleave(k).unsqueeze(1) & not_eos, float("-inf"))
-        top_scores, top_idx = _top_candidates(x, lse, beam_scores, 2 * k)  # (n, 2K)
+        top_scores, top_idx = _top_candidates(x, beam_scores, 2 * k)  # (n, 2K)
         origin = top_idx // width + offsets[:n]  # flat beam index (n, 2K)
         # a -inf candidate may point at a padding column; it never ends nor wins, but is fed back
         token = (top_idx % width).clamp_(max=model.tgt_vocab_size - 1)

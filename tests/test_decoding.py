@@ -123,35 +123,38 @@ def test_chunked_candidates_equal_a_top_k_over_every_score(vocab):
     K * W scores, also with beams at -inf (the first step: with 300 ids fewer finite chunks than
     candidates) and a sentence whose rows are masked to EOS."""
     from nmt.data.tokenizer import EOS
-    from nmt.decoding import _scores, _top_candidates
+    from nmt.decoding import _log_probs, _top_candidates
 
     gen = torch.Generator().manual_seed(vocab)
     n, k = 7, 5
     logits = torch.randn(n * k, vocab + 5, generator=gen) * 4
-    x, lse = _scores(logits, vocab)
+    x = _log_probs(logits, vocab)
     capped = x[3 * k : 4 * k]  # one sentence at its length cap: only EOS may follow
     capped.masked_fill_(torch.arange(x.size(1)) != EOS, float("-inf"))
     beam_scores = torch.randn(n, k, generator=gen) * 10
     beam_scores[0, 1:] = float("-inf")
-    top, idx = _top_candidates(x, lse, beam_scores, 2 * k)
-    full = (beam_scores.unsqueeze(-1) + (x - lse.unsqueeze(1)).view(n, k, -1)).view(n, -1)
+    top, idx = _top_candidates(x, beam_scores, 2 * k)
+    full = (beam_scores.unsqueeze(-1) + x.view(n, k, -1)).view(n, -1)
     ref_top, ref_idx = full.topk(2 * k, dim=1)
     torch.testing.assert_close(top, ref_top, atol=0, rtol=0)
     finite = ref_top > float("-inf")
     assert torch.equal(idx[finite], ref_idx[finite])
 
 
-def test_scores_are_log_softmax_over_the_real_vocabulary():
+@pytest.mark.parametrize("vocab, width, dtype", [(100, 104, torch.bfloat16), (128, 128, torch.float32), (128, 136, torch.float32)])
+def test_log_probs_are_a_log_softmax_over_the_real_vocabulary(vocab, width, dtype):
+    """Padded or not, bf16 or fp32 (normalised in place): a log-softmax over the first ``vocab``
+    logits, with PAD, BOS and the columns past the vocabulary at -inf."""
     from nmt.data.tokenizer import BOS, PAD
-    from nmt.decoding import _scores
+    from nmt.decoding import _log_probs
 
-    logits = torch.randn(4, 104, dtype=torch.bfloat16) * 5
-    x, lse = _scores(logits, 100)
-    assert x.shape == (4, 128) and torch.isinf(x[:, 100:]).all()
-    assert torch.isinf(x[:, PAD]).all() and torch.isinf(x[:, BOS]).all()
-    ref = torch.log_softmax(logits[:, :100].float(), dim=-1)
-    keep = [i for i in range(100) if i not in (PAD, BOS)]
-    torch.testing.assert_close((x - lse.unsqueeze(1))[:, keep], ref[:, keep], atol=1e-5, rtol=1e-5)
+    logits = torch.randn(4, width, dtype=dtype) * 5
+    ref = torch.log_softmax(logits[:, :vocab].float(), dim=-1)
+    x = _log_probs(logits, vocab)
+    assert x.shape == (4, -(-vocab // 64) * 64) and x.dtype == torch.float32
+    assert torch.isinf(x[:, vocab:]).all() and torch.isinf(x[:, PAD]).all() and torch.isinf(x[:, BOS]).all()
+    keep = [i for i in range(vocab) if i not in (PAD, BOS)]
+    torch.testing.assert_close(x[:, keep], ref[:, keep], atol=1e-5, rtol=1e-5)
 
 
 def test_large_vocabulary_beam_search_agrees_with_greedy_and_batching():

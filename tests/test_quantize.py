@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from nmt.models.rnn import RNNDecoder
+from nmt.models.rnn import RNNDecoder, RNNEncoder
 from nmt.quantize import Int8Linear, quantize_int8
 from tests.test_models import VARIANTS, batch, build, step_by_step
 
@@ -42,6 +42,8 @@ def test_int8_decoding_steps_stay_close_to_float(name):
     assert not [n for n, m in q.named_modules() if isinstance(m, nn.Linear) and m.out_features > 1]
     if isinstance(q.decoder, RNNDecoder):  # its step matmuls too
         assert q.decoder.int8_weights is not None and model.decoder.int8_weights is None
+    if isinstance(q.encoder, RNNEncoder):  # and an LSTM encoder's input projections
+        assert q.encoder.int8_inputs is not None and model.encoder.int8_inputs is None
     src, src_mask, tgt_in = batch()
     with torch.no_grad():
         logits = {key: step_by_step(m, src, src_mask, tgt_in) for key, m in (("float", model), ("int8", q))}

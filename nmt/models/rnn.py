@@ -48,8 +48,7 @@ def sum_biases(b_ih: Tensor, b_hh: Tensor) -> Tensor:
 def tanh(x: Tensor) -> Tensor:
     """``tanh x = 2 sigmoid(2x) - 1`` on CPUs, in at least fp32 (in bf16 the subtraction would
     cancel small values to 0): torch's CPU tanh is ~6x slower than its sigmoid. Used by the
-    attentional layer and the bridge; ``lstm_cell`` keeps ``torch.tanh`` (the extra ops measured
-    slower there), and so do GPUs."""
+    attentional layer, the bridge and, when decoding, ``lstm_cell``; GPUs keep ``torch.tanh``."""
     if not x.is_cpu:
         return torch.tanh(x)
     y = x.to(cell_dtype(x.dtype))
@@ -69,11 +68,14 @@ def lstm_cell(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
     """LSTM state update from pre-activations (..., 4H) in torch's gate order i, f, g, o. The
     cell ``c`` keeps its own (fp32) precision; ``h`` comes out in the gates' dtype, the one its
     consumers (the next step's matmuls, attention) compute in, so it is cast once, not by each.
-    (Gates cast to fp32 with the sigmoid-based ``tanh`` measured 5-15% slower per training step
-    at 2 threads, bf16: more, smaller ops.)"""
+
+    Without gradients (decoding) the two tanh are the sigmoid-based ``tanh``: the cell takes half
+    the time at a beam search's 500 rows. Training keeps ``torch.tanh``: with the backward pass
+    and the casts of bf16 gates, the extra ops measured 5-15% slower per step at 2 threads."""
     i, f, g, o = gates.chunk(4, dim=-1)
-    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-    return (torch.sigmoid(o) * torch.tanh(c)).to(gates.dtype), c
+    act = torch.tanh if torch.is_grad_enabled() else tanh
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * act(g)
+    return (torch.sigmoid(o) * act(c)).to(gates.dtype), c
 
 
 def cell_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -93,7 +95,8 @@ class RNNEncoder(nn.Module):
     direction starts at its last token); the input projections of all positions are one matmul
     per layer. This computes what ``nn.LSTM`` computes on packed sequences, without the packed
     path's per-step full-size gradient buffers. With gradient checkpointing each layer keeps only
-    its input and recomputes its steps in the backward pass.
+    its input and recomputes its steps in the backward pass. ``quantize_steps`` (inference) runs
+    those input projections in int8.
     """
 
     def __init__(
@@ -121,19 +124,35 @@ class RNNEncoder(nn.Module):
             bidirectional=bidirectional,
             batch_first=True,
         )
+        self.int8_inputs: list[Any] | None = None
+
+    def _input_weights(self, layer: int) -> tuple[Tensor, Tensor]:
+        """The layer's input weights of every direction stacked (D*4h, I) and the summed biases."""
+        suffixes = [f"_l{layer}", f"_l{layer}_reverse"][: self.num_directions]
+        weight = torch.cat([getattr(self.rnn, "weight_ih" + s) for s in suffixes])
+        bias_ih, bias_hh = (torch.cat([getattr(self.rnn, name + s) for s in suffixes]) for name in ("bias_ih", "bias_hh"))
+        return weight, sum_biases(bias_ih, bias_hh)
+
+    def quantize_steps(self) -> None:
+        """Project the inputs of every layer with int8 matmuls from now on (``nmt.quantize``;
+        inference only). The recurrence stays in floating point."""
+        from nmt.quantize import Int8Linear
+
+        self.int8_inputs = [Int8Linear(*self._input_weights(layer)) for layer in range(self.rnn.num_layers)]
 
     def _layer(self, x: Tensor, mask: Tensor, layer: int) -> tuple[Tensor, Tensor, Tensor]:
         """One layer, every direction: x (B, S, I), mask (S, D, B, 1) in each direction's time
         order -> outputs (B, S, D*h) (zero on padding), final h and c (B, D*h)."""
         suffixes = [f"_l{layer}", f"_l{layer}_reverse"][: self.num_directions]
-        params = {name: [getattr(self.rnn, name + s) for s in suffixes] for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
         batch, length, dirs = x.size(0), x.size(1), self.num_directions
-        bias = sum_biases(torch.cat(params["bias_ih"]), torch.cat(params["bias_hh"]))
-        x_proj = F.linear(x.transpose(0, 1), torch.cat(params["weight_ih"]), bias)  # (S, B, D*4h)
+        if self.int8_inputs is not None:
+            x_proj = self.int8_inputs[layer](x.transpose(0, 1))  # (S, B, D*4h)
+        else:
+            x_proj = F.linear(x.transpose(0, 1), *self._input_weights(layer))
         x_proj = x_proj.view(length, batch, dirs, -1).transpose(1, 2)  # (S, D, B, 4h)
         if dirs == 2:  # the backward direction reads the positions last to first
             x_proj = torch.stack([x_proj[:, 0], x_proj[:, 1].flip(0)], dim=1)
-        w_hh = in_autocast_dtype(torch.stack(params["weight_hh"]).transpose(1, 2))  # (D, h, 4h)
+        w_hh = in_autocast_dtype(torch.stack([getattr(self.rnn, "weight_hh" + s) for s in suffixes]).transpose(1, 2))  # (D, h, 4h)
         h = x.new_zeros(dirs, batch, w_hh.size(1), dtype=w_hh.dtype)  # (D, B, h), the matmuls' dtype
         c = x.new_zeros(dirs, batch, w_hh.size(1), dtype=cell_dtype(x.dtype))
         outputs = []
