@@ -41,14 +41,14 @@ def _log_probs(logits: Tensor, vocab_size: int) -> Tensor:
     generated: -inf after normalising, so the probabilities are those of a softmax over the
     whole vocabulary.
 
-    fp32 logits that already have that shape are normalised in place (decoders return a fresh
-    tensor each step): a beam step's (rows, V) passes over memory cost as much as its output
+    fp32 logits of that width are normalised in place (decoders return a fresh tensor each
+    step): a beam step's (rows, V) passes over memory cost as much as its output
     matmul, so it makes no copy, and ``log_softmax``'s fused kernel reads each row twice where
     max, subtract, exp and sum would take four passes."""
     rows = logits.shape[:-1]
     width = -(-vocab_size // CHUNK) * CHUNK
-    if logits.dtype == torch.float32 and logits.size(-1) == width == vocab_size and logits.is_contiguous():
-        x = logits
+    if logits.size(-1) == width == vocab_size:
+        x = logits.float().contiguous()  # the logits themselves when fp32 already
     else:
         x = logits.new_full((*rows, width), float("-inf"), dtype=torch.float32)
         x[..., :vocab_size] = logits[..., :vocab_size]

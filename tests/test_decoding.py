@@ -141,7 +141,7 @@ def test_chunked_candidates_equal_a_top_k_over_every_score(vocab):
     assert torch.equal(idx[finite], ref_idx[finite])
 
 
-@pytest.mark.parametrize("vocab, width, dtype", [(100, 104, torch.bfloat16), (128, 128, torch.float32), (128, 136, torch.float32)])
+@pytest.mark.parametrize("vocab, width, dtype", [(100, 104, torch.bfloat16), (128, 128, torch.bfloat16), (128, 128, torch.float32), (128, 136, torch.float32)])
 def test_log_probs_are_a_log_softmax_over_the_real_vocabulary(vocab, width, dtype):
     """Padded or not, bf16 or fp32 (normalised in place): a log-softmax over the first ``vocab``
     logits, with PAD, BOS and the columns past the vocabulary at -inf."""
