@@ -41,21 +41,23 @@ def _log_probs(logits: Tensor, vocab_size: int) -> Tensor:
     generated: -inf after normalising, so the probabilities are those of a softmax over the
     whole vocabulary.
 
-    fp32 logits of that width are normalised in place (decoders return a fresh tensor each
-    step): a beam step's (rows, V) passes over memory cost as much as its output
-    matmul, so it makes no copy, and ``log_softmax``'s fused kernel reads each row twice where
-    max, subtract, exp and sum would take four passes."""
+    A beam step's passes over its (rows, V) logits cost as much as its output matmul, so on a
+    CPU fp32 logits of that width are normalised in place (decoders return a fresh tensor each
+    step) and bf16 ones are converted inside the kernel: no copy, and ``log_softmax``'s fused
+    kernel reads each row twice where max, subtract, exp and sum would take four passes."""
     rows = logits.shape[:-1]
     width = -(-vocab_size // CHUNK) * CHUNK
-    if logits.size(-1) == width == vocab_size:
-        x = logits.float().contiguous()  # the logits themselves when fp32 already
-    else:
+    if logits.size(-1) != width or width != vocab_size:  # padded into a buffer, normalised there
         x = logits.new_full((*rows, width), float("-inf"), dtype=torch.float32)
         x[..., :vocab_size] = logits[..., :vocab_size]
-    if x.is_cpu:  # the CPU kernel's last pass is elementwise per row: safe in place
-        torch._log_softmax(x, -1, False, out=x)
+        in_place = x.is_cpu
     else:
-        x = torch.log_softmax(x, -1)
+        x = logits.contiguous()
+        in_place = x.is_cpu and x.dtype == torch.float32
+    if in_place:  # the CPU kernel's last pass is elementwise per row: safe in place
+        torch._log_softmax(x, -1, False, out=x)
+    else:  # bf16 logits: converted to fp32 inside the kernel
+        x = torch.log_softmax(x, -1, dtype=torch.float32)
     x[..., PAD] = float("-inf")
     x[..., BOS] = float("-inf")
     return x
