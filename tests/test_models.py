@@ -275,6 +275,23 @@ def test_fast_tanh_equals_torch_tanh_to_rounding(dtype):
     torch.testing.assert_close(grad.double(), exact, atol=2 * tol["atol"], rtol=2 * tol["rtol"])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lstm_cell_without_gradients_equals_the_training_cell(dtype):
+    """Decoding's LSTM cell (sigmoid-based tanh) gives the training cell's h and c to rounding,
+    h in the gates' dtype and c in fp32."""
+    from nmt.models.rnn import lstm_cell
+
+    gen = torch.Generator().manual_seed(0)
+    gates, c = (torch.randn(7, 4 * 16, generator=gen) * 3).to(dtype), torch.randn(7, 16, generator=gen)
+    h_train, c_train = lstm_cell(gates, c)
+    with torch.no_grad():
+        h_dec, c_dec = lstm_cell(gates, c)
+    assert h_dec.dtype == dtype and c_dec.dtype == torch.float32
+    tol = dict(atol=1e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(h_dec, h_train.detach(), **tol)
+    torch.testing.assert_close(c_dec, c_train.detach(), **tol)
+
+
 @pytest.mark.parametrize("kind", ["bahdanau", "general", "dot", "concat", "transformer"])
 @pytest.mark.parametrize("steps", [1, 3])
 def test_queries_grouped_over_shared_memory_equal_a_copy_per_query(kind, steps):
