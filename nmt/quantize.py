@@ -4,8 +4,8 @@ AVX-512 VNNI CPU), as CTranslate2 and Marian decode on CPUs.
 
 Weights are quantized once, symmetrically per output channel; activations on the fly,
 symmetrically per row (token): ``x @ W^T ~ (s_x s_W) (q_x @ q_W^T)`` with ``q = round(127 x / max|x|)``.
-Embeddings, layer norms, attention's own matmuls, the LSTM cells and an LSTM encoder (one pass
-per sentence) stay in floating point.
+An LSTM encoder's input projections are int8 too; embeddings, layer norms, attention's own
+matmuls, the LSTM cells and the encoder's recurrence stay in floating point.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ class Int8Linear(nn.Module):
 def quantize_int8(model: nn.Module) -> nn.Module:
     """Replace, in place, every ``nn.Linear`` of ``model`` by an ``Int8Linear`` (a shared weight,
     e.g. a tied output layer, is quantized per module) and let modules with their own matmuls
-    (``RNNDecoder``'s steps) quantize those; returns ``model``, set to eval mode."""
+    (``RNNDecoder``'s steps, ``RNNEncoder``'s input projections) quantize those; returns
+    ``model``, set to eval mode."""
     if any(p.device.type != "cpu" for p in model.parameters()):
         raise ValueError("precision=int8 decodes on CPUs only (torch._int_mm); on a GPU use precision=bf16")
     model.eval()
