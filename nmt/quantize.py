@@ -41,7 +41,10 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         codes, scale = quantize_rows(x.reshape(-1, self.in_features))
-        y = torch._int_mm(codes, self.weight_t).float().mul_(scale).mul_(self.weight_scale)
+        sums = torch._int_mm(codes, self.weight_t)  # int32
+        # fp32 in the int32 sums' own memory (both 4 bytes; an elementwise in-place conversion): a
+        # decoding step's output layer would otherwise write a fresh (rows, vocabulary) buffer
+        y = sums.view(torch.float32).copy_(sums).mul_(scale).mul_(self.weight_scale)
         if self.bias is not None:
             y.add_(self.bias)
         return y.view(*x.shape[:-1], self.out_features)

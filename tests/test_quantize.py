@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from nmt.models.rnn import RNNDecoder, RNNEncoder
-from nmt.quantize import Int8Linear, quantize_int8
+from nmt.quantize import Int8Linear, quantize_int8, quantize_rows
 from tests.test_models import VARIANTS, batch, build, step_by_step
 
 
@@ -32,6 +32,9 @@ def test_int8_linear_matches_the_float_layer():
     assert relative_error(y[..., 1:], ref[..., 1:]) < 0.02
     assert relative_error(y[..., 0], ref[..., 0]) < 0.02
     torch.testing.assert_close(y[1, 2], linear.bias.detach())  # zero in, bias out, exactly
+    codes, scale = quantize_rows(x.view(-1, 64))  # the int32 sums converted in place: exact
+    sums = torch._int_mm(codes, q.weight_t).float()
+    torch.testing.assert_close(y.view(-1, 48), sums * scale * q.weight_scale + q.bias, atol=0, rtol=0)
     assert not torch.equal(y, ref)  # it does compute in int8
 
 
