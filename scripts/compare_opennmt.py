@@ -47,7 +47,10 @@ ONMT_MODELS = {
                     "layers": 3, "heads": 4, "hidden_size": 256, "word_vec_size": 256, "transformer_ff": 1024,
                     "dropout": 0.1, "attention_dropout": 0.0, "share_decoder_embeddings": True,
                     "label_smoothing": 0.1, "adam_beta2": 0.98, "decay_method": "noam", "warmup_steps": 1000,
-                    "learning_rate": 2.0, "param_init": 0.0, "param_init_glorot": True},
+                    "learning_rate": 2.0, "param_init": 0.0, "param_init_glorot": True,
+                    # OpenNMT-py's Transformer recipe; with its default per-sentence loss
+                    # normalisation this model barely learned (BLEU 6.6 after 1,500 steps)
+                    "normalization": "tokens"},
 }
 REPORT = re.compile(r"Step (\d+)/.*?(\d+)/\s*(\d+) tok/s")
 
