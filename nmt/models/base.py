@@ -8,7 +8,8 @@ which encoder or decoder it holds:
 - ``forward(src, src_mask, tgt_in) -> logits (B, T, V)``: teacher forcing;
   ``features(...) -> (B, T, H)`` is the same before the output layer ``decoder.out``.
 - ``encode(src, src_mask) -> memory``; ``init_state(memory) -> state``;
-  ``decode_step(prev (B,), memory, state) -> (logits (B, V), state, attn (B, S) | None)``.
+  ``decode_step(prev (B,), memory, state) -> (logits (B, V), state, attn (B, S) | None)``;
+  the logits are the caller's: decoding normalises them in place.
 
 ``memory`` and ``state`` are dicts of batch-first tensors (or None, or objects that are not
 dicts, lists or tuples, which ``select`` leaves as they are: an RNN decoder's step weights), so
