@@ -157,10 +157,12 @@ def test_log_probs_are_a_log_softmax_over_the_real_vocabulary(vocab, width, dtyp
     torch.testing.assert_close(x[:, keep], ref[:, keep], atol=1e-5, rtol=1e-5)
 
 
-def test_large_vocabulary_beam_search_agrees_with_greedy_and_batching():
-    """With 600 target ids beam search takes the chunked candidate path: beam 1 still equals
-    greedy, and a batch decodes as its sentences do alone."""
-    model = build("transformer", vocab=600)
+@pytest.mark.parametrize("vocab", [600, 128])
+def test_large_vocabulary_beam_search_agrees_with_greedy_and_batching(vocab):
+    """With 600 target ids beam search takes the chunked candidate path (and 128, a multiple of
+    the chunk, normalises the logits in place): beam 1 still equals greedy, and a batch decodes
+    as its sentences do alone."""
+    model = build("transformer", vocab=vocab)
     src, src_mask, _ = batch(lengths=(8, 5, 2))
     assert_beam_one_is_greedy(model, src, src_mask)
     assert_batched_equals_alone(model, beam_search, src, src_mask)
@@ -250,4 +252,3 @@ def test_beam_search_with_the_key_value_cache_equals_rerunning_the_prefix():
     rerun = beam_search(_Rerun(model), src, src_mask, beam_size=4, max_len_a=1.0, max_len_b=3)
     assert cached.tokens == rerun.tokens
     torch.testing.assert_close(cached.scores, rerun.scores, atol=1e-4, rtol=1e-4)
-
