@@ -62,7 +62,7 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     if any(p.device.type != "cpu" for p in model.parameters()):
         raise ValueError("precision=int8 decodes on CPUs only (torch._int_mm); on a GPU use precision=bf16")
     model.eval()
-    for name, module in list(model.named_modules()):
+    for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear) and child.out_features > 1:  # not a vector (Bahdanau's v)
                 setattr(module, child_name, Int8Linear.from_linear(child))

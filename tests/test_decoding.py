@@ -3,6 +3,10 @@ search finds at least as good a hypothesis as greedy under the model."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -222,33 +226,15 @@ def test_best_possible_score_of_a_live_hypothesis():
     assert decoding._best_possible(score, 4, max_len, 0.0).item() == -3.0
 
 
-class _Rerun(torch.nn.Module):
-    """A Transformer whose decode_step re-runs the decoder over the whole prefix: no cache."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model, self.tgt_vocab_size = model, model.tgt_vocab_size
-
-    def encode(self, src, src_mask):
-        return self.model.encode(src, src_mask)
-
-    def init_state(self, memory):
-        return {"prefix": memory["src_mask"].new_zeros(memory["src_mask"].size(0), 0, dtype=torch.long)}
-
-    def decode_step(self, prev, memory, state, need_attn=False):
-        prefix = torch.cat([state["prefix"], prev.unsqueeze(1)], dim=1)
-        rows = prefix.size(0) // memory["src_mask"].size(0)  # beams share a sentence's memory
-        full = {k: v.repeat_interleave(rows, 0) if torch.is_tensor(v) else [tuple(t.repeat_interleave(rows, 0) for t in kv) for kv in v]
-                for k, v in memory.items()}
-        return self.model.decoder(prefix, full)[:, -1], {"prefix": prefix}, None
-
-
 def test_beam_search_with_the_key_value_cache_equals_rerunning_the_prefix():
     """Beams reorder the cache's rows and sentences leave the batch, and the search still finds
-    what re-running the decoder over the prefix finds."""
+    what re-running the decoder over the prefix finds (``scripts/benchmark.py``'s ``NoCache``)."""
+    spec = importlib.util.spec_from_file_location("benchmark", Path(__file__).resolve().parents[1] / "scripts" / "benchmark.py")
+    benchmark = sys.modules["benchmark"] = importlib.util.module_from_spec(spec)  # its dataclasses look it up
+    spec.loader.exec_module(benchmark)
     model = build("transformer")
     src, src_mask, _ = batch(lengths=(9, 4, 2, 6))
     cached = beam_search(model, src, src_mask, beam_size=4, max_len_a=1.0, max_len_b=3)
-    rerun = beam_search(_Rerun(model), src, src_mask, beam_size=4, max_len_a=1.0, max_len_b=3)
+    rerun = beam_search(benchmark.NoCache(model), src, src_mask, beam_size=4, max_len_a=1.0, max_len_b=3)
     assert cached.tokens == rerun.tokens
     torch.testing.assert_close(cached.scores, rerun.scores, atol=1e-4, rtol=1e-4)

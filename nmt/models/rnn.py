@@ -126,12 +126,14 @@ class RNNEncoder(nn.Module):
         )
         self.int8_inputs: list[Any] | None = None
 
+    def _params(self, name: str, layer: int) -> list[Tensor]:
+        """``self.rnn``'s parameter ``name`` (e.g. ``weight_ih``) of the layer, per direction."""
+        return [getattr(self.rnn, f"{name}_l{layer}{s}") for s in ("", "_reverse")[: self.num_directions]]
+
     def _input_weights(self, layer: int) -> tuple[Tensor, Tensor]:
         """The layer's input weights of every direction stacked (D*4h, I) and the summed biases."""
-        suffixes = [f"_l{layer}", f"_l{layer}_reverse"][: self.num_directions]
-        weight = torch.cat([getattr(self.rnn, "weight_ih" + s) for s in suffixes])
-        bias_ih, bias_hh = (torch.cat([getattr(self.rnn, name + s) for s in suffixes]) for name in ("bias_ih", "bias_hh"))
-        return weight, sum_biases(bias_ih, bias_hh)
+        bias_ih, bias_hh = (torch.cat(self._params(name, layer)) for name in ("bias_ih", "bias_hh"))
+        return torch.cat(self._params("weight_ih", layer)), sum_biases(bias_ih, bias_hh)
 
     def quantize_steps(self) -> None:
         """Project the inputs of every layer with int8 matmuls from now on (``nmt.quantize``;
@@ -143,7 +145,6 @@ class RNNEncoder(nn.Module):
     def _layer(self, x: Tensor, mask: Tensor, layer: int) -> tuple[Tensor, Tensor, Tensor]:
         """One layer, every direction: x (B, S, I), mask (S, D, B, 1) in each direction's time
         order -> outputs (B, S, D*h) (zero on padding), final h and c (B, D*h)."""
-        suffixes = [f"_l{layer}", f"_l{layer}_reverse"][: self.num_directions]
         batch, length, dirs = x.size(0), x.size(1), self.num_directions
         if self.int8_inputs is not None:
             x_proj = self.int8_inputs[layer](x.transpose(0, 1))  # (S, B, D*4h)
@@ -152,7 +153,7 @@ class RNNEncoder(nn.Module):
         x_proj = x_proj.view(length, batch, dirs, -1).transpose(1, 2)  # (S, D, B, 4h)
         if dirs == 2:  # the backward direction reads the positions last to first
             x_proj = torch.stack([x_proj[:, 0], x_proj[:, 1].flip(0)], dim=1)
-        w_hh = in_autocast_dtype(torch.stack([getattr(self.rnn, "weight_hh" + s) for s in suffixes]).transpose(1, 2))  # (D, h, 4h)
+        w_hh = in_autocast_dtype(torch.stack(self._params("weight_hh", layer)).transpose(1, 2))  # (D, h, 4h)
         h = x.new_zeros(dirs, batch, w_hh.size(1), dtype=w_hh.dtype)  # (D, B, h), the matmuls' dtype
         c = x.new_zeros(dirs, batch, w_hh.size(1), dtype=cell_dtype(x.dtype))
         outputs = []
