@@ -1,4 +1,4 @@
-"""python evaluate.py ckpts=[...] | data=<name> hyps={name: file}  (see conf/evaluate.yaml)"""
+"""python evaluate.py ckpts=[...] | data=<name> hyps={name: file}  (see nmt/conf/evaluate.yaml)"""
 
 from nmt.evaluate import main
 

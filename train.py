@@ -1,4 +1,4 @@
-"""python train.py model=transformer  (see conf/train.yaml)"""
+"""python train.py model=transformer  (see nmt/conf/train.yaml)"""
 
 from nmt.train import main
 

@@ -1,4 +1,4 @@
-"""python translate.py ckpt=<run>/checkpoints/last.ckpt < in.txt > out.txt  (see conf/translate.yaml)"""
+"""python translate.py ckpt=<run>/checkpoints/last.ckpt < in.txt > out.txt  (see nmt/conf/translate.yaml)"""
 
 from nmt.translate import main
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-# The Hydra config tree (conf/ beside the package in a source checkout or editable install).
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+# The Hydra config tree, shipped inside the package (nmt/conf/).
+CONF_DIR = str(Path(__file__).resolve().parent / "conf")
 
 
 def gpu_precision() -> str:

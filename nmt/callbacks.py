@@ -1,43 +1,45 @@
-"""Callbacks of our own; the rest of ``conf/callbacks/`` are Lightning's."""
+"""Callbacks of our own; the rest of ``nmt/conf/callbacks/`` are Lightning's."""
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as L
-import torch
 from lightning_fabric.plugins import TorchCheckpointIO
-from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.callbacks import Callback, EMAWeightAveraging
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from nmt.checkpoint import nonfinite
+from nmt.checkpoint import atomic_save, nonfinite
 
 log = logging.getLogger(__name__)
 
 
-class PreemptionCheckpoint(Callback):
-    """Save ``<dirpath>/<filename>.ckpt`` when the job is told to end, then let training stop.
+class LastCheckpoint(Callback):
+    """Save ``<dirpath>/<filename>.ckpt`` with the final weights whenever training ends, so the
+    weights a run tests and reports are the ones on disk.
 
-    SIGTERM: Lightning's handler sets ``trainer.received_sigterm`` and its loops raise
-    ``SIGTERMException`` at the next safe point (after the running training batch, and after the
-    validation that is due then; or after the running validation batch); this callback saves in
-    ``on_exception``, so the checkpoint holds the state after that batch, data position included.
-    ``signals`` (default SIGUSR1, SIGUSR2: SLURM's ``--signal``, submitit) take the same path,
-    unless another handler already owns them (Lightning's SLURM auto-requeue handles SIGUSR1).
-    ``signal`` holds the signal that stopped training, for ``train()`` to report and exit with.
+    A normal end (``max_time``, ``max_steps``, ``max_epochs``, early stopping) saves in
+    ``on_train_end``, before testing starts. SIGTERM: Lightning's handler sets
+    ``trainer.received_sigterm`` and its loops raise ``SIGTERMException`` at the next safe point
+    (after the running training batch, and after the validation that is due then; or after the
+    running validation batch); this callback saves in ``on_exception``, so the checkpoint holds the
+    state after that batch, data position included. ``signals`` (default SIGUSR1, SIGUSR2: SLURM's
+    ``--signal``, submitit) take the same path, unless another handler already owns them
+    (Lightning's SLURM auto-requeue handles SIGUSR1). ``signal`` holds the signal that stopped
+    training, for ``train()`` to report and exit with; ``path``/``step`` what was saved last.
+    Place it before a weight-averaging callback, whose ``on_train_end`` replaces the weights.
     """
 
     def __init__(self, dirpath: str, filename: str = "last", signals: Sequence[str] = ("SIGUSR1", "SIGUSR2")) -> None:
         self.path = Path(dirpath) / f"{filename}.ckpt"
         self.signals = [getattr(signal, name) for name in signals]
         self.signal: int | None = None
+        self.step: int | None = None  # the global step of the checkpoint saved at the end
         self._previous: dict[int, Any] = {}
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -61,24 +63,86 @@ class PreemptionCheckpoint(Callback):
         self._previous = {}
 
     def _save(self, trainer: L.Trainer) -> None:
-        self.signal = self.signal or signal.SIGTERM
         trainer.save_checkpoint(self.path)
+        self.step = trainer.global_step
+
+    def _save_stopped(self, trainer: L.Trainer) -> None:
+        self.signal = self.signal or signal.SIGTERM
+        self._save(trainer)
         log.warning("stopped by %s at step %d (epoch %d); saved %s; resume with ckpt_path=%s",
                     signal.Signals(self.signal).name, trainer.global_step, trainer.current_epoch, self.path, self.path)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._restore_handlers()
         if isinstance(exception, SIGTERMException) and trainer.state.fn == "fit":
-            self._save(trainer)
+            self._save_stopped(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """A signal during the last batch ends the fit normally: still save, and report it."""
+        """Also a signal during the last batch ends the fit normally: save, and report it."""
         self._restore_handlers()
         if trainer.received_sigterm:
+            self._save_stopped(trainer)
+        else:
             self._save(trainer)
+            log.info("training ended at step %d (epoch %d); final weights in %s",
+                     trainer.global_step, trainer.current_epoch, self.path)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._restore_handlers()
+
+
+class RecentCheckpoints(Callback):
+    """Every ``every_n_train_steps`` optimizer steps save the weights (no optimizer state) as
+    ``<dirpath>/step<step>.ckpt`` and keep the newest ``keep`` of them: what ``nmt-average last=N``
+    averages."""
+
+    def __init__(self, dirpath: str, every_n_train_steps: int = 200, keep: int = 5) -> None:
+        if every_n_train_steps < 1 or keep < 1:
+            raise ValueError(f"RecentCheckpoints: every_n_train_steps={every_n_train_steps} and keep={keep} "
+                             "must be at least 1")
+        self.dirpath, self.every, self.keep = Path(dirpath), every_n_train_steps, keep
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        step = trainer.global_step
+        path = self.dirpath / f"step{step:06d}.ckpt"
+        if step == 0 or step % self.every or path.exists():
+            return
+        trainer.save_checkpoint(path, weights_only=True)
+        if trainer.is_global_zero:
+            for old in sorted(self.dirpath.glob("step*.ckpt"))[: -self.keep]:
+                old.unlink()
+
+
+class EMA(EMAWeightAveraging):
+    """An exponential moving average of the weights (``callbacks=[default,ema]``): Lightning's
+    ``EMAWeightAveraging``, which validates with the averaged weights, saves them as a
+    checkpoint's ``state_dict`` (the raw weights as ``current_model_state``) and ends training
+    with them. Two changes: checkpoints saved after training ended (the final ``last.ckpt``) keep
+    the raw weights as ``current_model_state``, so a resumed run goes on training those, not
+    the average; and testing or validating a checkpoint outside ``fit`` keeps its averaged
+    weights (Lightning's callback would load the raw ones)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._raw_final: dict[str, Any] | None = None
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._raw_final = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+        super().on_train_end(trainer, pl_module)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        if self._raw_final is not None and "current_model_state" in checkpoint:
+            checkpoint["current_model_state"] = self._raw_final
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        if trainer.state.fn == "fit":
+            super().on_load_checkpoint(trainer, pl_module, checkpoint)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._raw_final = None
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -95,15 +159,4 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             )
         if "://" in str(path):  # remote storage: Lightning's fsspec writer
             return super().save_checkpoint(checkpoint, path, storage_options)
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_save(checkpoint, path)

@@ -1,10 +1,25 @@
-"""Checkpoints: rebuild the model from the config saved in the checkpoint, check that the weights
-fit it (for translation and for resuming training), restore the SentencePiece models saved beside
-them, and write checkpoint files atomically, never with non-finite weights."""
+"""Checkpoints: read them safely, rebuild the model from the config saved in the checkpoint, check
+that the weights fit it (for translation and for resuming training), and restore the
+SentencePiece models saved beside them.
+
+Every file is read with ``torch.load(weights_only=True)``: tensors and plain containers only, so
+opening a checkpoint never runs code stored in it. A checkpoint holds (``FORMAT`` 2):
+``state_dict`` (the module's weights, ``model.`` prefixed), ``run_config`` (the resolved run config
+as plain dicts and lists), ``tokenizers`` (the SentencePiece models as bytes), ``global_step``,
+``nmt_format`` and ``kind``: ``training`` (written by ``train.py``: optimizer, loops, callbacks and
+RNG states too; resumable) or ``release`` (``nmt-export format=release`` and ``nmt-average``:
+weights, config and vocabularies only; for translating and evaluating). Checkpoints written before
+format 2 hold pickled Python objects: they load only with ``allow_pickle=True``, for files you
+trust, since unpickling runs whatever code the file names.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+import pickle
+import tempfile
+import re
 import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -20,6 +35,13 @@ from nmt.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
+FORMAT = 2  # checkpoint["nmt_format"] this version writes and reads (1: before weights-only loading)
+KINDS = ("training", "release")
+
+
+class CheckpointError(ValueError):
+    """A file that cannot be used as a checkpoint; the message names the file and what it is."""
+
 
 @dataclass
 class Loaded:
@@ -27,6 +49,55 @@ class Loaded:
     src_vocab: Tokenizer
     tgt_vocab: Tokenizer
     run_config: dict[str, Any]
+    step: int | None = None  # the global step of the weights
+
+
+def _refused_global(error: Exception) -> str:
+    found = re.search(r"GLOBAL ([\w.]+)", str(error))
+    return f"it names {found.group(1)}" if found else str(error).strip().splitlines()[0]
+
+
+def read_checkpoint(path: str | Path, allow_pickle: bool = False, what: str = "ckpt") -> dict[str, Any]:
+    """The checkpoint dict of ``path``, read with ``weights_only=True`` (memory-mapped), or a
+    one-line ``CheckpointError`` naming the file and what it is: not a checkpoint, truncated, of a
+    newer format, or holding pickled objects (older checkpoints: only with ``allow_pickle=True``,
+    for trusted files). ``what`` names the config key that gave the path."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what}={path}: no such file (give <run>/checkpoints/<file>.ckpt)")
+    with path.open("rb") as f:
+        head = f.read(4)
+    if not zipfile.is_zipfile(path):
+        if head == b"PK\x03\x04":
+            raise CheckpointError(f"{path}: truncated or corrupt checkpoint (the zip archive has no end); "
+                                  "copy it again or use another checkpoint")
+        raise CheckpointError(f"{path}: not a checkpoint (not a torch.save archive); give a .ckpt written by "
+                              "nmt's train.py, nmt-average or nmt-export")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=not allow_pickle, mmap=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"{path}: refused, the file holds pickled Python objects ({_refused_global(e)}), which could run "
+            "code when loaded; nmt checkpoints before format 2 do. Only if you trust the file: set "
+            "allow_pickle=true (convert it once with nmt-export ckpt=... format=release allow_pickle=true)"
+        ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
+        raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({str(e).strip().splitlines()[0]})") from None
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise CheckpointError(f"{path}: a torch file, but not a checkpoint (no state_dict); give a .ckpt written by "
+                              "nmt's train.py, nmt-average or nmt-export")
+    version = checkpoint.get("nmt_format", 1)
+    if not isinstance(version, int) or version > FORMAT:
+        raise CheckpointError(f"{path}: checkpoint format {version} of a newer nmt (this version reads up to "
+                              f"{FORMAT}); upgrade nmt to use it")
+    if "run_config" not in checkpoint or "tokenizers" not in checkpoint:
+        raise CheckpointError(f"{path}: no saved run config/tokenizers: it was not written by nmt")
+    return checkpoint
+
+
+def checkpoint_kind(checkpoint: dict[str, Any]) -> str:
+    """``training`` (resumable) or ``release`` (weights, config and vocabularies only)."""
+    return checkpoint.get("kind", "training")
 
 
 def tokenizer_protos(src_vocab: Tokenizer, tgt_vocab: Tokenizer) -> dict[str, bytes]:
@@ -71,15 +142,12 @@ def model_state(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
     return {k[len("model."):]: v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
 
 
-def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", model_config: dict | None = None) -> Loaded:
-    """Model (in eval mode), tokenizers and run config of a checkpoint written by ``train.py``.
+def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", model_config: dict | None = None,
+                    allow_pickle: bool = False) -> Loaded:
+    """Model (in eval mode), tokenizers and run config of a training or release checkpoint.
     ``model_config`` replaces the saved model config (it must fit the weights)."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path} (set ckpt=<run>/checkpoints/<file>.ckpt)")
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    if "run_config" not in checkpoint or "tokenizers" not in checkpoint:
-        raise ValueError(f"{path} has no saved run config/tokenizers: it was not written by nmt's train.py")
+    checkpoint = read_checkpoint(path, allow_pickle)
     run_config = checkpoint["run_config"]
     model_cfg = OmegaConf.create(model_config if model_config is not None else run_config["model"])
     model = instantiate(model_cfg)
@@ -88,8 +156,9 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", model_
     model.load_state_dict(state)
     model.to(device).eval()
     protos = checkpoint["tokenizers"]
-    log.info("loaded %s (step %s)", path, checkpoint.get("global_step"))
-    return Loaded(model, tokenizer_from_proto(protos["src"], "src"), tokenizer_from_proto(protos["tgt"], "tgt"), run_config)
+    log.info("loaded %s (%s, step %s)", path, checkpoint_kind(checkpoint), checkpoint.get("global_step"))
+    return Loaded(model, tokenizer_from_proto(protos["src"], "src"), tokenizer_from_proto(protos["tgt"], "tgt"), run_config,
+                  checkpoint.get("global_step"))
 
 
 def saved_vocabularies(path: str | Path) -> tuple[Tokenizer, Tokenizer]:
@@ -101,11 +170,14 @@ def saved_vocabularies(path: str | Path) -> tuple[Tokenizer, Tokenizer]:
         raise FileNotFoundError(f"data.vocab_from={path}: no such file (give a checkpoint written by "
                                 "train.py or a SentencePiece .model file)")
     if zipfile.is_zipfile(path):  # torch.save's format
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-        protos = checkpoint.get("tokenizers") if isinstance(checkpoint, dict) else None
-        if not protos or not {"src", "tgt"} <= set(protos):
+        try:
+            checkpoint = read_checkpoint(path, what="data.vocab_from")
+        except CheckpointError as e:
+            raise CheckpointError(f"data.vocab_from={e}") from None
+        protos = checkpoint["tokenizers"]
+        if not {"src", "tgt"} <= set(protos):
             raise ValueError(f"data.vocab_from={path}: the checkpoint has no saved tokenizers "
-                             "(it was not written by nmt's train.py)")
+                             "(it was not written by nmt)")
         src = tokenizer_from_proto(protos["src"], "src")
         return src, src if protos["tgt"] == protos["src"] else tokenizer_from_proto(protos["tgt"], "tgt")
     try:
@@ -132,11 +204,19 @@ def vocab_pieces(sp: spm.SentencePieceProcessor) -> list[str]:
     return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
 
 
-def check_resume(path: str | Path, model: torch.nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer) -> None:
-    """Before resuming training from ``path``: its SentencePiece vocabularies must be the ones of
-    the configured data and its weights must fit ``model``, else a ValueError names what differs
-    (the vocabulary first: another vocabulary also changes the embedding shapes)."""
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+def check_resume(path: str | Path, model: torch.nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer,
+                 allow_pickle: bool = False) -> None:
+    """Before resuming training from ``path``: it must be a training checkpoint, its SentencePiece
+    vocabularies must be the ones of the configured data and its weights must fit ``model``, else
+    a ValueError names what differs (the vocabulary first: another vocabulary also changes the
+    embedding shapes)."""
+    checkpoint = read_checkpoint(path, allow_pickle, what="ckpt_path")
+    if checkpoint_kind(checkpoint) != "training" or "optimizer_states" not in checkpoint:
+        raise CheckpointError(
+            f"ckpt_path={path}: a {checkpoint_kind(checkpoint)} file saved with weights only (no optimizer "
+            "or training state) cannot resume training; resume from the run's checkpoints/last.ckpt, or "
+            "translate/evaluate with this file"
+        )
     for side, vocab in (("src", src_vocab), ("tgt", tgt_vocab)):
         proto = checkpoint.get("tokenizers", {}).get(side)
         if proto is None:
@@ -150,3 +230,43 @@ def check_resume(path: str | Path, model: torch.nn.Module, src_vocab: Tokenizer,
                 f"or set data.vocab_from={path} to continue on other data with its vocabulary"
             )
     check_weights(model, model_state(checkpoint), str(path))
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """``torch.save`` to a temporary file in the target folder, flushed to disk, then renamed over
+    ``path``: a crash while saving leaves the previous file intact and no half-written one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def model_weights(checkpoint: dict[str, Any], weights: str = "stored") -> dict[str, torch.Tensor]:
+    """The module weights (``model.`` prefixed) of a checkpoint: ``stored`` (its ``state_dict``:
+    the averaged weights of a run with ``callbacks.ema``) or ``raw`` (the weights being trained,
+    ``current_model_state``, which only an EMA run saves besides)."""
+    if weights == "stored":
+        return checkpoint["state_dict"]
+    if weights == "raw":
+        return checkpoint.get("current_model_state", checkpoint["state_dict"])
+    raise ValueError(f"weights={weights!r}: choose stored or raw")
+
+
+def release(checkpoint: dict[str, Any], source: str | Path, weights: str = "stored", **extra: Any) -> dict[str, Any]:
+    """A release checkpoint: the Seq2Seq weights, run config and vocabularies of ``checkpoint``,
+    without optimizer, loop, callback or RNG state (loadable by translate and evaluate)."""
+    state = {k: v for k, v in model_weights(checkpoint, weights).items() if k.startswith("model.")}
+    return {
+        "nmt_format": FORMAT, "kind": "release", "state_dict": state,
+        "run_config": checkpoint["run_config"], "tokenizers": checkpoint["tokenizers"],
+        "global_step": checkpoint.get("global_step"), "epoch": checkpoint.get("epoch"),
+        "monitor": checkpoint.get("monitor"), "source": {"path": str(source), "weights": weights}, **extra,
+    }

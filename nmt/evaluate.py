@@ -71,7 +71,7 @@ def main(cfg: DictConfig) -> None:
     if not ckpts and not hyp_files:
         raise ValueError("nothing to evaluate: set ckpts=[<file>.ckpt, ...] and/or hyps={name: file, ...}")
     data_cfg = cfg.get("data")
-    loaded = [load_checkpoint(p, device) for p in ckpts]
+    loaded = [load_checkpoint(p, device, allow_pickle=cfg.allow_pickle) for p in ckpts]
     if data_cfg is None:
         if not loaded:
             raise ValueError("hypothesis files need a test split: set data=<name> (e.g. data=europarl_it_en)")

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from nmt.checkpoint import nonfinite
+from nmt.checkpoint import FORMAT, nonfinite
 from nmt.data.tokenizer import PAD
 from nmt.loss import output_cross_entropy
 from nmt.length_report import DEFAULT_EDGES, length_report, markdown_table, write_report
@@ -73,7 +73,9 @@ class TranslationModule(L.LightningModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["model"], logger=False)
+        length_buckets = [int(edge) for edge in length_buckets]  # a plain list, not Hydra's ListConfig
+        # Plain values only: checkpoints load with weights_only=True (the partials are rebuilt from the run config).
+        self.save_hyperparameters(ignore=["model", "optimizer", "scheduler", "val_decoding", "test_decoding"], logger=False)
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -92,6 +94,7 @@ class TranslationModule(L.LightningModule):
         # Set by train(): saved in every checkpoint so translation needs nothing else.
         self.run_config: dict[str, Any] | None = None
         self.tokenizer_protos: dict[str, bytes] | None = None
+        self.loaded_step: int | None = None  # global step of the checkpoint loaded last (resume, test)
 
     # --- training -------------------------------------------------------------------------
     def loss(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
@@ -274,15 +277,28 @@ class TranslationModule(L.LightningModule):
         unit = getattr(self.trainer.datamodule, "src_words", "words")
         report = length_report(results["sources"], results["hyps"], results["refs"], self.hparams.length_buckets,
                                unit=unit, tokenize=self.hparams.sacrebleu_tokenize)
+        report["checkpoint"] = self.tested_checkpoint()
         paths = write_report(report, out_dir, name=self.hparams.report_name or type(self.model.decoder).__name__)
         log.info("BLEU by source length -> %s\n%s", paths["md"], markdown_table({"test": report}))
 
+    def tested_checkpoint(self) -> dict[str, Any]:
+        """The checkpoint file the test decoded with, and its step (in-memory weights: no file)."""
+        path = self.trainer.ckpt_path
+        return {"path": str(path) if path else None, "step": self.loaded_step if path else self.global_step}
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Everything added here is a tensor or a plain container (weights-only loading)."""
+        checkpoint["nmt_format"] = FORMAT
+        checkpoint["kind"] = "training"
         checkpoint["best_bleu"] = self.best_bleu
+        bleu = self.trainer.callback_metrics.get(self.hparams.monitor) if self._trainer is not None else None
+        checkpoint["monitor"] = {"name": self.hparams.monitor, "value": None if bleu is None else float(bleu)}
         checkpoint["counters"] = {name: getattr(self, name) for name in self.COUNTERS}
+        numpy_state = np.random.get_state(legacy=False)
+        numpy_state["state"]["key"] = torch.from_numpy(numpy_state["state"]["key"].astype(np.int64))
         checkpoint["rng"] = {
             "python": random.getstate(),
-            "numpy": np.random.get_state(),
+            "numpy": numpy_state,
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
         }
@@ -297,10 +313,15 @@ class TranslationModule(L.LightningModule):
             setattr(self, name, value)
         if "counters" in checkpoint and "train_tgt_tokens" not in checkpoint["counters"]:
             self.train_tgt_tokens = None  # a checkpoint from before this counter: unknown
+        self.loaded_step = checkpoint.get("global_step")
         rng = checkpoint.get("rng")
         if rng:
             random.setstate(rng["python"])
-            np.random.set_state(rng["numpy"])
+            numpy_state = rng["numpy"]
+            if isinstance(numpy_state, dict):  # format 2: the key as an int64 tensor
+                numpy_state = {**numpy_state, "state": {**numpy_state["state"],
+                                                         "key": numpy_state["state"]["key"].numpy().astype(np.uint32)}}
+            np.random.set_state(numpy_state)
             torch.set_rng_state(rng["torch"])
             if rng["cuda"] is not None and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
                 torch.cuda.set_rng_state_all(rng["cuda"])

@@ -1,18 +1,22 @@
-"""Train a model from the Hydra config in ``conf/train.yaml``: ``python train.py model=transformer``.
+"""Train a model from the Hydra config in ``nmt/conf/train.yaml``: ``python train.py model=transformer``.
 
 ``train(cfg)`` builds the data module, the model (its vocabulary sizes read from the trained
 SentencePiece models), the ``TranslationModule``, callbacks, loggers and the Trainer; fits; then
 tests the best checkpoint. It returns the final metrics, which a sweeper optimises.
 
+``checkpoints/last.ckpt`` holds the final weights whatever ended training, before the test runs;
+``summary.json`` and the test report name the checkpoint file and step they scored.
 ``ckpt_path=<run>/checkpoints/last.ckpt`` (or ``ckpt_path=latest``: the newest ``last.ckpt`` of
 ``<paths.log_dir>/<task_name>/runs/*``) resumes: weights, optimizer, scheduler, step, epoch, data
 position, RNG state and the module's counters; a checkpoint that does not fit the configured model
-or vocabulary is refused before training starts. Checkpoints are written atomically. A run stopped
-by SIGTERM (or SLURM's SIGUSR1/SIGUSR2) saves ``last.ckpt`` and exits with status 128 + signal.
+or vocabulary is refused before training starts. Checkpoints are written atomically and read with
+``weights_only=True`` (``allow_pickle=true`` reads trusted checkpoints of older versions). A run
+stopped by SIGTERM (or SLURM's SIGUSR1/SIGUSR2) saves ``last.ckpt`` and exits with status 128 + signal.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
@@ -33,7 +37,7 @@ from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from nmt import CONF_DIR
-from nmt.callbacks import AtomicCheckpointIO, PreemptionCheckpoint
+from nmt.callbacks import AtomicCheckpointIO, LastCheckpoint
 from nmt.checkpoint import check_resume, tokenizer_protos
 from nmt.malloc import keep_freed_memory
 
@@ -68,6 +72,21 @@ def _instantiate_group(group: DictConfig | None) -> list[Any]:
     return [instantiate(node) for node in group.values() if isinstance(node, DictConfig) and "_target_" in node]
 
 
+# Loggers whose packages are extras: logger class -> (importable modules, extra).
+LOGGER_EXTRAS = {"WandbLogger": (("wandb",), "wandb"), "TensorBoardLogger": (("tensorboard", "tensorboardX"), "tensorboard")}
+
+
+def check_logger_packages(group: DictConfig | None) -> None:
+    """An ImportError naming the extra to install for a chosen logger whose package is missing."""
+    for name, node in (group or {}).items():
+        if not isinstance(node, DictConfig) or "_target_" not in node:
+            continue
+        modules, extra = LOGGER_EXTRAS.get(str(node._target_).rsplit(".", 1)[-1], ((), ""))
+        if modules and not any(importlib.util.find_spec(m) for m in modules):
+            raise ImportError(f"logger {name} ({node._target_}) needs the {modules[0]} package: "
+                              f"pip install 'nmt[{extra}]' (or choose logger=csv)")
+
+
 def resolve_ckpt_path(cfg: DictConfig) -> str | None:
     """``cfg.ckpt_path``, with ``latest`` replaced by the newest ``last.ckpt`` of this task's runs."""
     path = cfg.get("ckpt_path")
@@ -85,17 +104,18 @@ def resolve_ckpt_path(cfg: DictConfig) -> str | None:
     return path
 
 
-def test_checkpoint(cfg: DictConfig, trainer: L.Trainer, ckpt_path: str | None) -> str | None:
+def test_checkpoint(cfg: DictConfig, trainer: L.Trainer, ckpt_path: str | None, last: str | None) -> str | None:
     """What the test split is decoded with: the given checkpoint when not training, else the best
-    checkpoint by val/bleu (``test_ckpt: best``) or the final weights (``test_ckpt: last``)."""
+    checkpoint by val/bleu (``test_ckpt: best``) or the final weights (``test_ckpt: last``), read
+    back from ``last`` (the file ``LastCheckpoint`` wrote) when there is one."""
     if not cfg.get("train", True):
         return ckpt_path
     if cfg.get("test_ckpt", "best") == "last":
-        return None
+        return last
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     if not best:
         log.warning("no best checkpoint was saved; testing the final weights")
-    return best or None
+    return best or last
 
 
 def count_parameters(model: torch.nn.Module) -> int:
@@ -110,14 +130,16 @@ def train(cfg: DictConfig) -> dict[str, float]:
     datamodule = instantiate(cfg.data)
     datamodule.setup("fit")
     model = build_model(cfg, datamodule.src_vocab.vocab_size, datamodule.tgt_vocab.vocab_size)
+    allow_pickle = bool(cfg.get("allow_pickle", False))
     if ckpt_path:
-        check_resume(ckpt_path, model, datamodule.src_vocab, datamodule.tgt_vocab)
+        check_resume(ckpt_path, model, datamodule.src_vocab, datamodule.tgt_vocab, allow_pickle)
     module = build_module(cfg, model)
     module.run_config = OmegaConf.to_container(cfg, resolve=True)
     module.tokenizer_protos = tokenizer_protos(datamodule.src_vocab, datamodule.tgt_vocab)
     log.info("model %s: %s parameters", cfg.model._target_, f"{count_parameters(model):,}")
 
     callbacks = _instantiate_group(cfg.get("callbacks"))
+    check_logger_packages(cfg.get("logger"))
     loggers = _instantiate_group(cfg.get("logger"))
     plugins = [*(instantiate(cfg.trainer.get("plugins")) or []), AtomicCheckpointIO()]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=plugins)
@@ -128,10 +150,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     stopped_by = None
     if cfg.get("train", True):
         try:
-            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
+            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=not allow_pickle)
         except SIGTERMException:
             stopped_by = signal.SIGTERM
-        preemption = [cb.signal for cb in callbacks if isinstance(cb, PreemptionCheckpoint) and cb.signal]
+        preemption = [cb.signal for cb in callbacks if isinstance(cb, LastCheckpoint) and cb.signal]
         if preemption or trainer.received_sigterm:
             stopped_by = preemption[0] if preemption else signal.SIGTERM
     fit_seconds = time.perf_counter() - start
@@ -143,13 +165,18 @@ def train(cfg: DictConfig) -> dict[str, float]:
                           resumed_from=ckpt_path, stopped_by=signal.Signals(stopped_by).name)
         raise SystemExit(128 + stopped_by)
 
+    tested = None
     if cfg.get("test", False):
-        trainer.test(module, datamodule=datamodule, ckpt_path=test_checkpoint(cfg, trainer, ckpt_path), weights_only=False)
+        last = next((str(cb.path) for cb in callbacks if isinstance(cb, LastCheckpoint) and cb.step is not None), None)
+        trainer.test(module, datamodule=datamodule, ckpt_path=test_checkpoint(cfg, trainer, ckpt_path, last),
+                     weights_only=not allow_pickle)
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
+        tested = module.tested_checkpoint()
+        log.info("tested %s (step %s)", tested["path"] or "the in-memory weights", tested["step"])
     log.info("metrics: %s", {k: round(v, 4) for k, v in sorted(metrics.items())})
     if trainer.is_global_zero:
         write_summary(cfg, module, metrics, (fit_seconds, train_seconds), count_parameters(model), trainer,
-                      resumed_from=ckpt_path)
+                      resumed_from=ckpt_path, tested=tested)
     if any(type(logger).__name__ == "WandbLogger" for logger in loggers):
         import wandb
 
@@ -165,7 +192,8 @@ def train_wall_seconds(trainer: L.Trainer, fit_seconds: float) -> float:
 
 
 def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: tuple[float, float], params: int, trainer,
-                  resumed_from: str | None = None, stopped_by: str | None = None) -> None:
+                  resumed_from: str | None = None, stopped_by: str | None = None,
+                  tested: dict[str, Any] | None = None) -> None:
     """``<run>/summary.json``: what a study or sweep table needs from a run; ``seconds``: this
     call's ``fit`` time and the run's training time (``train_wall_seconds``)."""
     fit_seconds, train_seconds = seconds
@@ -183,6 +211,7 @@ def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: t
         "train_tgt_tokens_per_sec": None if module.train_tgt_tokens is None else  # resumed from an older checkpoint
         round(module.train_tgt_tokens * trainer.world_size / max(module.train_seconds, 1e-9), 1),
         "best_checkpoint": trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else None,
+        "tested_checkpoint": tested,  # {"path", "step"} the test metrics were scored with
         "resumed_from": resumed_from,
         "stopped_by": stopped_by,
         "skipped_steps": module.skipped_steps,

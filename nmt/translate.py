@@ -1,5 +1,5 @@
 """Translate text with a trained checkpoint: ``python translate.py ckpt=<run>/checkpoints/last.ckpt
-< in.txt > out.txt`` (or ``input=in.txt output=out.txt``; see ``conf/translate.yaml``).
+< in.txt > out.txt`` (or ``input=in.txt output=out.txt``; see ``nmt/conf/translate.yaml``).
 
 A checkpoint carries its run's resolved config and SentencePiece models, so nothing else is
 needed. Exactly one output line is written per input line: empty input lines stay empty, over-long
@@ -160,7 +160,7 @@ def main(cfg: DictConfig) -> None:
     gpu = torch.cuda.is_available() and str(cfg.precision) != "int8"  # int8 decodes on CPUs
     device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if gpu else "cpu"))
     keep_freed_memory()
-    loaded = load_checkpoint(cfg.ckpt, device=device)
+    loaded = load_checkpoint(cfg.ckpt, device=device, allow_pickle=cfg.allow_pickle)
     lines = read_lines(cfg.input, errors=cfg.errors)
     search = instantiate(cfg.decoding)
     max_src_len = model_max_src_len(loaded.run_config)

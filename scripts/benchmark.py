@@ -1,4 +1,4 @@
-"""Training and decoding speed of the model presets, from ``conf/benchmark.yaml``.
+"""Training and decoding speed of the model presets, from ``nmt/conf/benchmark.yaml``.
 
     python scripts/benchmark.py [data=multi30k] [models=[lstm_luong,transformer]] [threads=2]
 
@@ -335,7 +335,7 @@ def main(cfg: DictConfig) -> None:
         result = {"model": preset, "params": count_parameters(model), "train": train, "decoding": []}
         log.info("%s: %s", preset, {k: round(v, 3) for k, v in train.items()})
 
-        beam = train_cfg.test_decoding  # lengths and alpha of conf/decoding/beam.yaml
+        beam = train_cfg.test_decoding  # lengths and alpha of nmt/conf/decoding/beam.yaml
         limits = {"max_len_a": beam.max_len_a, "max_len_b": beam.max_len_b}
         for bs in cfg.decoding.batch_sizes:
             for k in cfg.decoding.beam_sizes:

@@ -2,7 +2,7 @@
 
     python scripts/benchmark_checkpointing.py [--model transformer] [--length 200] [--batch 32]
 
-Builds a model preset from ``conf/model`` (tied to a vocabulary of ``--vocab``), runs
+Builds a model preset from ``nmt/conf/model`` (tied to a vocabulary of ``--vocab``), runs
 forward+backward on random batches of long sentences, and reports per setting:
 
 - activation memory: bytes of the tensors autograd keeps for the backward pass, counted with

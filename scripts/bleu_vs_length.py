@@ -6,7 +6,7 @@
 
 1. trains the four models with the same budget: ``train.py -m experiment=bleu_vs_length
    model=lstm,lstm_bahdanau,lstm_luong,transformer`` (``--experiment`` picks another
-   ``conf/experiment`` file) plus any overrides given here;
+   ``nmt/conf/experiment`` file) plus any overrides given here;
 2. collects each run's test report (beam search, BLEU by source-length bucket) into one
    comparison table and plot, with parameters, training tokens/s and wall time per model;
 3. draws attention heatmaps of the longest test sentences for each attention model.
@@ -126,7 +126,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--collect", type=Path, help="only collect an existing multirun folder")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated model presets")
-    parser.add_argument("--experiment", default="bleu_vs_length", help="conf/experiment file of the study")
+    parser.add_argument("--experiment", default="bleu_vs_length", help="nmt/conf/experiment file of the study")
     parser.add_argument("--heatmaps", type=int, default=3, help="long test sentences to plot per attention model")
     parser.add_argument("--out", type=Path, default=None, help="multirun folder (default outputs/bleu_vs_length/<time>)")
     parser.add_argument("--then", default=None, metavar="OVERRIDES",

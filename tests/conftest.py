@@ -15,7 +15,7 @@ from omegaconf import DictConfig, open_dict
 import nmt  # noqa: F401  registers the config resolvers (pad_to, gpu_precision) the configs use
 
 ROOT = Path(__file__).resolve().parents[1]
-CONF_DIR = ROOT / "conf"
+CONF_DIR = ROOT / "nmt" / "conf"
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
 # Tiny models gain nothing from intra-op threads, and spinning OpenMP threads slow everything

@@ -28,7 +28,7 @@ def tiny(cache_dir: Path, **kwargs) -> TranslationDataModule:
 
 
 def compose_data(name: str, tmp_path: Path, *overrides: str):
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(str(ROOT / "nmt" / "conf"), version_base="1.3"):
         return compose("stats", overrides=[f"data={name}", f"paths.root_dir={ROOT}",
                                            f"paths.cache_dir={tmp_path}", f"paths.data_dir={tmp_path}",
                                            *overrides])
@@ -223,7 +223,7 @@ def test_lightning_epochs_and_mid_epoch_resume(tmp_path):
     assert len(head) == 3 and head + tail == epochs[0]  # nothing repeated, nothing skipped
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "conf" / "data").glob("*.yaml")))
+@pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "nmt" / "conf" / "data").glob("*.yaml")))
 def test_data_configs_instantiate(name, tmp_path):
     extra = ["data.source.path=/corpora/x", "data.src_lang=de", "data.tgt_lang=en"] if name == "files" else []
     cfg = compose_data(name, tmp_path, *extra)

@@ -69,7 +69,7 @@ def wait_for_step(ckpt: Path, proc: subprocess.Popen, step: int, timeout: float 
     """Until ``ckpt`` holds at least ``step`` steps (it is replaced atomically, so always readable)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if ckpt.is_file() and torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"] >= step:
+        if ckpt.is_file() and torch.load(ckpt, map_location="cpu", weights_only=True)["global_step"] >= step:
             return
         assert proc.poll() is None, f"training ended (status {proc.returncode}) before step {step}"
         time.sleep(0.05)
@@ -77,7 +77,7 @@ def wait_for_step(ckpt: Path, proc: subprocess.Popen, step: int, timeout: float 
 
 
 def load(path: Path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def assert_same_weights(path_a: Path, path_b: Path) -> None:

@@ -43,7 +43,7 @@ def test_train_checkpoint_test_translate(cfg_train, model):
 
     # The checkpoint alone rebuilds the model; it translates as the in-memory model does.
     loaded = load_checkpoint(ckpt)
-    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
     assert torch.equal(state["model.decoder.out.weight"], loaded.model.decoder.out.weight)
     lines = (ROOT / "tests/data/tiny/test.src").read_text().splitlines()[:8]
     search = lambda m, s, sm, **kw: beam_search(m, s, sm, beam_size=3, **kw)  # noqa: E731

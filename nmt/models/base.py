@@ -1,7 +1,7 @@
 """The one model interface every encoder/decoder pair is used through.
 
-A ``Seq2Seq`` holds an encoder and a decoder (chosen separately in ``conf/model/encoder`` and
-``conf/model/decoder``) and, when the decoder needs an initial state the encoder does not give
+A ``Seq2Seq`` holds an encoder and a decoder (chosen separately in ``nmt/conf/model/encoder`` and
+``nmt/conf/model/decoder``) and, when the decoder needs an initial state the encoder does not give
 (an LSTM decoder after a Transformer encoder), a bridge. Nothing outside this file needs to know
 which encoder or decoder it holds:
 
@@ -70,7 +70,7 @@ class Seq2Seq(nn.Module):
     """Encoder + decoder (+ bridge), with optional embedding tying.
 
     Args:
-        encoder, decoder: built from ``conf/model/encoder`` and ``conf/model/decoder``.
+        encoder, decoder: built from ``nmt/conf/model/encoder`` and ``nmt/conf/model/decoder``.
         tie_embeddings: share the decoder's input embedding with its output projection
             (Press & Wolf 2017).
         share_src_tgt_embeddings: also share the encoder's embedding (needs a joint vocabulary).

@@ -1,0 +1,118 @@
+"""Average the weights of several checkpoints of one run into a release file (Vaswani et al. 2017
+averaged the last 5 or 20 checkpoints; fairseq, Marian and OpenNMT-py have the same tool):
+
+    nmt-average run=<run folder> last=5          # the 5 checkpoints with the highest steps
+    nmt-average run=<run folder> best=3          # the 3 with the best validation score
+    nmt-average ckpts=[a.ckpt,b.ckpt] out=avg.ckpt
+
+The candidates of ``run=`` are every ``.ckpt`` under ``<run>/checkpoints/`` (top-k by val/bleu,
+``last.ckpt``, and ``recent/`` when the run kept them with ``callbacks=[default,recent_checkpoints]``),
+one per step. ``weights=raw`` (default) averages the weights being trained, also in a run with
+``callbacks.ema`` (whose checkpoints store the moving average). Floating-point weights are averaged in fp64; integer buffers come from the newest
+checkpoint. The output (default ``<run>/checkpoints/average_{last,best}<N>.ckpt``) is a release file
+for ``translate.py`` and ``evaluate.py``; the checkpoints must share the model config and vocabularies.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+from omegaconf import DictConfig
+
+from nmt import CONF_DIR
+from nmt.checkpoint import CheckpointError, atomic_save, model_weights, read_checkpoint, release
+
+log = logging.getLogger(__name__)
+
+
+def candidates(run: Path, allow_pickle: bool = False) -> list[tuple[Path, dict[str, Any]]]:
+    """The run's checkpoints, one per global step (the first found of equal steps), by step."""
+    folder = run / "checkpoints"
+    if not folder.is_dir():
+        raise FileNotFoundError(f"run={run}: no checkpoints/ folder (give the run's output folder)")
+    by_step: dict[int, tuple[Path, dict[str, Any]]] = {}
+    for path in sorted(folder.rglob("*.ckpt")):
+        checkpoint = read_checkpoint(path, allow_pickle, what="run")
+        if checkpoint.get("kind") == "release":  # an earlier average or export
+            continue
+        by_step.setdefault(int(checkpoint["global_step"]), (path, checkpoint))
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def select(found: list[tuple[Path, dict[str, Any]]], last: int | None, best: int | None) -> list[tuple[Path, dict[str, Any]]]:
+    """The ``last`` highest steps or the ``best`` validation scores (``monitor`` saved in each)."""
+    if (last is None) == (best is None):
+        raise ValueError("give exactly one of last=N or best=N")
+    n = last if last is not None else best
+    if n < 1:
+        raise ValueError(f"{'last' if last is not None else 'best'}={n}: must be at least 1")
+    if last is not None:
+        chosen = found[-last:]
+    else:
+        scored = [(p, c) for p, c in found if (c.get("monitor") or {}).get("value") is not None]
+        chosen = sorted(scored, key=lambda pc: pc[1]["monitor"]["value"], reverse=True)[:best]
+    if len(chosen) < n:
+        raise ValueError(f"asked for {n} checkpoints but only {len(chosen)} qualify "
+                         f"({len(found)} found, one per step{'; with a validation score' if best else ''}): "
+                         "keep more with callbacks=[default,recent_checkpoints] or ask for fewer")
+    return sorted(chosen, key=lambda pc: pc[1]["global_step"])
+
+
+def average(checkpoints: list[tuple[Path, dict[str, Any]]], weights: str = "raw") -> dict[str, torch.Tensor]:
+    """The mean of the checkpoints' model weights (fp64 sums, cast back); all must have the same
+    model config, vocabularies and weight names/shapes, else a ValueError names the file."""
+    first_path, first = checkpoints[0]
+    states = [model_weights(c, weights) for _, c in checkpoints]
+    for (path, c), state in zip(checkpoints[1:], states[1:]):
+        if c["run_config"].get("model") != first["run_config"].get("model") or c["tokenizers"] != first["tokenizers"]:
+            raise ValueError(f"{path}: another model config or vocabulary than {first_path}; average checkpoints of one run")
+        if {k: v.shape for k, v in state.items()} != {k: v.shape for k, v in states[0].items()}:
+            raise ValueError(f"{path}: its weights differ in names or shapes from {first_path}")
+    averaged = {}
+    for name, newest in states[-1].items():
+        if newest.is_floating_point():
+            total = sum(s[name].double() for s in states)
+            averaged[name] = (total / len(states)).to(newest.dtype)
+        else:
+            averaged[name] = newest.clone()
+    return averaged
+
+
+def run_average(cfg: DictConfig) -> Path:
+    if cfg.get("ckpts"):
+        paths = [Path(p) for p in cfg.ckpts]
+        chosen = [(p, read_checkpoint(p, cfg.allow_pickle, what="ckpts")) for p in paths]
+        chosen.sort(key=lambda pc: pc[1].get("global_step") or 0)
+        default_out = None
+    elif cfg.get("run"):
+        chosen = select(candidates(Path(cfg.run), cfg.allow_pickle), cfg.get("last"), cfg.get("best"))
+        default_out = Path(cfg.run) / "checkpoints" / (f"average_last{cfg.last}.ckpt" if cfg.get("last") else
+                                                       f"average_best{cfg.best}.ckpt")
+    else:
+        raise ValueError("nothing to average: set run=<run folder> with last=N or best=N, or ckpts=[a.ckpt,b.ckpt]")
+    out = Path(cfg.out) if cfg.get("out") else default_out
+    if out is None:
+        raise ValueError("ckpts=[...]: set out=<file> for the averaged checkpoint")
+    if len(chosen) < 2:
+        raise CheckpointError("averaging needs at least two checkpoints")
+    state = average(chosen, cfg.weights)
+    newest_path, newest = chosen[-1]
+    result = release(newest, newest_path, cfg.weights,
+                     averaged_from=[{"path": str(p), "step": c.get("global_step")} for p, c in chosen])
+    result["state_dict"] = state
+    atomic_save(result, out)
+    log.info("averaged %d checkpoints (steps %s) -> %s", len(chosen), [c.get("global_step") for _, c in chosen], out)
+    return out
+
+
+@hydra.main(config_path=CONF_DIR, config_name="average", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    run_average(cfg)
+
+
+if __name__ == "__main__":
+    main()

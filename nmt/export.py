@@ -1,0 +1,66 @@
+"""Export a checkpoint for deployment: ``nmt-export ckpt=<file> format=release|ctranslate2 out=<path>``.
+
+``release``: one file with the weights, run config and vocabularies, without optimizer, loop,
+callback or RNG state; ``translate.py`` and ``evaluate.py`` load it like a checkpoint (resuming
+from it is refused). ``ctranslate2``: a CTranslate2 model folder (Transformers only; see
+``nmt.export_ctranslate2``). Both are written under a temporary name and renamed when complete,
+so a failed export leaves nothing behind. ``weights=raw`` exports the weights being trained
+instead of their moving average (runs with ``callbacks.ema``).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from nmt import CONF_DIR
+from nmt.checkpoint import atomic_save, checkpoint_kind, load_checkpoint, model_weights, read_checkpoint, release
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("release", "ctranslate2")
+
+
+def export_release(ckpt: str | Path, out: str | Path, weights: str = "stored", allow_pickle: bool = False) -> Path:
+    """Write the release file of ``ckpt`` to ``out``; logs both sizes."""
+    ckpt, out = Path(ckpt), Path(out)
+    checkpoint = read_checkpoint(ckpt, allow_pickle)
+    model_weights(checkpoint, weights)  # the choice is valid
+    atomic_save(release(checkpoint, ckpt, weights), out)
+    log.info("release file %s: %.1f MB (the %s checkpoint: %.1f MB)", out, out.stat().st_size / 1e6,
+             checkpoint_kind(checkpoint), ckpt.stat().st_size / 1e6)
+    return out
+
+
+def export(cfg: DictConfig) -> Path:
+    if cfg.format not in FORMATS:
+        raise ValueError(f"format={cfg.format}: choose one of {', '.join(FORMATS)}")
+    if not cfg.get("out"):
+        raise ValueError("out=???: give the file (format=release) or folder (format=ctranslate2) to write")
+    if cfg.format == "release":
+        return export_release(cfg.ckpt, cfg.out, cfg.weights, cfg.allow_pickle)
+    if cfg.weights != "stored":
+        raise ValueError("weights=raw: export a release file with weights=raw first, then convert that file")
+    try:
+        from nmt.export_ctranslate2 import to_ctranslate2
+    except ModuleNotFoundError as e:
+        if e.name != "ctranslate2":
+            raise
+        raise ImportError("format=ctranslate2 needs the ctranslate2 package: pip install 'nmt[export]'") from None
+    loaded = load_checkpoint(cfg.ckpt, allow_pickle=cfg.allow_pickle)
+    out = to_ctranslate2(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, cfg.out,
+                         quantization=cfg.get("quantization"))
+    log.info("CTranslate2 model -> %s", out)
+    return out
+
+
+@hydra.main(config_path=CONF_DIR, config_name="export", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    export(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,244 @@
+"""Checkpoint files: the final weights are on disk whatever stops training, they load without
+unpickling code, bad files get a one-line error, release files, averaging and EMA."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import nmt.train
+from nmt.average import average, run_average, select
+from nmt.checkpoint import CheckpointError, load_checkpoint, read_checkpoint
+from nmt.decoding import greedy_search
+from nmt.export import export_release
+from nmt.train import check_logger_packages, train
+from nmt.translate import translate_lines
+from tests.conftest import ROOT, compose_train
+
+# Transformer, tiny; a budget of a few seconds stops it in the middle of an epoch, far from the
+# every-200-steps checkpoint, with no validation (test_ckpt=last: the final weights are tested).
+BUDGET = ["trainer.max_epochs=-1", "trainer.max_time=00:00:00:06", "trainer.val_check_interval=null",
+          "trainer.check_val_every_n_epoch=100000", "test_ckpt=last", "test_decoding.beam_size=3",
+          "callbacks.model_checkpoint=null"]
+
+
+@pytest.fixture(scope="module")
+def budget_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("budget")
+    cfg = compose_train(tmp_path, BUDGET, model="transformer")
+    train(cfg)
+    return tmp_path, Path(cfg.paths.output_dir)
+
+
+def test_a_run_stopped_by_its_time_budget_saves_and_tests_its_final_weights(budget_run):
+    tmp_path, run = budget_run
+    summary = json.loads((run / "summary.json").read_text())
+    last = run / "checkpoints" / "last.ckpt"
+    assert summary["steps"] % 200 != 0  # stopped between two step checkpoints
+    assert summary["tested_checkpoint"] == {"path": str(last), "step": summary["steps"]}
+    assert read_checkpoint(last)["global_step"] == summary["steps"]
+    assert json.loads((run / "bleu_by_length.json").read_text())["checkpoint"] == summary["tested_checkpoint"]
+
+    # translate.py on last.ckpt writes exactly the test hypotheses of the run.
+    sources = run / "test_sources.txt"
+    result = subprocess.run(
+        [sys.executable, "translate.py", f"ckpt={last}", f"input={sources}", "decoding.beam_size=3",
+         f"hydra.run.dir={tmp_path / 'tr'}"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout == (run / "test_hyps.txt").read_text(encoding="utf-8")
+
+
+def test_checkpoints_load_with_weights_only(budget_run):
+    _, run = budget_run
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert checkpoint["nmt_format"] == 2 and checkpoint["kind"] == "training"
+    assert isinstance(checkpoint["run_config"], dict) and isinstance(checkpoint["tokenizers"]["src"], bytes)
+
+
+class Payload:
+    """Unpickling this runs a shell command that creates ``marker``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_checkpoint_whose_pickle_would_run_code_is_refused_and_nothing_runs(budget_run, tmp_path):
+    _, run = budget_run
+    checkpoint = read_checkpoint(run / "checkpoints" / "last.ckpt")
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.ckpt"
+    torch.save({**checkpoint, "payload": Payload(marker)}, evil)
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(evil)
+    message = str(error.value)
+    assert "\n" not in message and str(evil) in message and "refused" in message
+    assert "system" in message and "allow_pickle=true" in message
+    result = subprocess.run([sys.executable, "translate.py", f"ckpt={evil}", f"hydra.run.dir={tmp_path / 'tr'}"],
+                            input="a b c\n", capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode != 0 and "refused" in result.stderr
+    assert not marker.exists()
+
+
+def test_an_older_pickled_checkpoint_loads_only_with_allow_pickle(budget_run, tmp_path):
+    _, run = budget_run
+    checkpoint = read_checkpoint(run / "checkpoints" / "last.ckpt")
+    old = tmp_path / "old.ckpt"
+    saved = {k: v for k, v in checkpoint.items() if k not in ("nmt_format", "kind")}
+    torch.save({**saved, "hyper_parameters": {"optimizer": functools.partial(max)}}, old)  # as format 1 did
+    with pytest.raises(CheckpointError, match="allow_pickle=true"):
+        load_checkpoint(old)
+    loaded = load_checkpoint(old, allow_pickle=True)
+    assert loaded.step == checkpoint["global_step"]
+
+
+def truncated(src: Path, dst: Path) -> Path:
+    dst.write_bytes(src.read_bytes()[: src.stat().st_size // 2])
+    return dst
+
+
+@pytest.mark.parametrize("make, error", [
+    (lambda run, tmp: (tmp / "notes.txt").write_text("not a model") and tmp / "notes.txt", "not a checkpoint"),
+    (lambda run, tmp: truncated(run / "checkpoints" / "last.ckpt", tmp / "half.ckpt"), "truncated or corrupt"),
+    (lambda run, tmp: torch.save(torch.zeros(3), tmp / "t.pt") or tmp / "t.pt", "not a checkpoint (no state_dict)"),
+    (lambda run, tmp: torch.save({**read_checkpoint(run / "checkpoints" / "last.ckpt"), "nmt_format": 9},
+                                 tmp / "new.ckpt") or tmp / "new.ckpt", "checkpoint format 9 of a newer nmt"),
+], ids=["text", "truncated", "tensor", "newer"])
+def test_bad_checkpoint_files_get_a_one_line_error_naming_them(budget_run, tmp_path, make, error):
+    _, run = budget_run
+    path = make(run, tmp_path)
+    with pytest.raises(CheckpointError) as raised:
+        load_checkpoint(path)
+    assert error in str(raised.value) and str(path) in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_release_file_translates_like_its_checkpoint_and_cannot_resume(budget_run, tmp_path):
+    _, run = budget_run
+    last = run / "checkpoints" / "last.ckpt"
+    out = export_release(last, tmp_path / "model.release.ckpt")
+    released = torch.load(out, map_location="cpu", weights_only=True)
+    assert released["kind"] == "release" and "optimizer_states" not in released and "loops" not in released
+    weights = sum(t.numel() * t.element_size() for t in released["state_dict"].values())
+    assert out.stat().st_size < last.stat().st_size - weights  # without Adam's two moments per weight
+    lines = (ROOT / "tests/data/tiny/test.src").read_text().splitlines()[:10]
+    a, b = load_checkpoint(last), load_checkpoint(out)
+    search = greedy_search
+    assert translate_lines(a.model, a.src_vocab, a.tgt_vocab, lines, search)[0] == \
+        translate_lines(b.model, b.src_vocab, b.tgt_vocab, lines, search)[0]
+
+    cfg = compose_train(tmp_path, [*BUDGET, f"ckpt_path={out}"], model="transformer")
+    with pytest.raises(CheckpointError, match="cannot resume training; resume from the run's checkpoints/last.ckpt"):
+        train(cfg)
+
+
+def test_a_failed_export_leaves_nothing_behind(budget_run, tmp_path, monkeypatch):
+    _, run = budget_run
+
+    def broken(obj, f, *args, **kwargs):
+        f.write(b"half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken)
+    with pytest.raises(OSError, match="disk full"):
+        export_release(run / "checkpoints" / "last.ckpt", tmp_path / "out" / "model.ckpt")
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+# --- averaging and EMA ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ema_run(tmp_path_factory):
+    """15 steps with an EMA of the weights and the weights of every 5th step kept."""
+    tmp_path = tmp_path_factory.mktemp("ema")
+    cfg = compose_train(tmp_path, [
+        "callbacks=[default,ema,recent_checkpoints]", "callbacks.early_stopping=null", "callbacks.rich_progress_bar=null",
+        "callbacks.ema.decay=0.8", "callbacks.ema.update_starting_at_step=2",
+        "callbacks.recent_checkpoints.every_n_train_steps=5", "callbacks.recent_checkpoints.keep=2",
+        "trainer.max_epochs=-1", "trainer.max_steps=15", "trainer.val_check_interval=5",
+        "trainer.check_val_every_n_epoch=null", "test_ckpt=last", "decoding@test_decoding=greedy", "optimizer.lr=0.01",
+    ], model="transformer")
+    train(cfg)
+    return tmp_path, Path(cfg.paths.output_dir)
+
+
+def test_ema_weights_are_validated_saved_and_tested_and_the_raw_ones_kept(ema_run):
+    _, run = ema_run
+    last = read_checkpoint(run / "checkpoints" / "last.ckpt")
+    assert last["global_step"] == 15
+    ema, raw = last["state_dict"], last["current_model_state"]
+    assert ema.keys() == raw.keys()
+    assert not torch.equal(ema["model.decoder.out.weight"], raw["model.decoder.out.weight"])
+    # The test decoded with the averaged weights: translating last.ckpt gives its hypotheses.
+    loaded = load_checkpoint(run / "checkpoints" / "last.ckpt")
+    sources = (run / "test_sources.txt").read_text(encoding="utf-8").splitlines()
+    hyps, _ = translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, sources, greedy_search)
+    assert hyps == (run / "test_hyps.txt").read_text(encoding="utf-8").splitlines()
+
+
+def test_a_run_with_ema_resumes(ema_run, tmp_path):
+    _, run = ema_run
+    cfg = compose_train(tmp_path, [
+        "callbacks=[default,ema]", "callbacks.early_stopping=null", "callbacks.rich_progress_bar=null",
+        "callbacks.ema.decay=0.8", "trainer.max_epochs=-1", "trainer.max_steps=18", "test=false",
+        f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", "optimizer.lr=0.01",
+    ], model="transformer")
+    train(cfg)
+    assert read_checkpoint(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt")["global_step"] == 18
+
+
+def test_average_of_the_last_checkpoints_is_their_mean(ema_run, tmp_path):
+    _, run = ema_run
+    assert sorted(p.name for p in (run / "checkpoints" / "recent").iterdir()) == ["step000010.ckpt", "step000015.ckpt"]
+    cfg = OmegaConf.create({"run": str(run), "last": 2, "best": None, "ckpts": None, "out": str(tmp_path / "avg.ckpt"),
+                            "weights": "raw", "allow_pickle": False})
+    out = run_average(cfg)
+    averaged = read_checkpoint(out)
+    assert averaged["kind"] == "release" and [a["step"] for a in averaged["averaged_from"]] == [10, 15]
+    a = read_checkpoint(run / "checkpoints" / "recent" / "step000010.ckpt")["state_dict"]  # weights only: the raw ones
+    b = read_checkpoint(run / "checkpoints" / "last.ckpt")["current_model_state"]
+    name = "model.decoder.out.weight"
+    assert torch.allclose(averaged["state_dict"][name], (a[name] + b[name]) / 2, atol=1e-7)
+    load_checkpoint(out)  # translate.py can use it
+
+    # best=N ranks by the validation score each checkpoint saved (step 15 ties with last.ckpt: one per step).
+    found = [(Path(f"s{s}"), {"global_step": s, "monitor": {"value": v}}) for s, v in [(5, 1.0), (10, 3.0), (15, 2.0)]]
+    assert [c["global_step"] for _, c in select(found, None, 2)] == [10, 15]
+    assert [c["global_step"] for _, c in select(found, 2, None)] == [10, 15]
+    with pytest.raises(ValueError, match="asked for 4 checkpoints but only 3 qualify"):
+        select(found, 4, None)
+    with pytest.raises(ValueError, match="exactly one of last=N or best=N"):
+        select(found, 2, 2)
+
+
+def test_average_refuses_checkpoints_of_different_models(ema_run):
+    _, run = ema_run
+    path = run / "checkpoints" / "last.ckpt"
+    checkpoint = read_checkpoint(path)
+    other = {**checkpoint, "run_config": {**checkpoint["run_config"], "model": {"hidden_size": 999}}}
+    with pytest.raises(ValueError, match=f"{path}: another model config or vocabulary than {path}"):
+        average([(path, checkpoint), (path, other)])
+    state = dict(checkpoint["current_model_state"])
+    state["model.decoder.out.weight"] = state["model.decoder.out.weight"][:-8]
+    with pytest.raises(ValueError, match="its weights differ in names or shapes"):
+        average([(path, checkpoint), (path, {**checkpoint, "current_model_state": state})])
+
+
+def test_a_logger_without_its_package_names_the_extra(monkeypatch):
+    real = nmt.train.importlib.util.find_spec
+    monkeypatch.setattr(nmt.train.importlib.util, "find_spec", lambda name: None if name == "wandb" else real(name))
+    group = OmegaConf.create({"wandb": {"_target_": "pytorch_lightning.loggers.WandbLogger"},
+                              "csv": {"_target_": "pytorch_lightning.loggers.CSVLogger"}})
+    with pytest.raises(ImportError, match=r"needs the wandb package: pip install 'nmt\[wandb\]'"):
+        check_logger_packages(group)
+    check_logger_packages(OmegaConf.create({"csv": group.csv}))
