@@ -1,0 +1,216 @@
+"""Export a Transformer checkpoint to a CTranslate2 model folder (``scripts/translate_ctranslate2.py``
+translates with one).
+
+The model is described with CTranslate2's model-spec API (``ctranslate2.specs.TransformerSpec``)
+and saved through its ``Converter``, which also quantizes the weights. The layout follows
+``nmt/models/transformer.py``:
+
+- attention: our ``q_proj`` and ``kv_proj`` (keys then values) are CTranslate2's fused projections,
+  ``[q; k; v]`` in self-attention, ``q`` and ``[k; v]`` in cross-attention; ``out_proj`` the last;
+- layer norms: ``norms[0]`` self-attention, ``norms[1]`` cross-attention (decoder) or feed-forward
+  (encoder), ``norms[2]`` the decoder's feed-forward; pre-norm adds the final norm of each stack,
+  post-norm has none, as in CTranslate2;
+- embeddings are scaled by sqrt(H) on both sides; positions are our own table (sinusoidal or
+  learned), so CTranslate2 adds exactly what we add; its own sinusoids are laid out differently;
+- the vocabulary rows past the SentencePiece sizes (``vocab_multiple`` padding) are dropped, and
+  the output layer gets a bias of -inf on PAD and BOS, which ``nmt.decoding`` never generates;
+- the source gets EOS appended (``add_source_eos``) and the decoder starts from BOS, as ours.
+
+Folder contents: CTranslate2's ``model.bin``, ``config.json`` and vocabularies, the SentencePiece
+models ``source.model`` / ``target.model``, and ``nmt_export.json`` (languages, the longest source,
+the decoding defaults). The folder is built beside ``out_dir`` and renamed into place at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
+from nmt.models.transformer import TransformerDecoder, TransformerEncoder
+
+log = logging.getLogger(__name__)
+
+METADATA = "nmt_export.json"
+# What a translator needs when the run config has no test decoding (conf/decoding/beam.yaml).
+DEFAULT_DECODING = {"beam_size": 5, "alpha": 0.6, "max_len_a": 1.5, "max_len_b": 10}
+
+
+def _part_config(run_config: dict, part: str) -> dict:
+    return run_config.get("model", {}).get(part, {}) or {}
+
+
+def check_exportable(model: nn.Module, run_config: dict) -> None:
+    """Raise a one-line ValueError naming the first config key CTranslate2 cannot express."""
+    parts = {"encoder": (model.encoder, TransformerEncoder), "decoder": (model.decoder, TransformerDecoder)}
+    for part, (module, cls) in parts.items():
+        if not isinstance(module, cls):
+            target = _part_config(run_config, part).get("_target_", f"{type(module).__module__}.{type(module).__name__}")
+            other = parts["decoder" if part == "encoder" else "encoder"]
+            kind = "a hybrid model's " if isinstance(other[0], other[1]) else "an "
+            raise ValueError(f"model.{part}._target_={target}: CTranslate2 cannot express {kind}LSTM {part}; "
+                             "only Transformer encoder-decoder models export")
+    for part, (module, _) in parts.items():
+        positions = module.embed_tokens.positions
+        if positions not in ("sinusoidal", "learned"):
+            raise ValueError(f"model.{part}.positions={positions}: CTranslate2 cannot express rotary positions "
+                             "in an encoder-decoder Transformer; export sinusoidal or learned positions")
+        if module.window is not None:
+            raise ValueError(f"model.{part}.window={module.window}: CTranslate2 cannot express local attention "
+                             "windows (its sliding_window only trims the decoder's cache)")
+
+
+def _w(t: Tensor) -> Tensor:
+    return t.detach().to("cpu", torch.float32).contiguous()
+
+
+def _linear(spec, *layers: nn.Linear) -> None:
+    """Set a CTranslate2 linear layer from one of ours, or from several fused along the outputs."""
+    spec.weight = _w(torch.cat([layer.weight for layer in layers]))
+    if layers[0].bias is not None:
+        spec.bias = _w(torch.cat([layer.bias for layer in layers]))
+
+
+def _norm(spec, norm: nn.LayerNorm) -> None:
+    spec.gamma, spec.beta = _w(norm.weight), _w(norm.bias)
+
+
+def _attention(spec, attn: nn.Module, norm: nn.LayerNorm, self_attention: bool) -> None:
+    if self_attention:  # [q; k; v]: kv_proj's rows are keys, then values
+        _linear(spec.linear[0], attn.q_proj, attn.kv_proj)
+    else:
+        _linear(spec.linear[0], attn.q_proj)
+        _linear(spec.linear[1], attn.kv_proj)
+    _linear(spec.linear[-1], attn.out_proj)
+    _norm(spec.layer_norm, norm)
+
+
+def _ffn(spec, ff: nn.Sequential, norm: nn.LayerNorm) -> None:
+    _linear(spec.linear_0, ff[0])
+    _linear(spec.linear_1, ff[3])
+    _norm(spec.layer_norm, norm)
+
+
+def _inputs(spec, module: nn.Module, vocab_size: int) -> None:
+    emb = module.embed_tokens
+    table = emb.pos.weight if emb.positions == "learned" else emb.pos_table
+    spec.position_encodings.encodings = _w(table)  # (max_len, H)
+    spec.scale_embeddings = True  # x * sqrt(H), as _Embedding.scale
+    embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
+    embeddings.weight = _w(emb.embed.weight[:vocab_size])  # the vocab_multiple padding rows dropped
+
+
+def build_spec(model: nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer):
+    """The ``ctranslate2.specs.TransformerSpec`` of ``model``, weights set, vocabularies registered."""
+    from ctranslate2.specs import TransformerDecoderSpec, TransformerEncoderSpec, TransformerSpec
+
+    enc, dec = model.encoder, model.decoder
+    src_size, tgt_size = src_vocab.vocab_size, tgt_vocab.vocab_size
+    if (model.src_vocab_size, model.tgt_vocab_size) != (src_size, tgt_size):
+        raise ValueError(f"the model's vocabulary sizes ({model.src_vocab_size}, {model.tgt_vocab_size}) differ "
+                         f"from the tokenizers' ({src_size}, {tgt_size})")
+    spec = TransformerSpec(
+        TransformerEncoderSpec(len(enc.layers), enc.layers[0].self_attn.num_heads, pre_norm=enc.layers[0].pre_norm),
+        TransformerDecoderSpec(len(dec.layers), dec.layers[0].self_attn.num_heads, pre_norm=dec.layers[0].pre_norm),
+    )
+    _inputs(spec.encoder, enc, src_size)
+    for layer_spec, layer in zip(spec.encoder.layer, enc.layers):
+        _attention(layer_spec.self_attention, layer.self_attn, layer.norms[0], self_attention=True)
+        _ffn(layer_spec.ffn, layer.ff, layer.norms[1])
+    if enc.layers[0].pre_norm:
+        _norm(spec.encoder.layer_norm, enc.final_norm)
+
+    _inputs(spec.decoder, dec, tgt_size)
+    for layer_spec, layer in zip(spec.decoder.layer, dec.layers):
+        _attention(layer_spec.self_attention, layer.self_attn, layer.norms[0], self_attention=True)
+        _attention(layer_spec.attention, layer.cross_attn, layer.norms[1], self_attention=False)
+        _ffn(layer_spec.ffn, layer.ff, layer.norms[2])
+    if dec.layers[0].pre_norm:
+        _norm(spec.decoder.layer_norm, dec.final_norm)
+    spec.decoder.projection.weight = _w(dec.out.weight[:tgt_size])  # tied: CTranslate2 aliases equal weights
+    bias = torch.zeros(tgt_size)
+    bias[[PAD, BOS]] = float("-inf")  # never generated (nmt.decoding._log_probs)
+    spec.decoder.projection.bias = bias
+
+    src_pieces = [src_vocab.sp.id_to_piece(i) for i in range(src_size)]
+    tgt_pieces = [tgt_vocab.sp.id_to_piece(i) for i in range(tgt_size)]
+    for name, i in (("unk", UNK), ("bos", BOS), ("eos", EOS)):
+        if src_pieces[i] != tgt_pieces[i]:
+            raise ValueError(f"the source and target {name} pieces differ ({src_pieces[i]!r} vs {tgt_pieces[i]!r}): "
+                             "CTranslate2 has one special token of each kind")
+        for pieces in (src_pieces, tgt_pieces):
+            if pieces.index(pieces[i]) != i:
+                raise ValueError(f"the {name} piece {pieces[i]!r} is not unique in the vocabulary")
+    spec.register_source_vocabulary(src_pieces)
+    spec.register_target_vocabulary(tgt_pieces)
+    config = spec.config
+    config.unk_token, config.bos_token, config.eos_token = tgt_pieces[UNK], tgt_pieces[BOS], tgt_pieces[EOS]
+    config.decoder_start_token = tgt_pieces[BOS]  # greedy_search/beam_search start from BOS
+    config.add_source_bos, config.add_source_eos = False, True  # nmt.translate.encode_sources: ids + EOS
+    config.layer_norm_epsilon = float(enc.layers[0].norms[0].eps)  # nn.LayerNorm's 1e-5, not CTranslate2's 1e-6
+    return spec
+
+
+def _metadata(model: nn.Module, run_config: dict, quantization: str | None) -> dict[str, Any]:
+    from nmt.translate import model_max_src_len
+
+    data = run_config.get("data", {})
+    decoding = {**DEFAULT_DECODING, **{k: v for k, v in (run_config.get("test_decoding") or {}).items() if k in DEFAULT_DECODING}}
+    return {
+        "src_lang": data.get("src_lang"),
+        "tgt_lang": data.get("tgt_lang"),
+        "max_src_len": model_max_src_len(run_config),  # source pieces + EOS
+        "max_tgt_len": model.decoder.embed_tokens.max_len,  # the decoder's position table
+        "decoding": decoding,  # nmt.decoding: GNMT length penalty alpha, max_len_a * src_len + max_len_b
+        "special_ids": {"pad": PAD, "unk": UNK, "bos": BOS, "eos": EOS},
+        "never_generated": [PAD, BOS],
+        "quantization": quantization,
+    }
+
+
+def to_ctranslate2(model, src_vocab, tgt_vocab, run_config: dict, out_dir: str | Path,
+                   quantization: str | None = None) -> Path:
+    """Write ``model`` (a Transformer ``Seq2Seq``) as a CTranslate2 model folder ``out_dir``, with
+    the SentencePiece models and ``nmt_export.json``; returns ``out_dir``. ``quantization``: the
+    weights' type in CTranslate2 (``int8``, ``int8_float32``, ``bfloat16``, ...; None keeps fp32).
+
+    Raises a ValueError naming the config key CTranslate2 cannot express (rotary positions, local
+    attention windows, LSTM encoders or decoders), and FileExistsError for a non-empty ``out_dir``.
+    Nothing is left behind on error."""
+    from ctranslate2.converters import Converter
+    from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
+
+    if quantization is not None and quantization not in ACCEPTED_MODEL_TYPES:
+        raise ValueError(f"quantization={quantization!r}: choose one of {', '.join(ACCEPTED_MODEL_TYPES)} or None")
+    check_exportable(model, run_config)
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise FileExistsError(f"{out_dir} exists and is not empty: remove it or export elsewhere")
+
+    class SpecConverter(Converter):  # Converter.convert validates, quantizes and saves a spec
+        def _load(self):
+            return build_spec(model, src_vocab, tgt_vocab)
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    try:
+        with torch.no_grad():
+            SpecConverter().convert(str(tmp), quantization=quantization, force=True)
+        (tmp / "source.model").write_bytes(src_vocab.sp.serialized_model_proto())
+        (tmp / "target.model").write_bytes(tgt_vocab.sp.serialized_model_proto())
+        (tmp / METADATA).write_text(json.dumps(_metadata(model, run_config, quantization), indent=2) + "\n")
+        if out_dir.exists():
+            out_dir.rmdir()  # empty (checked above)
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("exported to %s (quantization %s)", out_dir, quantization)
+    return out_dir

@@ -1,0 +1,232 @@
+"""nmt.export_ctranslate2 and scripts/translate_ctranslate2.py: CTranslate2 computes what our
+Transformer computes (log-probs of random models, greedy outputs of trained ones), refuses what it
+cannot express, and an export never leaves half a folder."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.core.global_hydra import GlobalHydra  # noqa: E402
+from hydra.utils import instantiate  # noqa: E402
+from omegaconf import OmegaConf, open_dict  # noqa: E402
+
+import nmt.export_ctranslate2 as export  # noqa: E402
+from nmt.checkpoint import load_checkpoint  # noqa: E402
+from nmt.data.tokenizer import BOS, EOS, PAD, train_sentencepiece  # noqa: E402
+from nmt.decoding import greedy_search  # noqa: E402
+from nmt.export_ctranslate2 import to_ctranslate2  # noqa: E402
+from nmt.train import train  # noqa: E402
+from tests.conftest import CONF_DIR, ROOT, compose_train  # noqa: E402
+
+TINY = ROOT / "tests" / "data" / "tiny"
+spec = importlib.util.spec_from_file_location("translate_ctranslate2", ROOT / "scripts" / "translate_ctranslate2.py")
+script = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(script)
+
+SMALL = ["model.hidden_size=16", "model.dropout=0.0", "model.encoder.num_heads=2", "model.decoder.num_heads=2",
+         "model.encoder.ff_size=32", "model.decoder.ff_size=32", "model.encoder.num_layers=2", "model.decoder.num_layers=2"]
+POST_LEARNED = ["model.encoder.norm=post", "model.decoder.norm=post",
+                "model.encoder.positions=learned", "model.decoder.positions=learned"]
+
+
+@pytest.fixture(scope="module")
+def vocab(tmp_path_factory):
+    lines = [line for name in ("train.src", "train.tgt") for line in (TINY / name).read_text().splitlines()]
+    return train_sentencepiece(lines, tmp_path_factory.mktemp("spm"), {"vocab_size": 100, "hard_vocab_limit": False})
+
+
+def build(overrides: list[str], vocab_size: int, preset: str = "transformer"):
+    """A model of ``conf/model/<preset>`` (random weights) and the run config that names it."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        small = [o for o in SMALL if preset == "transformer" and not (o.startswith("model.decoder.") and "model/decoder=lstm_luong" in overrides)]
+        cfg = compose("train", overrides=[f"model={preset}", *small, *overrides])
+    with open_dict(cfg.model):
+        cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = vocab_size
+    torch.manual_seed(0)
+    return instantiate(cfg.model).eval(), {"model": OmegaConf.to_container(cfg.model, resolve=True)}
+
+
+def encode(vocab, lines: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = [vocab.encode(line) + [EOS] for line in lines]
+    src = torch.full((len(ids), max(map(len, ids))), PAD)
+    for i, seq in enumerate(ids):
+        src[i, : len(seq)] = torch.tensor(seq)
+    return src, src != PAD
+
+
+@pytest.mark.parametrize("overrides", [
+    [],
+    [*POST_LEARNED, "model.tie_embeddings=false"],
+    # mixed norms, other head/layer/feed-forward counts per side, a wider encoder, shared embeddings
+    ["model.decoder.norm=post", "model.encoder.num_heads=4", "model.decoder.num_layers=3", "model.encoder.ff_size=24",
+     "model.encoder.hidden_size=24", "+model.decoder.memory_size=24", "model.tie_embeddings=false",
+     "model.share_src_tgt_embeddings=false"],
+    ["model.encoder.norm=post", "model.decoder.num_heads=8", "model.encoder.num_layers=1", "model.share_src_tgt_embeddings=true"],
+], ids=["pre_sinusoidal_tied", "post_learned_untied", "mixed_sizes", "mixed_shared"])
+def test_log_probs_equal_ours(vocab, tmp_path, overrides):
+    """Teacher-forced log-probs of CTranslate2's ``score_batch`` equal ours (PAD and BOS never
+    generated, so renormalised without them), for a model with every weight perturbed so that
+    no layer norm is an identity and no bias zero."""
+    model, run_config = build(overrides, vocab.vocab_size)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    out = to_ctranslate2(model, vocab, vocab, run_config, tmp_path / "ct2")
+    translator = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
+    sources = (TINY / "test.src").read_text().splitlines()[:6]
+    targets = [vocab.encode(line)[:10] for line in (TINY / "test.tgt").read_text().splitlines()[:6]]
+    results = translator.score_batch([vocab.pieces(vocab.encode(s)) for s in sources], [vocab.pieces(t) for t in targets])
+    src, src_mask = encode(vocab, sources)
+    for i, tgt in enumerate(targets):
+        with torch.no_grad():
+            logits = model(src[i : i + 1], src_mask[i : i + 1], torch.tensor([[BOS, *tgt]]))[0, :, : vocab.vocab_size]
+        logits[:, [PAD, BOS]] = float("-inf")
+        ours = torch.log_softmax(logits, -1).gather(1, torch.tensor([*tgt, EOS]).unsqueeze(1)).squeeze(1)
+        torch.testing.assert_close(torch.tensor(results[i].log_probs), ours, atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="module", params=["pre_sinusoidal", "post_learned_untied"])
+def trained(request, tmp_path_factory):
+    """A tiny Transformer trained for real on the tiny corpus (long enough that greedy outputs
+    are sentences, not one repeated piece), loaded from its checkpoint and exported."""
+    tmp = tmp_path_factory.mktemp(request.param)
+    variant = [] if request.param == "pre_sinusoidal" else [*POST_LEARNED, "model.tie_embeddings=false"]
+    cfg = compose_train(tmp, ["trainer.max_epochs=120", "model.hidden_size=64", "module.label_smoothing=0.0",
+                              "scheduler.warmup_steps=20", "optimizer.lr=0.003", "test=false",
+                              "trainer.check_val_every_n_epoch=120", *variant], model="transformer")
+    train(cfg)
+    GlobalHydra.instance().clear()
+    loaded = load_checkpoint(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt")
+    out = to_ctranslate2(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, tmp / "ct2")
+    return loaded, out
+
+
+def lines_of(*names: str) -> list[str]:
+    return [line for name in names for line in (TINY / name).read_text().splitlines()]
+
+
+@pytest.mark.parametrize("cap", [(1.5, 10), (0.0, 4)], ids=["default_cap", "tight_cap"])
+def test_greedy_equals_ours(trained, cap):
+    """CTranslate2's greedy search (through the script's batching by length cap) gives our
+    greedy tokens on >= 99% of the test, validation and 40 training sources, also when most
+    sentences stop at a tight length cap."""
+    loaded, out = trained
+    lines = lines_of("test.src", "valid.src") + lines_of("train.src")[:40]
+    src, src_mask = encode(loaded.src_vocab, lines)
+    ours = greedy_search(loaded.model, src, src_mask, max_len_a=cap[0], max_len_b=cap[1]).tokens
+    translator = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
+    meta = json.loads((out / "nmt_export.json").read_text())
+    sources = [loaded.src_vocab.pieces(loaded.src_vocab.encode(line)) for line in lines]
+    theirs = script.translate_pieces(translator, sources, meta, beam_size=1, length_penalty=0.0,
+                                     max_len_a=cap[0], max_len_b=cap[1], batch_tokens=64)
+    pieces = [loaded.tgt_vocab.pieces(t) for t in ours]
+    same = [a == b for a, b in zip(pieces, theirs)]
+    assert sum(same) >= 0.99 * len(lines), [(a, b) for a, b, ok in zip(pieces, theirs, same) if not ok]
+    if cap == (1.5, 10):  # non-trivial outputs: the memorised training pairs, varied guesses elsewhere
+        refs = lines_of("train.tgt")[:40]
+        assert sum(loaded.tgt_vocab.decode(t) == ref for t, ref in zip(ours[40:], refs)) >= 0.8 * len(refs)
+        assert len({tuple(t) for t in ours[:40]}) > 30
+    else:
+        assert sum(len(t) == cap[1] - 1 for t in ours) > len(lines) // 2
+
+
+def test_script_keeps_one_line_per_input_line(trained, tmp_path):
+    """The command line: blank lines stay blank, the rest are our greedy translations."""
+    loaded, out = trained
+    lines = lines_of("test.src")[:6]
+    lines = lines[:3] + ["", "   "] + lines[3:] + [""]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "translate_ctranslate2.py"), str(out), "-i", str(tmp_path / "in.txt"),
+         "--beam-size", "1", "--max-len-a", "1.5", "--max-len-b", "10", "--intra-threads", "1"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    hyps = result.stdout.split("\n")
+    assert hyps[-1] == "" and len(hyps) - 1 == len(lines)
+    for line, hyp in zip(lines, hyps):
+        if not line.strip():
+            assert hyp == ""
+            continue
+        src, src_mask = encode(loaded.src_vocab, [line])
+        assert hyp == loaded.tgt_vocab.decode(greedy_search(loaded.model, src, src_mask).tokens[0])
+
+
+def test_folder_is_self_contained(trained, tmp_path):
+    loaded, out = trained
+    assert {p.name for p in out.iterdir()} >= {"model.bin", "config.json", "source.model", "target.model", "nmt_export.json"}
+    assert (out / "target.model").read_bytes() == loaded.tgt_vocab.sp.serialized_model_proto()
+    config = json.loads((out / "config.json").read_text())
+    assert (config["decoder_start_token"], config["eos_token"], config["add_source_eos"]) == ("<s>", "</s>", True)
+    assert config["layer_norm_epsilon"] == 1e-5
+    meta = json.loads((out / "nmt_export.json").read_text())
+    assert meta["decoding"] == {k: loaded.run_config["test_decoding"][k] for k in ("beam_size", "alpha", "max_len_a", "max_len_b")}
+    assert (meta["src_lang"], meta["max_src_len"]) == ("src", 256)
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temporary folder left
+
+
+def test_int8_export(trained, tmp_path):
+    """int8 weights: a smaller model that mostly translates as fp32 (a tiny model's repetitive
+    outputs flip with rounding, as nmt.quantize's int8 in tests/test_train.py)."""
+    loaded, out = trained
+    int8 = to_ctranslate2(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, tmp_path / "int8", "int8")
+    assert (int8 / "model.bin").stat().st_size < 0.75 * (out / "model.bin").stat().st_size
+    assert json.loads((int8 / "nmt_export.json").read_text())["quantization"] == "int8"
+    lines = lines_of("test.src")
+    fp32 = script.translate_lines(out, lines, beam_size=1, intra_threads=1)
+    quantized = script.translate_lines(int8, lines, beam_size=1, intra_threads=1)
+    assert sum(a == b for a, b in zip(fp32, quantized)) >= 0.7 * len(lines), list(zip(fp32, quantized))
+
+
+@pytest.mark.parametrize("preset, overrides, message", [
+    ("transformer", ["model.encoder.positions=rope", "model.decoder.positions=rope"],
+     r"^model\.encoder\.positions=rope: CTranslate2 cannot express rotary positions"),
+    ("transformer", ["model.decoder.positions=rope"], r"^model\.decoder\.positions=rope: CTranslate2 cannot express"),
+    ("transformer", ["model.decoder.window=3"], r"^model\.decoder\.window=3: CTranslate2 cannot express local attention"),
+    ("lstm", [], r"^model\.encoder\._target_=nmt\.models\.rnn\.RNNEncoder: CTranslate2 cannot express an LSTM encoder"),
+    ("transformer", ["model/decoder=lstm_luong"],
+     r"^model\.decoder\._target_=nmt\.models\.rnn\.RNNDecoder: CTranslate2 cannot express a hybrid model's LSTM decoder"),
+], ids=["rope", "rope_decoder", "window", "lstm", "hybrid"])
+def test_refuses_what_ctranslate2_cannot_express(vocab, tmp_path, preset, overrides, message):
+    model, run_config = build(overrides, vocab.vocab_size, preset)
+    with pytest.raises(ValueError, match=message) as err:
+        to_ctranslate2(model, vocab, vocab, run_config, tmp_path / "ct2")
+    assert "\n" not in str(err.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_error_during_export_leaves_nothing(vocab, tmp_path, monkeypatch):
+    """A failure after CTranslate2 has written its files removes the temporary folder; an
+    existing non-empty folder is refused, an empty one filled."""
+    model, run_config = build([], vocab.vocab_size)
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(export, "_metadata", fail)
+    with pytest.raises(RuntimeError, match="disk full"):
+        to_ctranslate2(model, vocab, vocab, run_config, tmp_path / "ct2")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("x")
+    with pytest.raises(FileExistsError, match="not empty"):
+        to_ctranslate2(model, vocab, vocab, run_config, tmp_path / "full")
+    assert [p.name for p in (tmp_path / "full").iterdir()] == ["keep.txt"]
+    (tmp_path / "empty").mkdir()
+    assert (to_ctranslate2(model, vocab, vocab, run_config, tmp_path / "empty") / "model.bin").is_file()
+    with pytest.raises(ValueError, match="quantization='int4'"):
+        to_ctranslate2(model, vocab, vocab, run_config, tmp_path / "other", quantization="int4")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "full"]
