@@ -269,7 +269,7 @@ def test_vocab_from_a_model_file_or_a_checkpoint(tmp_path):
     assert given.datasets["train"].src[0].tolist() != other.datasets["train"].src[0].tolist()
 
     ckpt = tmp_path / "run.ckpt"  # what train.py stores: the serialized models of both sides
-    torch.save({"tokenizers": {"src": first.src_vocab.sp.serialized_model_proto(),
+    torch.save({"state_dict": {}, "run_config": {}, "tokenizers": {"src": first.src_vocab.sp.serialized_model_proto(),
                                "tgt": other.tgt_vocab.sp.serialized_model_proto()}}, ckpt)
     with pytest.raises(ValueError, match=r"data.vocab_from=.*run.ckpt has separate source and target "
                                          r"vocabularies: set data.tokenizer.joint=false"):
@@ -286,5 +286,5 @@ def test_vocab_from_a_model_file_or_a_checkpoint(tmp_path):
     with pytest.raises(ValueError, match=r"data.vocab_from=.*notes.model: not a SentencePiece model"):
         tiny(tmp_path, vocab_from=str(tmp_path / "notes.model")).setup()
     torch.save({"state_dict": {}}, tmp_path / "foreign.pt")  # any name: torch.save files are recognised by content
-    with pytest.raises(ValueError, match="the checkpoint has no saved tokenizers"):
+    with pytest.raises(ValueError, match=r"data.vocab_from=.*foreign.pt: no saved run config/tokenizers"):
         tiny(tmp_path, vocab_from=str(tmp_path / "foreign.pt")).setup()
