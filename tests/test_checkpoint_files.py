@@ -18,7 +18,7 @@ import nmt.train
 from nmt.average import average, run_average, select
 from nmt.checkpoint import CheckpointError, load_checkpoint, read_checkpoint
 from nmt.decoding import greedy_search
-from nmt.export import export_release
+from nmt.export import export, export_release
 from nmt.train import check_logger_packages, train
 from nmt.translate import translate_lines
 from tests.conftest import ROOT, compose_train
@@ -242,3 +242,16 @@ def test_a_logger_without_its_package_names_the_extra(monkeypatch):
     with pytest.raises(ImportError, match=r"needs the wandb package: pip install 'nmt\[wandb\]'"):
         check_logger_packages(group)
     check_logger_packages(OmegaConf.create({"csv": group.csv}))
+
+
+def test_export_command_writes_release_files_and_ctranslate2_folders(budget_run, tmp_path):
+    pytest.importorskip("ctranslate2")
+    _, run = budget_run
+    base = {"ckpt": str(run / "checkpoints" / "last.ckpt"), "weights": "stored", "quantization": None,
+            "allow_pickle": False}
+    out = export(OmegaConf.create({**base, "format": "ctranslate2", "out": str(tmp_path / "ct2")}))
+    assert (out / "model.bin").is_file() and (out / "source.model").is_file()
+    release_file = export(OmegaConf.create({**base, "format": "release", "out": str(tmp_path / "m.ckpt")}))
+    assert read_checkpoint(release_file)["kind"] == "release"
+    with pytest.raises(ValueError, match="format=onnx: choose one of release, ctranslate2"):
+        export(OmegaConf.create({**base, "format": "onnx", "out": str(tmp_path / "x")}))
