@@ -5,9 +5,10 @@ averaged the last 5 or 20 checkpoints; fairseq, Marian and OpenNMT-py have the s
     nmt-average run=<run folder> best=3          # the 3 with the best validation score
     nmt-average ckpts=[a.ckpt,b.ckpt] out=avg.ckpt
 
-The candidates of ``run=`` are every ``.ckpt`` under ``<run>/checkpoints/`` (top-k by val/bleu,
-``last.ckpt``, and ``recent/`` when the run kept them with ``callbacks=[default,recent_checkpoints]``),
-one per step. ``weights=raw`` (default) averages the weights being trained, also in a run with
+``last=N`` takes the newest N of the evenly spaced checkpoints a run keeps with
+``callbacks=[default,recent_checkpoints]`` (``<run>/checkpoints/recent/``; without them, of all its
+checkpoints); ``best=N`` the N of all ``<run>/checkpoints/**/*.ckpt`` (top-k by val/bleu,
+``last.ckpt``, ...) with the highest validation score they saved; one checkpoint per step. ``weights=raw`` (default) averages the weights being trained, also in a run with
 ``callbacks.ema`` (whose checkpoints store the moving average). Floating-point weights are averaged in fp64; integer buffers come from the newest
 checkpoint. The output (default ``<run>/checkpoints/average_{last,best}<N>.ckpt``) is a release file
 for ``translate.py`` and ``evaluate.py``; the checkpoints must share the model config and vocabularies.
@@ -29,11 +30,14 @@ from nmt.checkpoint import CheckpointError, atomic_save, model_weights, read_che
 log = logging.getLogger(__name__)
 
 
-def candidates(run: Path, allow_pickle: bool = False) -> list[tuple[Path, dict[str, Any]]]:
-    """The run's checkpoints, one per global step (the first found of equal steps), by step."""
+def candidates(run: Path, allow_pickle: bool = False, recent: bool = False) -> list[tuple[Path, dict[str, Any]]]:
+    """The run's checkpoints (``recent``: those of ``checkpoints/recent/`` if there are any), one
+    per global step (the first found of equal steps), by step."""
     folder = run / "checkpoints"
     if not folder.is_dir():
         raise FileNotFoundError(f"run={run}: no checkpoints/ folder (give the run's output folder)")
+    if recent and any((folder / "recent").glob("*.ckpt")):
+        folder = folder / "recent"
     by_step: dict[int, tuple[Path, dict[str, Any]]] = {}
     for path in sorted(folder.rglob("*.ckpt")):
         checkpoint = read_checkpoint(path, allow_pickle, what="run")
@@ -72,13 +76,16 @@ def average(checkpoints: list[tuple[Path, dict[str, Any]]], weights: str = "raw"
             raise ValueError(f"{path}: another model config or vocabulary than {first_path}; average checkpoints of one run")
         if {k: v.shape for k, v in state.items()} != {k: v.shape for k, v in states[0].items()}:
             raise ValueError(f"{path}: its weights differ in names or shapes from {first_path}")
-    averaged = {}
+    averaged: dict[str, torch.Tensor] = {}
+    shared: dict[tuple, torch.Tensor] = {}  # tied weights (one storage) stay one tensor
     for name, newest in states[-1].items():
-        if newest.is_floating_point():
-            total = sum(s[name].double() for s in states)
-            averaged[name] = (total / len(states)).to(newest.dtype)
-        else:
-            averaged[name] = newest.clone()
+        key = (newest.untyped_storage().data_ptr(), newest.storage_offset(), tuple(newest.shape), newest.dtype)
+        if key not in shared:
+            if newest.is_floating_point():
+                shared[key] = (sum(s[name].double() for s in states) / len(states)).to(newest.dtype)
+            else:
+                shared[key] = newest.clone()
+        averaged[name] = shared[key]
     return averaged
 
 
@@ -89,7 +96,8 @@ def run_average(cfg: DictConfig) -> Path:
         chosen.sort(key=lambda pc: pc[1].get("global_step") or 0)
         default_out = None
     elif cfg.get("run"):
-        chosen = select(candidates(Path(cfg.run), cfg.allow_pickle), cfg.get("last"), cfg.get("best"))
+        found = candidates(Path(cfg.run), cfg.allow_pickle, recent=cfg.get("last") is not None)
+        chosen = select(found, cfg.get("last"), cfg.get("best"))
         default_out = Path(cfg.run) / "checkpoints" / (f"average_last{cfg.last}.ckpt" if cfg.get("last") else
                                                        f"average_best{cfg.best}.ckpt")
     else:

@@ -1,6 +1,7 @@
 """Score checkpoints or hypothesis files on a test split, overall and by source length.
 
     python evaluate.py ckpts=[runA/checkpoints/last.ckpt,runB/checkpoints/last.ckpt]
+    python evaluate.py ckpts={final: run/checkpoints/last.ckpt, averaged: run/checkpoints/average_last5.ckpt}
     python evaluate.py data=europarl_it_en hyps={lstm: lstm.txt, transformer: tf.txt}
 
 With several systems: one comparison table (markdown, CSV, JSON) and one plot with a curve per
@@ -66,7 +67,12 @@ def compare(reports: dict[str, dict[str, Any]], out_dir: Path, title: str = "") 
 def main(cfg: DictConfig) -> None:
     out_dir = Path(cfg.paths.output_dir)
     device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
-    ckpts = [Path(p) for p in cfg.ckpts or []]
+    named = cfg.ckpts if isinstance(cfg.ckpts, DictConfig) else {}  # {name: file}, else names from the paths
+    ckpts = [Path(p) for p in (named.values() if named else cfg.ckpts or [])]
+    names = [str(n) for n in named] if named else [system_name(p) for p in ckpts]
+    if len(set(names)) < len(names):
+        raise ValueError(f"ckpts: several checkpoints would be named {sorted({n for n in names if names.count(n) > 1})}; "
+                         "name them: ckpts={name: file, ...}")
     hyp_files = dict(cfg.hyps or {})
     if not ckpts and not hyp_files:
         raise ValueError("nothing to evaluate: set ckpts=[<file>.ckpt, ...] and/or hyps={name: file, ...}")
@@ -79,8 +85,7 @@ def main(cfg: DictConfig) -> None:
     sources, refs, unit = load_test_split(data_cfg)
     hyps: dict[str, list[str]] = {}
     search = instantiate(cfg.decoding)
-    for path, model in zip(ckpts, loaded):
-        name = system_name(path)
+    for name, model in zip(names, loaded):
         hyps[name], _ = translate_lines(model.model, model.src_vocab, model.tgt_vocab, sources, search,
                                         cfg.max_tokens, model_max_src_len(model.run_config))
         (out_dir / f"{name}.hyp.txt").write_text("".join(h + "\n" for h in hyps[name]), encoding="utf-8")

@@ -5,9 +5,11 @@ rounds, wall time, peak resident memory and BLEU of each.
         [--rounds 3 --threads 2 --out docs/results/benchmark_cpu]
 
 Exports the checkpoint to CTranslate2 (int8 weights) under ``--work``, then runs, in turn each
-round: ``translate.py precision=int8``, ``translate.py precision=bf16`` and
-``scripts/translate_ctranslate2.py --compute-type int8`` (beam 5 and the run's length limits for
-all), each a fresh process whose peak resident memory comes from ``wait4``. Writes
+round: ``translate.py precision=int8`` (2,048 and 1,024 source tokens per batch),
+``translate.py precision=bf16`` and ``scripts/translate_ctranslate2.py --compute-type int8`` (beam 5
+and the run's length limits for all; CTranslate2 with one thread per batch and ``--threads``
+batches at once, its fastest setting on 2 cores, as ``translate.py``'s workers), each a fresh
+process whose peak resident memory comes from ``wait4``. Writes
 ``compare_ctranslate2.{json,md}`` into ``--out``: medians over the rounds and the ratio of each
 to CTranslate2.
 """
@@ -65,17 +67,18 @@ def main() -> None:
             "decoding.beam_size=5", f"hydra.run.dir={args.work.resolve() / 'hydra'}"]
     systems = {
         "nmt int8": [*ours, "precision=int8"],
+        "nmt int8 max_tokens=1024": [*ours, "precision=int8", "max_tokens=1024"],
         "nmt bf16": [*ours, "precision=bf16"],
         "CTranslate2 int8": [sys.executable, "scripts/translate_ctranslate2.py", str(ct2.resolve()),
                              "-i", str(args.src.resolve()), "--beam-size", "5", "--compute-type", "int8",
-                             "--intra-threads", str(args.threads)],
+                             "--inter-threads", str(args.threads), "--intra-threads", "1"],
     }
     refs = args.ref.read_text(encoding="utf-8").splitlines()
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in systems}
     bleu: dict[str, float] = {}
     for round_ in range(args.rounds):
         for name, cmd in systems.items():
-            out = args.work / f"{name.replace(' ', '_')}.txt"
+            out = args.work / f"{name.replace(' ', '_').replace('=', '')}.txt"
             runs[name].append(timed(cmd, out, env))
             hyps = out.read_text(encoding="utf-8").splitlines()
             bleu[name] = round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)

@@ -56,9 +56,11 @@ def decoding_cap(num_pieces: int, max_len_a: float, max_len_b: int, max_tgt_len:
 
 
 def translate_pieces(translator, sources: list[list[str]], meta: dict, beam_size: int, length_penalty: float,
-                     max_len_a: float, max_len_b: int, batch_tokens: int) -> list[list[str]]:
+                     max_len_a: float, max_len_b: int, batch_tokens: int, one_cap: bool = False) -> list[list[str]]:
     """Target pieces for each source (lists of pieces, EOS not included): one asynchronous
-    ``translate_batch`` per length cap, each batched by tokens inside CTranslate2."""
+    ``translate_batch`` per length cap, each batched by tokens inside CTranslate2; ``one_cap``:
+    a single call with the largest cap (CTranslate2's own batching over all sentences; only
+    outputs that reach their own cap can differ)."""
     limit = int(meta["max_src_len"]) - 1  # room for EOS
     truncated = sum(len(s) > limit for s in sources)
     if truncated:
@@ -67,6 +69,8 @@ def translate_pieces(translator, sources: list[list[str]], meta: dict, beam_size
     groups: dict[int, list[int]] = {}
     for i, s in enumerate(sources):
         groups.setdefault(decoding_cap(len(s), max_len_a, max_len_b, int(meta["max_tgt_len"])), []).append(i)
+    if one_cap and groups:
+        groups = {max(groups): [i for rows in groups.values() for i in rows]}
     out: list[list[str]] = [[] for _ in sources]
     pending = []
     for cap, rows in groups.items():
@@ -86,7 +90,8 @@ def translate_pieces(translator, sources: list[list[str]], meta: dict, beam_size
 
 def translate_lines(folder: str | Path, lines: list[str], beam_size: int | None = None, length_penalty: float | None = None,
                     max_len_a: float | None = None, max_len_b: int | None = None, batch_tokens: int = 2048,
-                    compute_type: str = "default", inter_threads: int = 1, intra_threads: int = 0) -> list[str]:
+                    compute_type: str = "default", inter_threads: int = 1, intra_threads: int = 0,
+                    one_cap: bool = False) -> list[str]:
     """One detokenized translation per line ("" for a blank line); None takes the export's defaults."""
     import ctranslate2
     import sentencepiece as spm
@@ -107,7 +112,7 @@ def translate_lines(folder: str | Path, lines: list[str], beam_size: int | None 
         length_penalty=defaults["alpha"] if length_penalty is None else length_penalty,
         max_len_a=defaults["max_len_a"] if max_len_a is None else max_len_a,
         max_len_b=defaults["max_len_b"] if max_len_b is None else max_len_b,
-        batch_tokens=batch_tokens,
+        batch_tokens=batch_tokens, one_cap=one_cap,
     )
     outputs = [""] * len(lines)
     for i, hyp in zip(todo, pieces):
@@ -129,11 +134,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--inter-threads", type=int, default=1, help="batches translated at once (default: 1)")
     parser.add_argument("--intra-threads", type=int, default=0, help="threads per batch (0: CTranslate2's default)")
     parser.add_argument("--batch-tokens", type=int, default=2048, help="source tokens per batch (default: 2048)")
+    parser.add_argument("--one-cap", action="store_true",
+                        help="one call with the largest length cap: faster, same output unless a sentence reaches its cap")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
     lines = read_lines(args.input)
     outputs = translate_lines(args.folder, lines, args.beam_size, args.length_penalty, args.max_len_a, args.max_len_b,
-                              args.batch_tokens, args.compute_type, args.inter_threads, args.intra_threads)
+                              args.batch_tokens, args.compute_type, args.inter_threads, args.intra_threads, args.one_cap)
     text = "".join(line + "\n" for line in outputs)
     if args.output is None:
         sys.stdout.write(text)

@@ -210,6 +210,8 @@ def test_average_of_the_last_checkpoints_is_their_mean(ema_run, tmp_path):
     name = "model.decoder.out.weight"
     assert torch.allclose(averaged["state_dict"][name], (a[name] + b[name]) / 2, atol=1e-7)
     load_checkpoint(out)  # translate.py can use it
+    tied = averaged["state_dict"]  # tied weights stay one tensor, as in the checkpoints
+    assert tied["model.decoder.out.weight"].data_ptr() == tied["model.decoder.embed_tokens.embed.weight"].data_ptr()
 
     # best=N ranks by the validation score each checkpoint saved (step 15 ties with last.ckpt: one per step).
     found = [(Path(f"s{s}"), {"global_step": s, "monitor": {"value": v}}) for s, v in [(5, 1.0), (10, 3.0), (15, 2.0)]]
@@ -255,3 +257,17 @@ def test_export_command_writes_release_files_and_ctranslate2_folders(budget_run,
     assert read_checkpoint(release_file)["kind"] == "release"
     with pytest.raises(ValueError, match="format=onnx: choose one of release, ctranslate2"):
         export(OmegaConf.create({**base, "format": "onnx", "out": str(tmp_path / "x")}))
+
+
+def test_evaluate_names_the_checkpoints_it_is_given(budget_run, tmp_path):
+    _, run = budget_run
+    last = run / "checkpoints" / "last.ckpt"
+    released = export_release(last, tmp_path / "model.ckpt")
+    base = [sys.executable, "evaluate.py", "n_bootstrap=10", "decoding=greedy", f"hydra.run.dir={tmp_path / 'eval'}"]
+    result = subprocess.run([*base, f"ckpts={{final: {last}, release: {released}}}"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "eval" / "comparison.json").read_text())
+    assert set(report) == {"final", "release"} and report["final"]["bleu"] == report["release"]["bleu"]
+    result = subprocess.run([*base, f"ckpts=[{last},{last}]"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode != 0 and "name them: ckpts={name: file, ...}" in result.stderr
