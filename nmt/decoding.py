@@ -1,13 +1,15 @@
-"""Greedy and batched beam search: the only decoding code, for every model.
+"""Greedy search, sampling and batched beam search (with n-best lists): the only decoding code,
+for every model; and the teacher-forced scoring of given translations.
 
-Both drive a model through the ``Seq2Seq`` interface (``encode``, ``init_state``,
-``decode_step``) and reorder its memory/state with ``nmt.models.base.select``, so they never ask
-which architecture they decode. Outputs are capped at ``max_len_a * source_length + max_len_b``
-tokens (EOS forced at the cap).
+All drive a model through the ``Seq2Seq`` interface (``encode``, ``init_state``,
+``decode_step``; ``forward`` for scoring) and reorder its memory/state with
+``nmt.models.base.select``, so they never ask which architecture they decode. Outputs are capped
+at ``max_len_a * source_length + max_len_b`` tokens (EOS forced at the cap).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -21,11 +23,13 @@ from nmt.models.base import select
 class Hypotheses:
     """Best hypothesis per sentence: token ids without BOS/EOS, its score (sum of log-probs;
     divided by the length penalty for beam search) and, if asked, attention (T_i, S) over the
-    padded source."""
+    padded source. ``nbest`` (beam search with ``nbest > 1``): per sentence, its best hypotheses
+    as (tokens, score) pairs, best first."""
 
     tokens: list[list[int]]
     scores: Tensor
     attn: list[Tensor] | None = None
+    nbest: list[list[tuple[list[int], float]]] | None = None
 
 
 def _max_lengths(src_mask: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
@@ -92,11 +96,10 @@ def _to_lists(tokens: Tensor) -> list[list[int]]:
     return out
 
 
-@torch.no_grad()
-def greedy_search(
-    model, src: Tensor, src_mask: Tensor, max_len_a: float = 1.5, max_len_b: int = 10, need_attn: bool = False
-) -> Hypotheses:
-    """Pick the most probable token at every step. src, src_mask: (B, S)."""
+def _sequential_search(model, src: Tensor, src_mask: Tensor, pick: Callable[[Tensor], Tensor], max_len_a: float,
+                       max_len_b: int, need_attn: bool) -> Hypotheses:
+    """One hypothesis per sentence, a token at a time: ``pick(log_probs (B, W)) -> tokens (B,)``;
+    the score is the sum of the model's log-probs of the picked tokens."""
     batch = src.size(0)
     max_len = _max_lengths(src_mask, max_len_a, max_len_b)
     memory = model.encode(src, src_mask)
@@ -109,11 +112,10 @@ def greedy_search(
         logits, state, attn = model.decode_step(prev, memory, state, need_attn=need_attn)
         need_attn = need_attn and attn is not None  # models without attention give None
         x = _log_probs(logits, model.tgt_vocab_size)
-        best, token = x.max(dim=-1)
+        token = pick(x)
         at_cap = t >= max_len - 1
         token = torch.where(at_cap & ~finished, torch.full_like(token, EOS), token)
-        best = torch.where(at_cap, x.gather(1, token.unsqueeze(1)).squeeze(1), best)
-        scores += best.masked_fill(finished, 0.0)
+        scores += x.gather(1, token.unsqueeze(1)).squeeze(1).masked_fill(finished, 0.0)
         tokens.append(token.masked_fill(finished, PAD))
         if need_attn:
             attns.append(attn.float())
@@ -127,6 +129,66 @@ def greedy_search(
         stacked = torch.stack(attns, 1)  # (B, T, S)
         attn_out = [stacked[i, : len(toks) + 1].cpu() for i, toks in enumerate(token_lists)]
     return Hypotheses(token_lists, scores, attn_out)
+
+
+@torch.no_grad()
+def greedy_search(
+    model, src: Tensor, src_mask: Tensor, max_len_a: float = 1.5, max_len_b: int = 10, need_attn: bool = False
+) -> Hypotheses:
+    """Pick the most probable token at every step. src, src_mask: (B, S)."""
+    return _sequential_search(model, src, src_mask, lambda x: x.argmax(dim=-1), max_len_a, max_len_b, need_attn)
+
+
+def _sampler(temperature: float, top_k: int, top_p: float, generator: torch.Generator) -> Callable[[Tensor], Tensor]:
+    """Draw from softmax(log_probs / temperature), restricted to the ``top_k`` most probable tokens
+    (0: all) and to the smallest set whose probability reaches ``top_p`` (nucleus; 1: all).
+    A temperature of 0 is greedy."""
+
+    def pick(x: Tensor) -> Tensor:
+        if temperature <= 0:
+            return x.argmax(dim=-1)
+        logits = x / temperature
+        if 0 < top_k < logits.size(-1):
+            kth = logits.topk(top_k, dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if top_p < 1.0:
+            sorted_logits, order = logits.sort(dim=-1, descending=True)
+            before = sorted_logits.softmax(-1).cumsum(-1) - sorted_logits.softmax(-1)  # mass of the better tokens
+            drop = (before >= top_p).scatter(1, order, before >= top_p)
+            logits = logits.masked_fill(drop, float("-inf"))
+        return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(1)
+
+    return pick
+
+
+@torch.no_grad()
+def sample_search(
+    model, src: Tensor, src_mask: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+    max_len_a: float = 1.5, max_len_b: int = 10, need_attn: bool = False,
+) -> Hypotheses:
+    """One sampled translation per sentence (back-translation, data augmentation), with
+    temperature, top-k and top-p (Holtzman et al. 2020). The draws come from a generator seeded
+    with ``seed`` and the batch's source ids, so the same input, seed and batching give the same
+    output. Scores are the model's log-probs of the drawn tokens (before temperature)."""
+    if not 0.0 < top_p <= 1.0 or top_k < 0 or temperature < 0:
+        raise ValueError(f"sampling needs temperature >= 0, top_k >= 0 and 0 < top_p <= 1 "
+                         f"(got temperature={temperature}, top_k={top_k}, top_p={top_p})")
+    generator = torch.Generator(device=src.device)
+    generator.manual_seed(hash((int(seed), tuple(src.shape), int(src.sum()))) & 0xFFFF_FFFF_FFFF)
+    pick = _sampler(float(temperature), int(top_k), float(top_p), generator)
+    return _sequential_search(model, src, src_mask, pick, max_len_a, max_len_b, need_attn)
+
+
+@torch.no_grad()
+def score_pairs(model, src: Tensor, src_mask: Tensor, tgt: Tensor) -> Tensor:
+    """Log-probability of each given target token under the model, (B, T), teacher-forced
+    through ``model.forward``: ``tgt`` (B, T) holds the target ids followed by EOS, PAD-padded
+    (0 where padded). The same distribution as decoding's (PAD and BOS never generated), so the
+    sum over a sentence equals the score greedy search gives its own output."""
+    tgt_in = torch.cat([tgt.new_full((tgt.size(0), 1), BOS), tgt[:, :-1]], 1)
+    tgt_in = tgt_in.masked_fill(tgt_in == EOS, PAD)  # after a shorter sentence's EOS
+    x = _log_probs(model(src, src_mask, tgt_in), model.tgt_vocab_size)
+    return x.gather(-1, tgt.unsqueeze(-1)).squeeze(-1).masked_fill(tgt == PAD, 0.0)
 
 
 def length_penalty(length: Tensor, alpha: float) -> Tensor:
@@ -152,12 +214,16 @@ def beam_search(
     max_len_a: float = 1.5,
     max_len_b: int = 10,
     need_attn: bool = False,
+    nbest: int = 1,
 ) -> Hypotheses:
     """Batched beam search; a sentence stops once ``beam_size`` hypotheses have ended, or once
-    none of its live hypotheses can still beat its best (which changes no result), and then
-    leaves the batch (the others decode on fewer rows); the search stops when every sentence
-    has. Hypotheses are ranked by score / length_penalty."""
-    batch, k = src.size(0), beam_size
+    none of its live hypotheses can still beat its ``nbest``-th best (which changes no result),
+    and then leaves the batch (the others decode on fewer rows); the search stops when every
+    sentence has. Hypotheses are ranked by score / length_penalty; ``nbest`` > 1 also returns
+    each sentence's ``nbest`` best ended hypotheses (``Hypotheses.nbest``)."""
+    if not 1 <= nbest <= beam_size:
+        raise ValueError(f"nbest={nbest}: must be between 1 and the beam size ({beam_size})")
+    batch, k, n_best = src.size(0), beam_size, nbest
     device = src.device
     max_len = _max_lengths(src_mask, max_len_a, max_len_b)
     steps = int(max_len.max())
@@ -170,9 +236,10 @@ def beam_search(
     beam_scores[:, 0] = 0.0  # all beams start identical: keep one
     history = src.new_zeros(batch * k, 0)  # (B*K, t)
     attn_hist = None
-    best_scores = torch.full((batch,), float("-inf"), device=device)
-    best_tokens = src.new_full((batch, steps + 1), PAD)
-    best_attn = src.new_zeros((batch, steps + 1, src.size(1)), dtype=torch.float) if need_attn else None
+    # The n_best best ended hypotheses of each sentence, best first.
+    best_scores = torch.full((batch, n_best), float("-inf"), device=device)
+    best_tokens = src.new_full((batch, n_best, steps + 1), PAD)
+    best_attn = src.new_zeros((batch, n_best, steps + 1, src.size(1)), dtype=torch.float) if need_attn else None
     # Sentences still searching (their rows in the batch-sized tensors above); a sentence whose
     # search has ended leaves the decoder's batch, so the rest decode on fewer rows.
     active = torch.arange(batch, device=device)
@@ -200,23 +267,30 @@ def beam_search(
         # Hypotheses ending here: EOS among the K best candidates.
         ended = (token == EOS) & beam_pos & (top_scores > float("-inf"))
         norm = (top_scores / length_penalty(torch.tensor(t + 1, device=device), alpha)).masked_fill(~ended, float("-inf"))
-        cand_best, cand_pos = norm.max(dim=1)  # (n,)
-        improve = cand_best > best_scores[active]
+        norm = norm[:, :k]  # only the K best candidates end
+        improve = norm.max(dim=1).values > best_scores[active, -1]  # (n,): enters the n-best list
         if bool(improve.any()):
-            src_beam = origin.gather(1, cand_pos.unsqueeze(1)).squeeze(1)[improve]
             rows = active[improve]
-            best_tokens[rows, :t] = history.index_select(0, src_beam)
-            best_tokens[rows, t:] = PAD
-            best_scores[rows] = cand_best[improve]
+            m, length = rows.numel(), best_tokens.size(-1)
+            merged, pick = torch.cat([best_scores[rows], norm[improve]], 1).topk(n_best, dim=1)  # (m, n_best)
+            src_beams = origin[improve, :k].reshape(-1)  # (m * K,)
+            cand_tokens = src.new_full((m, k, length), PAD)
+            cand_tokens[:, :, :t] = history.index_select(0, src_beams).view(m, k, t)
+            pool = torch.cat([best_tokens[rows], cand_tokens], 1)  # (m, n_best + K, L)
+            best_tokens[rows] = pool.gather(1, pick.unsqueeze(-1).expand(m, n_best, length))
+            best_scores[rows] = merged
             if need_attn:
-                best_attn[rows, : t + 1] = attn_hist.index_select(0, src_beam)
+                cand_attn = best_attn.new_zeros((m, k, *best_attn.shape[2:]))
+                cand_attn[:, :, : t + 1] = attn_hist.index_select(0, src_beams).view(m, k, t + 1, -1)
+                pool_attn = torch.cat([best_attn[rows], cand_attn], 1)
+                best_attn[rows] = pool_attn.gather(1, pick[..., None, None].expand(m, n_best, *best_attn.shape[2:]))
         num_finished += ended.sum(1)
         # The K best candidates that did not end continue.
         alive_scores = top_scores.masked_fill(token == EOS, float("-inf"))
         beam_scores, keep = alive_scores.topk(k, dim=1)  # (n, K)
         # A sentence searches on until beam_size hypotheses have ended, or until none of its
-        # live ones can still beat its best.
-        searching = (num_finished < k) & (best_scores[active] < _best_possible(beam_scores[:, 0], t, max_len, alpha))
+        # live ones can still beat the last of its n best.
+        searching = (num_finished < k) & (best_scores[active, -1] < _best_possible(beam_scores[:, 0], t, max_len, alpha))
         if not bool(searching.any()):
             break
         reorder = origin.gather(1, keep)  # (n, K), rows of the current batch
@@ -231,8 +305,14 @@ def beam_search(
         if need_attn:
             attn_hist = attn_hist.index_select(0, reorder)
         state = select(state, reorder)
-    token_lists = _to_lists(best_tokens)
+    token_lists = _to_lists(best_tokens[:, 0])
     attn_out = None
     if need_attn:
-        attn_out = [best_attn[i, : len(toks) + 1].cpu() for i, toks in enumerate(token_lists)]
-    return Hypotheses(token_lists, best_scores, attn_out)
+        attn_out = [best_attn[i, 0, : len(toks) + 1].cpu() for i, toks in enumerate(token_lists)]
+    nbest_out = None
+    if n_best > 1:
+        ranked = _to_lists(best_tokens.view(batch * n_best, -1))
+        scores = best_scores.tolist()
+        nbest_out = [[(ranked[i * n_best + r], scores[i][r]) for r in range(n_best) if scores[i][r] > float("-inf")]
+                     for i in range(batch)]
+    return Hypotheses(token_lists, best_scores[:, 0], attn_out, nbest_out)

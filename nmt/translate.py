@@ -2,22 +2,40 @@
 < in.txt > out.txt`` (or ``input=in.txt output=out.txt``; see ``nmt/conf/translate.yaml``).
 
 A checkpoint carries its run's resolved config and SentencePiece models, so nothing else is
-needed. Exactly one output line is written per input line: empty input lines stay empty, over-long
-lines are truncated to the model's limit with a warning, invalid UTF-8 is an error naming the line
-(or, with ``errors=replace``, replaced and reported).
+needed. The input is read in chunks of ``chunk_lines`` lines and each finished line is written
+(and flushed) as soon as every line before it is, so memory does not grow with the input and an
+interrupted run leaves every finished line on disk. Exactly one output line (``nbest``: k lines) is
+written per input line: empty input lines stay empty, over-long lines are truncated to the
+model's limit with a warning, invalid UTF-8 is an error naming the line (or, with
+``errors=replace``, replaced and reported).
+
+Modes (``mode``): ``translate`` with the configured ``decoding`` (``beam``, ``greedy``, ``sample``;
+``decoding.nbest=k`` writes k ranked hypotheses per line), and ``score``: the log-probability of
+given translations under the model (``nmt.scoring``).
+
+Output formats (``format``): ``text`` (one translation per line; the default of one-best
+translation), ``tsv`` (the default of n-best and score) and ``jsonl``. n-best rows are
+``line <TAB> rank <TAB> score <TAB> logprob <TAB> text`` (line and rank from 1; ``score`` is what
+beam search ranks by, ``logprob / ((5 + n) / 6) ** alpha`` with n the tokens including EOS;
+``logprob`` the sum of the tokens' log-probabilities); as JSON lines the same keys. An empty
+input line gets k rows with empty text and scores 0.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import IO, Any
 
 import hydra
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -25,34 +43,57 @@ from nmt import CONF_DIR
 from nmt.checkpoint import load_checkpoint
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.tokenizer import EOS, PAD, Tokenizer
+from nmt.decoding import Hypotheses, length_penalty
 from nmt.malloc import keep_freed_memory
 from nmt.quantize import quantize_int8
 
 log = logging.getLogger(__name__)
 
 
-def read_lines(path: str | None, errors: str = "strict") -> list[str]:
-    """Lines of a file (stdin when ``path`` is None) without their newline; invalid UTF-8 raises
-    with the line number, or is replaced (U+FFFD) and reported when ``errors="replace"``."""
+def iter_lines(path: str | None, errors: str = "strict", replaced: list[int] | None = None) -> Iterator[str]:
+    """Lines of a file (stdin when ``path`` is None) without their newline, read lazily; invalid
+    UTF-8 raises with the line number, or is replaced (U+FFFD) when ``errors="replace"`` and its
+    line number appended to ``replaced``."""
     stream = sys.stdin.buffer if path is None else open(path, "rb")
     name = "<stdin>" if path is None else path
-    lines, bad = [], []
     with stream:
         for number, raw in enumerate(stream, start=1):
             raw = raw.rstrip(b"\r\n")
             try:
-                lines.append(raw.decode("utf-8"))
+                yield raw.decode("utf-8")
             except UnicodeDecodeError as err:
                 if errors != "replace":
                     raise ValueError(
                         f"{name}, line {number}: invalid UTF-8 ({err.reason} at byte {err.start}); "
                         f"fix the file or run with errors=replace"
                     ) from None
-                lines.append(raw.decode("utf-8", errors="replace"))
-                bad.append(number)
-    if bad:
-        log.warning("%s: replaced invalid UTF-8 on %d line(s): %s", name, len(bad), bad[:20])
+                if replaced is not None:
+                    replaced.append(number)
+                yield raw.decode("utf-8", errors="replace")
+
+
+def read_lines(path: str | None, errors: str = "strict") -> list[str]:
+    """All lines of ``iter_lines``; replaced lines are reported in one warning."""
+    replaced: list[int] = []
+    lines = list(iter_lines(path, errors, replaced))
+    report_replaced(path, replaced)
     return lines
+
+
+def report_replaced(path: str | None, replaced: list[int]) -> None:
+    if replaced:
+        log.warning("%s: replaced invalid UTF-8 on %d line(s): %s", path or "<stdin>", len(replaced), replaced[:20])
+
+
+def chunked(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def encode_sources(lines: list[str], src_vocab: Tokenizer, max_len: int,
@@ -70,15 +111,70 @@ def encode_sources(lines: list[str], src_vocab: Tokenizer, max_len: int,
     return encoded
 
 
-def _pad(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    src = torch.full((len(seqs), max(map(len, seqs))), PAD, dtype=torch.long)
+def pad(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    out = torch.full((len(seqs), max(map(len, seqs))), PAD, dtype=torch.long)
     for i, seq in enumerate(seqs):
-        src[i, : len(seq)] = torch.tensor(seq)
-    src = src.to(device)
-    return src, src != PAD
+        out[i, : len(seq)] = torch.tensor(seq)
+    out = out.to(device)
+    return out, out != PAD
 
 
 PRECISIONS = ("32", "bf16", "int8")
+
+
+def prepare_model(model: torch.nn.Module, precision: str) -> torch.nn.Module:
+    """The model to decode with: ``int8``, a copy whose linear layers multiply in int8."""
+    if str(precision) not in PRECISIONS:
+        raise ValueError(f"precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
+    model.eval()
+    return quantize_int8(copy.deepcopy(model)) if str(precision) == "int8" else model
+
+
+def run_batches(batches: list[Any], work: Callable[[Any], Any], device: torch.device, precision: str,
+                workers: int | None) -> Iterator[Any]:
+    """``work(batch)`` for every batch, results in batch order, under no-grad and (``bf16``)
+    autocast. On a CPU, ``workers`` batches run at once, each on one thread (default: as many as
+    torch has threads): a decoding step is many small operations that one thread runs nearly as
+    fast as two, so batches side by side use the cores better than threads inside each operation."""
+
+    def run(batch: Any) -> Any:
+        # Grad mode and autocast are per thread: set them in the thread that decodes.
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=str(precision) == "bf16"):
+            return work(batch)
+
+    workers = min(workers or torch.get_num_threads(), len(batches)) if device.type == "cpu" else 1
+    if workers <= 1:
+        yield from map(run, batches)
+        return
+    threads = torch.get_num_threads()
+    pool = ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,))
+    try:
+        yield from pool.map(run, batches)
+    finally:
+        pool.shutdown(cancel_futures=True)  # after an error, the batches not started are dropped
+        torch.set_num_threads(threads)  # the workers' setting is process-wide
+
+
+def decode_batches(model: torch.nn.Module, src_vocab: Tokenizer, lines: list[str], search: Callable[..., Hypotheses],
+                   max_tokens: int = 2048, max_src_len: int = 256, attention_lines: Iterable[int] = (),
+                   precision: str = "32", workers: int | None = None,
+                   first_line: int = 1) -> Iterator[tuple[list[int], Hypotheses, list[list[int]]]]:
+    """Decode the non-empty ``lines`` in length-sorted batches; yields, batch after batch, the
+    0-based indices into ``lines``, the batch's hypotheses and its source ids. Attention is
+    computed for batches holding one of the 0-based ``attention_lines``; ``first_line`` is the
+    input line number of ``lines[0]`` (for warnings)."""
+    device = next(model.parameters()).device
+    wanted = set(attention_lines)
+    todo = [i for i, line in enumerate(lines) if line.strip()]
+    encoded = encode_sources([lines[i] for i in todo], src_vocab, max_src_len, numbers=[first_line + i for i in todo])
+    batches = list(TokenBatchSampler([len(e) for e in encoded], max_tokens=max_tokens, batch_size=None, shuffle=False, seed=0))
+
+    def work(batch: list[int]):
+        src, src_mask = pad([encoded[j] for j in batch], device)
+        need_attn = any(todo[j] in wanted for j in batch)
+        return [todo[j] for j in batch], search(model, src, src_mask, need_attn=need_attn), [encoded[j] for j in batch]
+
+    yield from run_batches(batches, work, device, precision, workers)
 
 
 @torch.no_grad()
@@ -98,52 +194,18 @@ def translate_lines(
     an empty line) and, for the 0-based ``attention_lines``, (attention (T, S), source pieces,
     target pieces). ``precision="bf16"`` decodes under bf16 autocast (matmuls in bf16, scores
     and softmax in fp32); ``precision="int8"`` (CPU) with a copy of the model whose linear layers
-    multiply in int8 (``nmt.quantize``), the rest in fp32.
-
-    On a CPU, ``workers`` batches decode at once, each on one thread (default: as many as torch
-    has threads): a decoding step is many small operations that one thread runs nearly as fast
-    as two, so batches side by side use the cores better than threads inside each operation."""
-    if str(precision) not in PRECISIONS:
-        raise ValueError(f"precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
-    model.eval()
-    device = next(model.parameters()).device
-    if str(precision) == "int8":
-        model = quantize_int8(copy.deepcopy(model))
-    wanted = set(attention_lines)
+    multiply in int8 (``nmt.quantize``), the rest in fp32."""
+    model = prepare_model(model, precision)
     outputs = [""] * len(lines)
     attentions: dict[int, tuple[torch.Tensor, list[str], list[str]]] = {}
-    todo = [i for i, line in enumerate(lines) if line.strip()]
-    encoded = encode_sources([lines[i] for i in todo], src_vocab, max_src_len, numbers=[i + 1 for i in todo])
-    batches = list(TokenBatchSampler([len(e) for e in encoded], max_tokens=max_tokens, batch_size=None, shuffle=False, seed=0))
-
-    def decode(batch: list[int]) -> tuple[list[int], bool, Any]:
-        src, src_mask = _pad([encoded[j] for j in batch], device)
-        need_attn = any(todo[j] in wanted for j in batch)
-        # Grad mode and autocast are per thread: set them in the thread that decodes.
-        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=str(precision) == "bf16"):
-            return batch, need_attn, search(model, src, src_mask, need_attn=need_attn)
-
-    workers = min(workers or torch.get_num_threads(), len(batches)) if device.type == "cpu" else 1
-    if workers > 1:
-        threads = torch.get_num_threads()
-        pool = ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,))
-        try:
-            results = list(pool.map(decode, batches))
-        finally:
-            pool.shutdown(cancel_futures=True)  # after an error, the batches not started are dropped
-            torch.set_num_threads(threads)  # the workers' setting is process-wide
-    else:
-        results = map(decode, batches)
-    for batch, need_attn, hyps in results:
-        for row, j in enumerate(batch):
-            outputs[todo[j]] = tgt_vocab.decode(hyps.tokens[row])
-            if need_attn and hyps.attn is not None and todo[j] in wanted:
-                src_len = len(encoded[j])
-                attentions[todo[j]] = (
-                    hyps.attn[row][:, :src_len],
-                    src_vocab.pieces(encoded[j]),
-                    tgt_vocab.pieces(hyps.tokens[row] + [EOS]),
-                )
+    wanted = set(attention_lines)
+    for rows, hyps, sources in decode_batches(model, src_vocab, lines, search, max_tokens, max_src_len, wanted,
+                                              precision, workers):
+        for r, i in enumerate(rows):
+            outputs[i] = tgt_vocab.decode(hyps.tokens[r])
+            if i in wanted and hyps.attn is not None:
+                attentions[i] = (hyps.attn[r][:, : len(sources[r])], src_vocab.pieces(sources[r]),
+                                 tgt_vocab.pieces(hyps.tokens[r] + [EOS]))
     return outputs, attentions
 
 
@@ -155,32 +217,169 @@ def model_max_src_len(run_config: dict[str, Any]) -> int:
     return min(limit, int(encoder_max)) if encoder_max else limit
 
 
+# --- writing ------------------------------------------------------------------------------------
+def nbest_rows(number: int, ranked: list[tuple[list[int], float]], k: int, tgt_vocab: Tokenizer, alpha: float,
+               fmt: str) -> list[str]:
+    """The k output rows of input line ``number``: its hypotheses, then empty ones if fewer."""
+    rows = []
+    for rank in range(1, k + 1):
+        tokens, score = ranked[rank - 1] if rank <= len(ranked) else ([], 0.0)
+        logprob = score * float(length_penalty(torch.tensor(len(tokens) + 1), alpha)) if tokens else 0.0
+        text = tgt_vocab.decode(tokens) if tokens else ""
+        if fmt == "jsonl":
+            rows.append(json.dumps({"line": number, "rank": rank, "score": round(score, 4),
+                                    "logprob": round(logprob, 4), "text": text}, ensure_ascii=False))
+        else:
+            rows.append(f"{number}\t{rank}\t{score:.4f}\t{logprob:.4f}\t{text}")
+    return rows
+
+
+class OrderedWriter:
+    """Writes each input line's output rows in input order, as soon as every earlier line's
+    are written, flushing after each run of lines; counts lines for the progress bar."""
+
+    def __init__(self, stream: IO[str], on_lines: Callable[[int], None] = lambda n: None) -> None:
+        self.stream, self.on_lines = stream, on_lines
+        self.pending: dict[int, list[str]] = {}
+        self.next = 0  # the next 0-based input line to write
+
+    def put(self, index: int, rows: list[str]) -> None:
+        self.pending[index] = rows
+
+    def flush(self) -> None:
+        start = self.next
+        while self.next in self.pending:
+            self.stream.write("".join(row + "\n" for row in self.pending.pop(self.next)))
+            self.next += 1
+        if self.next > start:
+            self.stream.flush()
+            self.on_lines(self.next - start)
+
+
+def count_lines(path: str) -> int:
+    with open(path, "rb") as f:
+        return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
+
+
+class Progress:
+    """Lines/s and ETA on stderr (rich), for an input file of known length."""
+
+    def __init__(self, total: int | None, enabled: bool) -> None:
+        self.bar = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeRemainingColumn
+
+            self.bar = Bar(TextColumn("translating"), BarColumn(), MofNCompleteColumn(),
+                           TextColumn("{task.fields[rate]} lines/s"), TimeRemainingColumn(),
+                           console=Console(stderr=True), transient=False)
+            self.task = self.bar.add_task("lines", total=total, rate="-")
+            self.start = time.perf_counter()
+            self.done = 0
+            self.bar.start()
+
+    def advance(self, n: int) -> None:
+        if self.bar is not None:
+            self.done += n
+            rate = self.done / max(time.perf_counter() - self.start, 1e-9)
+            self.bar.update(self.task, advance=n, rate=f"{rate:,.0f}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def output_format(cfg: DictConfig, nbest: int) -> str:
+    fmt = str(cfg.format)
+    if fmt == "auto":
+        return "tsv" if cfg.mode == "score" or nbest > 1 else "text"
+    allowed = ("tsv", "jsonl") if cfg.mode == "score" or nbest > 1 else ("text", "jsonl")
+    if fmt not in allowed:
+        raise ValueError(f"format={fmt}: choose auto or one of {', '.join(allowed)} for "
+                         f"{'scoring' if cfg.mode == 'score' else 'n-best lists' if nbest > 1 else 'translations'}")
+    return fmt
+
+
+def translate_stream(cfg: DictConfig, loaded, writer: OrderedWriter, attention_dir: Path | None) -> int:
+    """Translate the input chunk by chunk into ``writer``; returns the number of input lines."""
+    search = instantiate(cfg.decoding)
+    nbest = int(cfg.decoding.get("nbest", 1) or 1)
+    fmt = output_format(cfg, nbest)
+    alpha = float(cfg.decoding.get("alpha", 0.0) or 0.0)
+    model = prepare_model(loaded.model, cfg.precision)
+    src_vocab, tgt_vocab = loaded.src_vocab, loaded.tgt_vocab
+    max_src_len = model_max_src_len(loaded.run_config)
+    wanted = set(cfg.attention_lines)
+    replaced: list[int] = []
+    offset = 0
+    for chunk in chunked(iter_lines(cfg.input, cfg.errors, replaced), int(cfg.chunk_lines)):
+        for i, line in enumerate(chunk):
+            if not line.strip():
+                writer.put(offset + i, nbest_rows(offset + i + 1, [], nbest, tgt_vocab, alpha, fmt) if nbest > 1 else
+                           [json.dumps({"line": offset + i + 1, "text": "", "score": 0.0}) if fmt == "jsonl" else ""])
+        writer.flush()
+        attention = {i - offset for i in wanted if offset <= i < offset + len(chunk)}
+        for rows, hyps, sources in decode_batches(model, src_vocab, chunk, search, cfg.max_tokens, max_src_len,
+                                                  attention, cfg.precision, cfg.workers, first_line=offset + 1):
+            for r, i in enumerate(rows):
+                number = offset + i + 1
+                if nbest > 1:
+                    writer.put(offset + i, nbest_rows(number, hyps.nbest[r], nbest, tgt_vocab, alpha, fmt))
+                else:
+                    text = tgt_vocab.decode(hyps.tokens[r])
+                    writer.put(offset + i, [json.dumps({"line": number, "text": text, "score": round(float(hyps.scores[r]), 4)},
+                                                       ensure_ascii=False) if fmt == "jsonl" else text])
+                if i in attention and hyps.attn is not None and attention_dir is not None:
+                    from nmt.plots import plot_attention  # matplotlib loads only when heatmaps are asked for
+
+                    path = attention_dir / f"line{number:05d}.png"
+                    plot_attention(hyps.attn[r][:, : len(sources[r])], src_vocab.pieces(sources[r]),
+                                   tgt_vocab.pieces(hyps.tokens[r] + [EOS]), path, title=f"line {number}")
+                    log.info("attention of line %d -> %s", number, path)
+            writer.flush()
+        offset += len(chunk)
+    report_replaced(cfg.input, replaced)
+    return offset
+
+
+def attention_folder(cfg: DictConfig) -> Path | None:
+    """Where heatmaps go: ``attention_dir``, else ``<hydra.run.dir>/attention`` when the run
+    folder was given, else a new ``<paths.log_dir>/translate/<time>/attention``."""
+    if not cfg.attention_lines:
+        return None
+    if cfg.get("attention_dir"):
+        return Path(cfg.attention_dir)
+    run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path.cwd()
+    if run_dir.resolve() != Path.cwd().resolve():
+        return run_dir / "attention"
+    return Path(cfg.paths.log_dir) / cfg.task_name / time.strftime("%Y-%m-%d_%H-%M-%S") / "attention"
+
+
 @hydra.main(config_path=CONF_DIR, config_name="translate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    if cfg.mode not in ("translate", "score"):
+        raise ValueError(f"mode={cfg.mode}: choose translate or score")
     gpu = torch.cuda.is_available() and str(cfg.precision) != "int8"  # int8 decodes on CPUs
     device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if gpu else "cpu"))
     keep_freed_memory()
     loaded = load_checkpoint(cfg.ckpt, device=device, allow_pickle=cfg.allow_pickle)
-    lines = read_lines(cfg.input, errors=cfg.errors)
-    search = instantiate(cfg.decoding)
-    max_src_len = model_max_src_len(loaded.run_config)
-    outputs, attentions = translate_lines(
-        loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, search, cfg.max_tokens, max_src_len, cfg.attention_lines,
-        cfg.precision, cfg.workers,
-    )
-    text = "".join(line + "\n" for line in outputs)
-    if cfg.output is None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    else:
-        Path(cfg.output).write_text(text, encoding="utf-8")
-    if attentions:
-        from nmt.plots import plot_attention  # matplotlib loads only when heatmaps are asked for
-    for i, (attn, src_pieces, tgt_pieces) in sorted(attentions.items()):
-        path = Path(cfg.attention_dir) / f"line{i + 1:05d}.png"
-        plot_attention(attn, src_pieces, tgt_pieces, path, title=f"line {i + 1}")
-        log.info("attention of line %d -> %s", i + 1, path)
-    log.info("translated %d lines (%d empty) with %s", len(lines), sum(not l.strip() for l in lines), OmegaConf.to_container(cfg.decoding))
+    out: IO[str] = sys.stdout if cfg.output is None else open(cfg.output, "w", encoding="utf-8")
+    show = cfg.progress == "auto" and cfg.input is not None and sys.stderr.isatty() or cfg.progress is True
+    progress = Progress(count_lines(cfg.input) if cfg.input is not None else None, bool(show))
+    writer = OrderedWriter(out, progress.advance)
+    try:
+        if cfg.mode == "score":
+            from nmt.scoring import score_stream
+
+            lines = score_stream(cfg, loaded, writer, output_format(cfg, 1))
+        else:
+            lines = translate_stream(cfg, loaded, writer, attention_folder(cfg))
+    finally:
+        progress.close()
+        if out is not sys.stdout:
+            out.close()
+    what = "scored" if cfg.mode == "score" else f"translated with {OmegaConf.to_container(cfg.decoding)}"
+    log.info("%s %d lines", what, lines)
 
 
 if __name__ == "__main__":

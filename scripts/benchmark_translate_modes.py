@@ -1,0 +1,76 @@
+"""Time translate.py's modes on one test set, in one process, alternating rounds:
+
+    python scripts/benchmark_translate_modes.py --ckpt <ckpt> --src test.de --ref test.en [--rounds 3]
+
+beam-5 one-best, beam-5 with a 5-best list, greedy, sampling, and scoring the references
+(``mode=score``), each through the functions ``translate.py`` runs (start-up excluded), with
+``--precision`` and torch's thread count. Prints a markdown table: median seconds and the ratio
+to beam-5 one-best.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from nmt.checkpoint import load_checkpoint  # noqa: E402
+from nmt.decoding import beam_search, greedy_search, sample_search  # noqa: E402
+from nmt.scoring import model_max_tgt_len, score_lines  # noqa: E402
+from nmt.translate import decode_batches, model_max_src_len, prepare_model  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ckpt", required=True)
+    parser.add_argument("--src", required=True, type=Path)
+    parser.add_argument("--ref", required=True, type=Path)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--precision", default="32")
+    args = parser.parse_args()
+    loaded = load_checkpoint(args.ckpt)
+    model = prepare_model(loaded.model, args.precision)
+    sources = args.src.read_text(encoding="utf-8").splitlines()
+    refs = args.ref.read_text(encoding="utf-8").splitlines()
+    max_src = model_max_src_len(loaded.run_config)
+    limits = {"max_len_a": 1.5, "max_len_b": 10}
+    searches = {
+        "beam 5": partial(beam_search, beam_size=5, alpha=0.6, **limits),
+        "beam 5, 5-best list": partial(beam_search, beam_size=5, alpha=0.6, nbest=5, **limits),
+        "greedy": partial(greedy_search, **limits),
+        "sampling": partial(sample_search, **limits),
+    }
+
+    def run(name: str) -> None:
+        if name == "score references":
+            for _ in score_lines(model, loaded.src_vocab, loaded.tgt_vocab, sources, refs, 2048, max_src,
+                                 model_max_tgt_len(loaded.run_config, model), args.precision):
+                pass
+            return
+        for _ in decode_batches(model, loaded.src_vocab, sources, searches[name], 2048, max_src, (), args.precision):
+            pass
+
+    names = [*searches, "score references"]
+    times: dict[str, list[float]] = {n: [] for n in names}
+    run("beam 5")  # warm-up
+    for _ in range(args.rounds):
+        for name in names:
+            start = time.perf_counter()
+            run(name)
+            times[name].append(time.perf_counter() - start)
+    base = statistics.median(times["beam 5"])
+    print(f"{len(sources)} sentences, precision {args.precision}, medians of {args.rounds} alternating rounds\n")
+    print("| mode | seconds | x beam 5 |\n|---|---:|---:|")
+    for name in names:
+        m = statistics.median(times[name])
+        print(f"| {name} | {m:.2f} | {m / base:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
