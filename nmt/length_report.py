@@ -58,6 +58,13 @@ def source_lengths(sources: Sequence[str], unit: str = "words") -> list[int]:
     raise ValueError(f"length unit must be 'words' or 'chars', got {unit!r}")
 
 
+def bucket_indices(sources: Sequence[str], edges: Sequence[int], unit: str = "words") -> list[np.ndarray]:
+    """Indices of the sentences in each bucket of ``bucket_bounds(edges)``, by source length."""
+    lengths = np.array(source_lengths(sources, unit))
+    return [np.flatnonzero((lengths >= low) & (lengths <= (high if high is not None else np.inf)))
+            for _, low, high in bucket_bounds(edges)]
+
+
 def sentence_stats(bleu: BLEU, hyps: Sequence[str], refs: Sequence[str]) -> np.ndarray:
     """BLEU's sufficient statistics of each sentence, ``(N, 2 + 2 * max_ngram_order)`` int64:
     hypothesis length, reference length, matching and total n-grams of each order.
@@ -109,7 +116,6 @@ def length_report(
     bleu = BLEU(tokenize=tokenize) if tokenize else BLEU()
     chrf = CHRF()
     stats = sentence_stats(bleu, hyps, refs)
-    lengths = np.array(source_lengths(sources, unit))
 
     def score(index: np.ndarray) -> tuple[float, float, float, float, float]:
         h = [hyps[i] for i in index]
@@ -119,8 +125,7 @@ def length_report(
         return b.score, chrf.corpus_score(h, [r]).score, low, high, b.sys_len / max(b.ref_len, 1)
 
     buckets = []
-    for label, low, high in bucket_bounds(edges):
-        index = np.flatnonzero((lengths >= low) & (lengths <= (high if high is not None else np.inf)))
+    for (label, low, high), index in zip(bucket_bounds(edges), bucket_indices(sources, edges, unit)):
         if len(index) == 0:
             buckets.append(Bucket(label, low, high, 0, None, None, None, None, None))
         else:
