@@ -2,11 +2,13 @@
 
     python evaluate.py ckpts=[runA/checkpoints/last.ckpt,runB/checkpoints/last.ckpt]
     python evaluate.py ckpts={final: run/checkpoints/last.ckpt, averaged: run/checkpoints/average_last5.ckpt}
-    python evaluate.py data=europarl_it_en hyps={lstm: lstm.txt, transformer: tf.txt}
+    python evaluate.py data=europarl_it_en hyps={lstm: lstm.txt, transformer: tf.txt} baseline=lstm
 
 With several systems: one comparison table (markdown, CSV, JSON) and one plot with a curve per
-system, all scored on the same sentences per bucket. Without ``data=``, the test split is the one
-the first checkpoint was trained on.
+system, all scored on the same sentences per bucket, and every system tested against the baseline
+(``baseline=``, default the first) with sacreBLEU's paired bootstrap and approximate randomisation,
+overall and per bucket (``nmt/significance.py``). Without ``data=``, the test split is the one the
+first checkpoint was trained on.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from nmt import CONF_DIR
 from nmt.checkpoint import load_checkpoint
 from nmt.length_report import length_report, markdown_table, plot_bleu_by_length, write_report
+from nmt.significance import significance, significance_table
 from nmt.translate import model_max_src_len, translate_lines
 
 log = logging.getLogger(__name__)
@@ -44,21 +47,35 @@ def load_test_split(data_cfg: DictConfig | dict) -> tuple[list[str], list[str], 
     return sources, refs, datamodule.src_words
 
 
+SIGNIFICANCE_COLUMNS = ["vs_baseline", "differing", "delta_bleu", "delta_ci_low", "delta_ci_high", "p_bootstrap",
+                        "p_randomization"]
+
+
 def compare(reports: dict[str, dict[str, Any]], out_dir: Path, title: str = "") -> dict[str, Path]:
-    """Write the comparison of several systems: JSON, CSV (a row per system and bucket), markdown, PNG."""
+    """Write the comparison of several systems: JSON, CSV (a row per system and bucket), markdown, PNG.
+
+    A report with a ``significance`` entry (``nmt.significance.significance``) fills the CSV's
+    columns ``SIGNIFICANCE_COLUMNS`` (blank for the baseline) and adds its table to the markdown.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {ext: out_dir / f"comparison.{ext}" for ext in ("json", "csv", "md", "png")}
     paths["json"].write_text(json.dumps(reports, indent=2) + "\n")
     with paths["csv"].open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["system", "bucket", "count", "bleu", "chrf", "bleu_ci_low", "bleu_ci_high", "length_ratio"])
+        writer.writerow(["system", "bucket", "count", "bleu", "chrf", "bleu_ci_low", "bleu_ci_high", "length_ratio",
+                         *SIGNIFICANCE_COLUMNS])
         for name, report in reports.items():
-            for b in report["buckets"]:
+            sig = report.get("significance")
+            tests = [[sig["baseline"], *(r[k] for k in ("differing", "delta", "delta_ci_low", "delta_ci_high",
+                                                           "p_bootstrap", "p_randomization"))]
+                     for r in sig["rows"]] if sig else [[None] * len(SIGNIFICANCE_COLUMNS)] * (len(report["buckets"]) + 1)
+            for b, test in zip(report["buckets"], tests):
                 writer.writerow([name, b["label"], b["count"], b["bleu"], b["chrf"], b["bleu_ci_low"], b["bleu_ci_high"],
-                                 b.get("length_ratio")])
+                                 b.get("length_ratio"), *test])
             writer.writerow([name, "all", report["count"], report["bleu"], report["chrf"], *report["bleu_ci"],
-                             report.get("length_ratio")])
-    paths["md"].write_text(markdown_table(reports))
+                             report.get("length_ratio"), *tests[-1]])
+    table = significance_table(reports)
+    paths["md"].write_text(markdown_table(reports) + ("\n" + table if table else ""))
     plot_bleu_by_length(reports, paths["png"], title=title)
     return paths
 
@@ -66,6 +83,7 @@ def compare(reports: dict[str, dict[str, Any]], out_dir: Path, title: str = "") 
 @hydra.main(config_path=CONF_DIR, config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     out_dir = Path(cfg.paths.output_dir)
+    logging.getLogger("sacrebleu").setLevel(logging.WARNING)  # PairedTest logs each step of each bucket at INFO
     device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     named = cfg.ckpts if isinstance(cfg.ckpts, DictConfig) else {}  # {name: file}, else names from the paths
     ckpts = [Path(p) for p in (named.values() if named else cfg.ckpts or [])]
@@ -102,6 +120,12 @@ def main(cfg: DictConfig) -> None:
     }
     for name, report in reports.items():
         write_report(report, out_dir / name, name=name)
+    if len(hyps) > 1:
+        baseline = str(cfg.baseline) if cfg.get("baseline") is not None else next(iter(hyps))
+        tests = significance(hyps, sources, refs, baseline, cfg.length_buckets, unit=unit,
+                             tokenize=cfg.sacrebleu_tokenize, **cfg.significance)
+        for name, result in tests.items():
+            reports[name]["significance"] = result
     paths = compare(reports, out_dir, title=cfg.get("title") or "")
     log.info("comparison -> %s\n%s", paths["md"], paths["md"].read_text())
 

@@ -58,12 +58,45 @@ def source_lengths(sources: Sequence[str], unit: str = "words") -> list[int]:
     raise ValueError(f"length unit must be 'words' or 'chars', got {unit!r}")
 
 
+def bucket_indices(sources: Sequence[str], edges: Sequence[int], unit: str = "words") -> list[np.ndarray]:
+    """Indices of the sentences in each bucket of ``bucket_bounds(edges)``, by source length."""
+    lengths = np.array(source_lengths(sources, unit))
+    return [np.flatnonzero((lengths >= low) & (lengths <= (high if high is not None else np.inf)))
+            for _, low, high in bucket_bounds(edges)]
+
+
+def sentence_stats(bleu: BLEU, hyps: Sequence[str], refs: Sequence[str]) -> np.ndarray:
+    """BLEU's sufficient statistics of each sentence, ``(N, 2 + 2 * max_ngram_order)`` int64:
+    hypothesis length, reference length, matching and total n-grams of each order.
+
+    Read from the public ``BLEUScore`` of each sentence scored alone (``sys_len``, ``ref_len``,
+    ``counts``, ``totals``); the column sums of any subset are that subset's corpus statistics,
+    exactly what ``corpus_score`` sums internally.
+    """
+    if bleu.smooth_method == "add-k":  # compute_bleu adds k to the counts it returns
+        raise ValueError("sentence statistics need a BLEU without add-k smoothing")
+    rows = []
+    for hyp, ref in zip(hyps, refs):
+        s = bleu.corpus_score([hyp], [[ref]])
+        rows.append([s.sys_len, s.ref_len, *s.counts, *s.totals])
+    return np.array(rows, dtype=np.int64).reshape(len(rows), 2 + 2 * bleu.max_ngram_order)
+
+
+def bleu_from_stats(bleu: BLEU, totals: np.ndarray) -> float:
+    """Corpus BLEU from summed sentence statistics, with ``bleu``'s smoothing (``BLEU.compute_bleu``)."""
+    order = bleu.max_ngram_order
+    t = [int(x) for x in totals]
+    return BLEU.compute_bleu(correct=t[2:2 + order], total=t[2 + order:], sys_len=t[0], ref_len=t[1],
+                             smooth_method=bleu.smooth_method, smooth_value=bleu.smooth_value,
+                             effective_order=bleu.effective_order, max_ngram_order=order).score
+
+
 def bootstrap_bleu(bleu: BLEU, stats: np.ndarray, n: int, seed: int) -> tuple[float, float]:
     """95% percentile interval of corpus BLEU over ``n`` resamples of the sentence statistics."""
     rng = np.random.default_rng(seed)
     weights = rng.multinomial(len(stats), np.full(len(stats), 1.0 / len(stats)), size=n)  # (n, N)
     totals = weights @ stats  # (n, num_stats): the statistics of each resampled corpus
-    scores = np.array([bleu._compute_score_from_stats(list(map(int, t))).score for t in totals])
+    scores = np.array([bleu_from_stats(bleu, t) for t in totals])
     return float(np.percentile(scores, 2.5)), float(np.percentile(scores, 97.5))
 
 
@@ -82,8 +115,7 @@ def length_report(
         raise ValueError(f"{len(sources)} sources, {len(hyps)} hypotheses and {len(refs)} references differ in number")
     bleu = BLEU(tokenize=tokenize) if tokenize else BLEU()
     chrf = CHRF()
-    stats = np.array(bleu._extract_corpus_statistics(list(hyps), [list(refs)]), dtype=np.int64)
-    lengths = np.array(source_lengths(sources, unit))
+    stats = sentence_stats(bleu, hyps, refs)
 
     def score(index: np.ndarray) -> tuple[float, float, float, float, float]:
         h = [hyps[i] for i in index]
@@ -93,8 +125,7 @@ def length_report(
         return b.score, chrf.corpus_score(h, [r]).score, low, high, b.sys_len / max(b.ref_len, 1)
 
     buckets = []
-    for label, low, high in bucket_bounds(edges):
-        index = np.flatnonzero((lengths >= low) & (lengths <= (high if high is not None else np.inf)))
+    for (label, low, high), index in zip(bucket_bounds(edges), bucket_indices(sources, edges, unit)):
         if len(index) == 0:
             buckets.append(Bucket(label, low, high, 0, None, None, None, None, None))
         else:
