@@ -365,7 +365,7 @@ def main(cfg: DictConfig) -> None:
     loaded = load_checkpoint(cfg.ckpt, device=device, allow_pickle=cfg.allow_pickle)
     out: IO[str] = sys.stdout if cfg.output is None else open(cfg.output, "w", encoding="utf-8")
     show = cfg.progress == "auto" and cfg.input is not None and sys.stderr.isatty() or cfg.progress is True
-    progress = Progress(count_lines(cfg.input) if cfg.input is not None else None, bool(show))
+    progress = Progress(count_lines(cfg.input) if show and cfg.input is not None else None, bool(show))
     writer = OrderedWriter(out, progress.advance)
     try:
         if cfg.mode == "score":

@@ -130,3 +130,15 @@ def test_no_run_folder_unless_heatmaps_are_asked_for(ckpt, src, tmp_path):
     (png,) = (work / "outputs" / "translate").glob("*/attention/line00001.png")
     translate(ckpt, work, f"input={src}", "decoding=greedy", "attention_lines=[1]", f"hydra.run.dir={tmp_path / 'run'}")
     assert (tmp_path / "run" / "attention" / "line00002.png").is_file()
+
+
+@pytest.mark.parametrize("mode, rows_per_line", [(["decoding.beam_size=2", "decoding.nbest=2"], 2), (["decoding=sample"], 1)],
+                         ids=["nbest", "sample"])
+def test_invalid_utf8_is_reported_with_its_line_in_every_mode(ckpt, tmp_path, mode, rows_per_line):
+    broken = tmp_path / "broken.txt"
+    broken.write_bytes(b"a b\n\nbad \xc3\x28 utf8\nc d\n")
+    result = translate(ckpt, tmp_path, f"input={broken}", *mode, ok=False)
+    assert f"{broken}, line 3: invalid UTF-8" in result.stderr
+    result = translate(ckpt, tmp_path, f"input={broken}", "errors=replace", *mode)
+    assert len(result.stdout.split("\n")) - 1 == 4 * rows_per_line
+    assert "replaced invalid UTF-8 on 1 line(s): [3]" in result.stderr
