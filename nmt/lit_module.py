@@ -218,23 +218,32 @@ class TranslationModule(L.LightningModule):
     def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._decode(batch, "test")
 
-    def _gather(self, stage: str) -> list[str]:
-        """Hypotheses of every rank, in data set order, each sentence once."""
+    def _gather(self, stage: str) -> tuple[list[int], list[str]]:
+        """Ids and hypotheses of the sentences every rank decoded, in data set order, each once."""
         outputs = self._outputs[stage]
         self._outputs[stage] = []
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             gathered: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, outputs)
             outputs = [pair for part in gathered for pair in part]
-        return [text for _, text in sorted(dict(outputs).items())]
+        pairs = sorted(dict(outputs).items())
+        return [i for i, _ in pairs], [text for _, text in pairs]
 
     def _score(self, stage: str, split: str) -> dict[str, Any]:
-        hyps = self._gather(stage)
+        """BLEU/chrF of the decoded sentences against their references: the whole split, or the
+        sentences of the batches decoded under ``limit_*_batches``, ``fast_dev_run`` or
+        ``overfit_batches`` (logged as such)."""
+        ids, hyps = self._gather(stage)
         sources, refs = self.trainer.datamodule.raw(split)
-        if len(hyps) != len(refs):
-            raise RuntimeError(f"{stage}: decoded {len(hyps)} sentences but the {split} split has {len(refs)}")
+        if len(ids) != len(refs):
+            if not ids or ids[-1] >= len(refs):
+                raise RuntimeError(f"{stage}: decoded sentence ids {ids[:1]}..{ids[-1:]} do not fit the {split} split "
+                                   f"({len(refs)} sentences)")
+            log.info("%s: scoring the %d of %d %s sentences decoded (the batches Lightning's limits let through)",
+                     stage, len(ids), len(refs), split)
+            sources, refs = [sources[i] for i in ids], [refs[i] for i in ids]
         scores = corpus_scores(hyps, refs, tokenize=self.hparams.sacrebleu_tokenize)
-        self.last_results[stage] = {"hyps": hyps, "refs": refs, "sources": sources, **scores}
+        self.last_results[stage] = {"hyps": hyps, "refs": refs, "sources": sources, "ids": ids, **scores}
         return scores
 
     def on_validation_epoch_end(self) -> None:

@@ -142,6 +142,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     check_logger_packages(cfg.get("logger"))
     loggers = _instantiate_group(cfg.get("logger"))
     plugins = [*(instantiate(cfg.trainer.get("plugins")) or []), AtomicCheckpointIO()]
+    interval = cfg.trainer.get("val_check_interval")
+    if isinstance(interval, float) and interval <= 1.0 and cfg.trainer.get("check_val_every_n_epoch") is None:
+        with open_dict(cfg):  # a fraction of an epoch: Lightning needs an epoch cadence
+            cfg.trainer.check_val_every_n_epoch = 1
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=plugins)
     for logger in loggers:
         logger.log_hyperparams({**module.run_config, "num_parameters": count_parameters(model)})

@@ -304,8 +304,9 @@ class TranslationDataModule(L.LightningDataModule):
         self.setup()
         world, rank = self._replicas()
         dataset = self.datasets["train"]
+        overfit = self.trainer is not None and self.trainer.overfit_batches > 0  # the same few batches each epoch
         sampler = TokenBatchSampler(dataset.lengths(), self.max_tokens, self.batch_size,
-                                    shuffle=True, seed=self.seed, num_replicas=world, rank=rank)
+                                    shuffle=not overfit, seed=self.seed, num_replicas=world, rank=rank)
         if self.trainer is not None:
             sampler.set_epoch(self.trainer.current_epoch)
         return ResumableLoader(dataset, batch_sampler=sampler, collate_fn=collate,

@@ -1,0 +1,53 @@
+"""Lightning's debugging flags and the debug= configs: validation and test score exactly the
+sentences they decoded, and the BLEU-by-length report counts those."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from nmt.train import train
+from tests.conftest import ROOT, compose_train
+
+SPLITS = {split: len((ROOT / f"tests/data/tiny/{split}.src").read_text().splitlines()) for split in ("valid", "test")}
+
+
+def report(cfg) -> dict:
+    run = Path(cfg.paths.output_dir)
+    hyps = (run / "test_hyps.txt").read_text(encoding="utf-8").splitlines()
+    data = json.loads((run / "bleu_by_length.json").read_text())
+    assert data["count"] == len(hyps)
+    return data
+
+
+@pytest.mark.parametrize("overrides, val_partial, test_partial", [
+    (["debug=fdr"], True, True),
+    (["trainer.limit_val_batches=1", "trainer.limit_test_batches=1"], True, True),
+    (["debug=limit", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.limit_test_batches=0.5"],
+     True, True),
+    (["debug=overfit", "trainer.max_epochs=2", "trainer.overfit_batches=1"], True, False),  # test: the whole split
+    (["trainer.val_check_interval=0.5", "trainer.max_epochs=1"], False, False),
+    (["debug=profiler"], False, False),
+], ids=["fdr", "limit_val_batches", "limit", "overfit", "fractional_val_check_interval", "profiler"])
+def test_debugging_flags_score_the_sentences_they_decode(cfg_train, caplog, overrides, val_partial, test_partial):
+    cfg = cfg_train(overrides, model="lstm")
+    with caplog.at_level(logging.INFO, logger="nmt.lit_module"):
+        metrics = train(cfg)
+    assert "val/bleu" in metrics and "test/bleu" in metrics
+    count = report(cfg)["count"]
+    logged = [r.getMessage() for r in caplog.records if "sentences decoded" in r.getMessage()]
+    assert any(m.startswith("val: scoring the ") for m in logged) == val_partial, logged
+    if test_partial:  # fewer sentences than the split, and the log says how many
+        assert count < SPLITS["test"]
+        assert any(f"test: scoring the {count} of {SPLITS['test']} test sentences" in m for m in logged), logged
+    else:
+        assert count == SPLITS["test"] and not any(m.startswith("test:") for m in logged)
+
+
+def test_debug_configs_compose(tmp_path):
+    for name in ("default", "fdr", "limit", "overfit", "profiler"):
+        cfg = compose_train(tmp_path, [f"debug={name}"], model="lstm")
+        assert cfg.task_name == "debug" and cfg.trainer.accelerator == "cpu" and cfg.trainer.max_time is None
