@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as L
 from lightning_fabric.plugins import TorchCheckpointIO
-from pytorch_lightning.callbacks import Callback, EMAWeightAveraging
+from pytorch_lightning.callbacks import Callback, EMAWeightAveraging, RichProgressBar, Timer
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from nmt.checkpoint import atomic_save, nonfinite
@@ -143,6 +145,44 @@ class EMA(EMAWeightAveraging):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit":
             self._raw_final = None
+
+
+def run_eta(trainer: L.Trainer, seconds: float, steps: int) -> float | None:
+    """Seconds the run has left: the smaller of what ``max_time`` leaves and what the steps left
+    (``max_steps``, or ``max_epochs`` of this epoch's length) take at the pace of ``steps`` steps
+    in ``seconds``; None when neither is known."""
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    budget = timer.time_remaining("train") if timer is not None else None
+    left = None
+    if steps > 0:
+        if trainer.max_steps and trainer.max_steps > 0:
+            remaining = trainer.max_steps - trainer.global_step
+        elif trainer.max_epochs and trainer.max_epochs > 0 and math.isfinite(trainer.num_training_batches):
+            per_epoch = trainer.num_training_batches / trainer.accumulate_grad_batches
+            remaining = per_epoch * trainer.max_epochs - trainer.global_step
+        else:
+            remaining = None
+        if remaining is not None:
+            left = max(remaining, 0) * seconds / steps
+    known = [t for t in (budget, left) if t is not None]
+    return min(known) if known else None
+
+
+class RunProgressBar(RichProgressBar):
+    """Lightning's rich progress bar with the whole run's time left (``run_eta``) beside the
+    epoch's."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._started, self._first_step = time.monotonic(), trainer.global_step
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        items = super().get_metrics(trainer, pl_module)
+        if trainer.training and hasattr(self, "_started"):
+            eta = run_eta(trainer, time.monotonic() - self._started, trainer.global_step - self._first_step)
+            if eta is not None:
+                items["run left"] = time.strftime("%H:%M:%S", time.gmtime(eta))
+        return items
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from nmt.checkpoint import FORMAT, nonfinite
 from nmt.data.tokenizer import PAD
 from nmt.loss import output_cross_entropy
-from nmt.length_report import DEFAULT_EDGES, length_report, markdown_table, write_report
+from nmt.length_report import DEFAULT_EDGES, length_report, write_report
 from nmt.metrics import corpus_scores
 
 log = logging.getLogger(__name__)
@@ -288,7 +288,8 @@ class TranslationModule(L.LightningModule):
                                unit=unit, tokenize=self.hparams.sacrebleu_tokenize)
         report["checkpoint"] = self.tested_checkpoint()
         paths = write_report(report, out_dir, name=self.hparams.report_name or type(self.model.decoder).__name__)
-        log.info("BLEU by source length -> %s\n%s", paths["md"], markdown_table({"test": report}))
+        results.update(report=report, report_paths=paths)
+        log.info("BLEU by source length -> %s", paths["md"])
 
     def tested_checkpoint(self) -> dict[str, Any]:
         """The checkpoint file the test decoded with, and its step (in-memory weights: no file)."""

@@ -39,6 +39,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from nmt import CONF_DIR
 from nmt.callbacks import AtomicCheckpointIO, LastCheckpoint
 from nmt.checkpoint import check_resume, tokenizer_protos
+from nmt.length_report import markdown_table
 from nmt.malloc import keep_freed_memory
 
 log = logging.getLogger(__name__)
@@ -181,11 +182,38 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if trainer.is_global_zero:
         write_summary(cfg, module, metrics, (fit_seconds, train_seconds), count_parameters(model), trainer,
                       resumed_from=ckpt_path, tested=tested)
+        log.info("%s", run_summary(cfg, module, trainer, tested))
     if any(type(logger).__name__ == "WandbLogger" for logger in loggers):
         import wandb
 
         wandb.finish()  # flush, and let the next run of a sweep start its own
     return metrics
+
+
+def run_summary(cfg: DictConfig, module, trainer: L.Trainer, tested: dict[str, Any] | None) -> str:
+    """What the terminal shows at the end of a run: test scores and the by-length table, where
+    the checkpoints and reports are, and the command that translates with the tested weights."""
+    out = Path(cfg.paths.output_dir)
+    lines = [f"run finished: {out}"]
+    results = module.last_results.get("test")
+    if results and "report" in results:
+        report = results["report"]
+        low, high = report["bleu_ci"]
+        lines.append(f"test BLEU {report['bleu']:.1f} [{low:.1f}, {high:.1f}], chrF {report['chrf']:.1f} "
+                     f"({report['count']} sentences; step {tested['step']})")
+        lines.append(markdown_table({"test": report}).rstrip())
+        lines.append(f"report: {results['report_paths']['md']} (plot: {results['report_paths']['png']})")
+    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    last = out / "checkpoints" / "last.ckpt"
+    if best:
+        lines.append(f"best checkpoint: {best}")
+    if last.is_file():
+        lines.append(f"final weights: {last}")
+    lines.append(f"summary: {out / 'summary.json'}")
+    ckpt = (tested or {}).get("path") or (str(last) if last.is_file() else None)
+    if ckpt:
+        lines.append(f"translate: python translate.py ckpt={ckpt} < input.txt > output.txt")
+    return "\n".join(lines)
 
 
 def train_wall_seconds(trainer: L.Trainer, fit_seconds: float) -> float:

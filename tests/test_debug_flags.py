@@ -7,8 +7,12 @@ import json
 import logging
 from pathlib import Path
 
-import pytest
+from types import SimpleNamespace
 
+import pytest
+from pytorch_lightning.callbacks import Timer
+
+from nmt.callbacks import run_eta
 from nmt.train import train
 from tests.conftest import ROOT, compose_train
 
@@ -34,7 +38,7 @@ def report(cfg) -> dict:
 ], ids=["fdr", "limit_val_batches", "limit", "overfit", "fractional_val_check_interval", "profiler"])
 def test_debugging_flags_score_the_sentences_they_decode(cfg_train, caplog, overrides, val_partial, test_partial):
     cfg = cfg_train(overrides, model="lstm")
-    with caplog.at_level(logging.INFO, logger="nmt.lit_module"):
+    with caplog.at_level(logging.INFO):
         metrics = train(cfg)
     assert "val/bleu" in metrics and "test/bleu" in metrics
     count = report(cfg)["count"]
@@ -45,6 +49,24 @@ def test_debugging_flags_score_the_sentences_they_decode(cfg_train, caplog, over
         assert any(f"test: scoring the {count} of {SPLITS['test']} test sentences" in m for m in logged), logged
     else:
         assert count == SPLITS["test"] and not any(m.startswith("test:") for m in logged)
+    # The run ends with a summary: scores, the by-length table, the files, the translate command.
+    (summary,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("run finished:")]
+    assert f"({count} sentences; step " in summary and "| all |" in summary
+    assert f"translate: python translate.py ckpt={Path(cfg.paths.output_dir)}/checkpoints/" in summary
+
+
+def test_the_progress_bar_shows_the_time_the_run_has_left():
+    timer = Timer(duration="00:00:10:00")
+    trainer = SimpleNamespace(callbacks=[], max_steps=1000, global_step=100, max_epochs=-1, num_training_batches=50,
+                              accumulate_grad_batches=1)
+    assert run_eta(trainer, seconds=30.0, steps=100) == pytest.approx(270.0)  # 900 steps at 0.3 s
+    trainer.max_steps, trainer.max_epochs = -1, 4  # 4 epochs of 50 batches: 100 steps left
+    assert run_eta(trainer, seconds=30.0, steps=100) == pytest.approx(30.0)
+    trainer.callbacks = [timer]
+    timer.time_remaining = lambda stage="train": 12.0  # the budget ends first
+    assert run_eta(trainer, seconds=30.0, steps=100) == 12.0
+    trainer.callbacks, trainer.max_epochs = [], -1
+    assert run_eta(trainer, seconds=30.0, steps=100) is None
 
 
 def test_debug_configs_compose(tmp_path):
