@@ -8,7 +8,9 @@ averaged the last 5 or 20 checkpoints; fairseq, Marian and OpenNMT-py have the s
 ``last=N`` takes the newest N of the evenly spaced checkpoints a run keeps with
 ``callbacks=[default,recent_checkpoints]`` (``<run>/checkpoints/recent/``; without them, of all its
 checkpoints); ``best=N`` the N of all ``<run>/checkpoints/**/*.ckpt`` (top-k by val/bleu,
-``last.ckpt``, ...) with the highest validation score they saved; one checkpoint per step. ``weights=raw`` (default) averages the weights being trained, also in a run with
+``last.ckpt``, ...) with the highest validation score of their own weights (saved at the step of
+that validation); one checkpoint per step. In a run with ``callbacks.ema`` validation scores the
+averaged weights, and ``recent/`` files hold only the raw ones. ``weights=raw`` (default) averages the weights being trained, also in a run with
 ``callbacks.ema`` (whose checkpoints store the moving average). Floating-point weights are averaged in fp64; integer buffers come from the newest
 checkpoint. The output (default ``<run>/checkpoints/average_{last,best}<N>.ckpt``) is a release file
 for ``translate.py`` and ``evaluate.py``; the checkpoints must share the model config and vocabularies.
@@ -57,7 +59,9 @@ def select(found: list[tuple[Path, dict[str, Any]]], last: int | None, best: int
     if last is not None:
         chosen = found[-last:]
     else:
-        scored = [(p, c) for p, c in found if (c.get("monitor") or {}).get("value") is not None]
+        # a saved score is these weights' own only when it was computed at the checkpoint's step
+        scored = [(p, c) for p, c in found if (c.get("monitor") or {}).get("value") is not None
+                  and c["monitor"].get("step") == c["global_step"]]
         chosen = sorted(scored, key=lambda pc: pc[1]["monitor"]["value"], reverse=True)[:best]
     if len(chosen) < n:
         raise ValueError(f"asked for {n} checkpoints but only {len(chosen)} qualify "

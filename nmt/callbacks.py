@@ -22,26 +22,35 @@ log = logging.getLogger(__name__)
 
 
 class LastCheckpoint(Callback):
-    """Save ``<dirpath>/<filename>.ckpt`` with the final weights whenever training ends, so the
-    weights a run tests and reports are the ones on disk.
+    """The one writer of ``<dirpath>/<filename>.ckpt``: what a resumed run starts from, and the
+    final weights whenever training ends, so the weights a run tests and reports are on disk.
 
-    A normal end (``max_time``, ``max_steps``, ``max_epochs``, early stopping) saves in
-    ``on_train_end``, before testing starts. SIGTERM: Lightning's handler sets
-    ``trainer.received_sigterm`` and its loops raise ``SIGTERMException`` at the next safe point
-    (after the running training batch, and after the validation that is due then; or after the
-    running validation batch); this callback saves in ``on_exception``, so the checkpoint holds the
-    state after that batch, data position included. ``signals`` (default SIGUSR1, SIGUSR2: SLURM's
-    ``--signal``, submitit) take the same path, unless another handler already owns them
-    (Lightning's SLURM auto-requeue handles SIGUSR1). ``signal`` holds the signal that stopped
-    training, for ``train()`` to report and exit with; ``path``/``step`` what was saved last.
-    Place it before a weight-averaging callback, whose ``on_train_end`` replaces the weights.
+    It saves every ``every_n_train_steps`` optimizer steps, after each validation, and at the
+    end: a stop by ``max_steps`` or ``max_time`` at the end of the batch that reaches it, as a
+    step checkpoint does (its loops say "in the middle of the epoch", so a resume goes on from the
+    next batch; saved after the fit the epoch would read as done and its rest be skipped); an end
+    of epoch (``max_epochs``, early stopping there) in ``on_train_end``; both before testing.
+    ``ModelCheckpoint`` callbacks keep their top-k files but must not write ``last.ckpt``
+    (``save_last: false``): Lightning's rewrites it after the fit, as a finished epoch.
+
+    SIGTERM: Lightning's handler sets ``trainer.received_sigterm`` and its loops raise
+    ``SIGTERMException`` at the next safe point (after the running training batch, and after the
+    validation that is due then; or after the running validation batch); this callback saves in
+    ``on_exception``, so the checkpoint holds the state after that batch, data position included.
+    ``signals`` (default SIGUSR1, SIGUSR2: SLURM's ``--signal``, submitit) take the same path,
+    unless another handler already owns them (Lightning's SLURM auto-requeue handles SIGUSR1).
+    ``signal`` holds the signal that stopped training, for ``train()`` to report and exit with;
+    ``path``/``step`` what was saved last. Place it before a weight-averaging callback, whose
+    ``on_train_end`` replaces the weights.
     """
 
-    def __init__(self, dirpath: str, filename: str = "last", signals: Sequence[str] = ("SIGUSR1", "SIGUSR2")) -> None:
+    def __init__(self, dirpath: str, filename: str = "last", every_n_train_steps: int | None = 200,
+                 signals: Sequence[str] = ("SIGUSR1", "SIGUSR2")) -> None:
         self.path = Path(dirpath) / f"{filename}.ckpt"
+        self.every = every_n_train_steps
         self.signals = [getattr(signal, name) for name in signals]
         self.signal: int | None = None
-        self.step: int | None = None  # the global step of the checkpoint saved at the end
+        self.step: int | None = None  # the global step of the checkpoint saved last
         self._previous: dict[int, Any] = {}
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -68,6 +77,29 @@ class LastCheckpoint(Callback):
         trainer.save_checkpoint(self.path)
         self.step = trainer.global_step
 
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        """Every ``every_n_train_steps`` steps; and when training ends after this batch, because it
+        reached ``max_steps`` or the time budget is spent. The time is read on rank 0 and broadcast
+        (as Lightning's Timer does after this hook), so every rank saves or none does."""
+        step = trainer.global_step
+        at_max_steps = 0 < trainer.max_steps <= step
+        timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+        remaining = timer.time_remaining("train") if timer is not None else None
+        time_up = remaining is not None and trainer.strategy.broadcast(remaining <= 0)
+        if time_up:
+            trainer.should_stop = True  # what the Timer decides next, decided once
+        due = bool(self.every) and step > 0 and step % self.every == 0
+        if (at_max_steps or time_up or due) and self.step != step:
+            self._save(trainer)
+            if at_max_steps or time_up:
+                log.info("training ends at step %d (%s); final weights in %s", step,
+                         "max_steps" if at_max_steps else "max_time", self.path)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking and self.step != trainer.global_step:
+            self._save(trainer)
+
     def _save_stopped(self, trainer: L.Trainer) -> None:
         self.signal = self.signal or signal.SIGTERM
         self._save(trainer)
@@ -84,9 +116,9 @@ class LastCheckpoint(Callback):
         self._restore_handlers()
         if trainer.received_sigterm:
             self._save_stopped(trainer)
-        else:
+        elif self.step != trainer.global_step:
             self._save(trainer)
-            log.info("training ended at step %d (epoch %d); final weights in %s",
+            log.info("training ended at step %d after %d epochs; final weights in %s",
                      trainer.global_step, trainer.current_epoch, self.path)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -103,16 +135,18 @@ class RecentCheckpoints(Callback):
             raise ValueError(f"RecentCheckpoints: every_n_train_steps={every_n_train_steps} and keep={keep} "
                              "must be at least 1")
         self.dirpath, self.every, self.keep = Path(dirpath), every_n_train_steps, keep
+        self._saved_step: int | None = None  # known on every rank alike (a save is collective)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         step = trainer.global_step
-        path = self.dirpath / f"step{step:06d}.ckpt"
-        if step == 0 or step % self.every or path.exists():
+        if step == 0 or step % self.every or step == self._saved_step:  # accumulating: same step again
             return
-        trainer.save_checkpoint(path, weights_only=True)
+        trainer.save_checkpoint(self.dirpath / f"step{step:06d}.ckpt", weights_only=True)
+        self._saved_step = step
         if trainer.is_global_zero:
-            for old in sorted(self.dirpath.glob("step*.ckpt"))[: -self.keep]:
+            kept = sorted(self.dirpath.glob("step*.ckpt"), key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else -1)
+            for old in kept[: -self.keep]:
                 old.unlink()
 
 
@@ -120,22 +154,50 @@ class EMA(EMAWeightAveraging):
     """An exponential moving average of the weights (``callbacks=[default,ema]``): Lightning's
     ``EMAWeightAveraging``, which validates with the averaged weights, saves them as a
     checkpoint's ``state_dict`` (the raw weights as ``current_model_state``) and ends training
-    with them. Two changes: checkpoints saved after training ended (the final ``last.ckpt``) keep
-    the raw weights as ``current_model_state``, so a resumed run goes on training those, not
-    the average; and testing or validating a checkpoint outside ``fit`` keeps its averaged
-    weights (Lightning's callback would load the raw ones)."""
+    with them. Changes:
+
+    - before its first update (``update_starting_at_step``) there is no average: validation,
+      checkpoints and the end of training use the raw weights (Lightning's would use the
+      weights the model started from);
+    - a checkpoint saved while validation holds the averaged weights (a signal in validation)
+      still stores the average as ``state_dict`` and the raw weights as ``current_model_state``;
+    - checkpoints saved after training ended (the final ``last.ckpt``) keep the raw weights as
+      ``current_model_state``, so a resumed run goes on training those, not the average;
+    - testing or validating a checkpoint outside ``fit`` keeps its averaged weights (Lightning's
+      callback would load the raw ones).
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._raw_final: dict[str, Any] | None = None
+        self._swapped = False
+
+    def _averaged(self) -> bool:
+        return self._average_model is not None and int(self._average_model.n_averaged) > 0
+
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._averaged():
+            super().on_validation_epoch_start(trainer, pl_module)
+            self._swapped = True
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._swapped:
+            super().on_validation_epoch_end(trainer, pl_module)
+            self._swapped = False
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._raw_final = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
-        super().on_train_end(trainer, pl_module)
+        if self._averaged():
+            self._raw_final = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+            super().on_train_end(trainer, pl_module)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        if not self._averaged():
+            return
         super().on_save_checkpoint(trainer, pl_module, checkpoint)
-        if self._raw_final is not None and "current_model_state" in checkpoint:
+        if self._swapped:  # the module holds the average, the averaged model the raw weights
+            checkpoint["state_dict"], checkpoint["current_model_state"] = (checkpoint["current_model_state"],
+                                                                          checkpoint["state_dict"])
+        elif self._raw_final is not None:
             checkpoint["current_model_state"] = self._raw_final
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:

@@ -95,6 +95,23 @@ def read_checkpoint(path: str | Path, allow_pickle: bool = False, what: str = "c
     return checkpoint
 
 
+def check_targets(config: Any, allowed: tuple[str, ...], source: str) -> None:
+    """Refuse (``CheckpointError``) a config from a file that would build anything but classes
+    under ``allowed`` (module prefixes): ``hydra.utils.instantiate`` imports and calls whatever a
+    ``_target_`` names, so a crafted checkpoint could otherwise run code through its config."""
+    stack = [config]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            target = node.get("_target_")
+            if target is not None and not (isinstance(target, str) and target.startswith(allowed)):
+                raise CheckpointError(f"{source}: refused, its config would build {target!r} (only "
+                                      f"{', '.join(a + '*' for a in allowed)} are built from a checkpoint's config)")
+            stack.extend(node.values())
+        elif isinstance(node, (list, tuple)):
+            stack.extend(node)
+
+
 def checkpoint_kind(checkpoint: dict[str, Any]) -> str:
     """``training`` (resumable) or ``release`` (weights, config and vocabularies only)."""
     return checkpoint.get("kind", "training")
@@ -149,6 +166,8 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", model_
     path = Path(path)
     checkpoint = read_checkpoint(path, allow_pickle)
     run_config = checkpoint["run_config"]
+    if model_config is None:
+        check_targets(run_config["model"], ("nmt.models.",), str(path))
     model_cfg = OmegaConf.create(model_config if model_config is not None else run_config["model"])
     model = instantiate(model_cfg)
     state = model_state(checkpoint)

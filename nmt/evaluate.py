@@ -25,7 +25,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from nmt import CONF_DIR
-from nmt.checkpoint import load_checkpoint
+from nmt.checkpoint import check_targets, load_checkpoint
 from nmt.length_report import length_report, markdown_table, plot_bleu_by_length, write_report
 from nmt.significance import significance, significance_table
 from nmt.translate import model_max_src_len, translate_lines
@@ -100,6 +100,7 @@ def main(cfg: DictConfig) -> None:
         if not loaded:
             raise ValueError("hypothesis files need a test split: set data=<name> (e.g. data=europarl_it_en)")
         data_cfg = loaded[0].run_config["data"]
+        check_targets(data_cfg, ("nmt.data.",), str(ckpts[0]))
     sources, refs, unit = load_test_split(data_cfg)
     hyps: dict[str, list[str]] = {}
     search = instantiate(cfg.decoding)

@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 _END = object()
 
 
-def read_pairs(source: str | None, target: str | None, errors: str, replaced: list[int]) -> Iterator[tuple[str, str]]:
+def read_pairs(source: str | None, target: str | None, errors: str, replaced: list[int],
+               replaced_targets: list[int] | None = None) -> Iterator[tuple[str, str]]:
     """(source, target) per line: two files read in step (an error when one ends first), or one
     file of ``source<TAB>target`` lines when ``target`` is None."""
     if target is None:
@@ -49,7 +50,7 @@ def read_pairs(source: str | None, target: str | None, errors: str, replaced: li
             src, tgt = line.split("\t", 1)
             yield src, tgt
         return
-    sources, targets = iter_lines(source, errors, replaced), iter_lines(target, errors)
+    sources, targets = iter_lines(source, errors, replaced), iter_lines(target, errors, replaced_targets)
     for number, (src, tgt) in enumerate(itertools.zip_longest(sources, targets, fillvalue=_END), start=1):
         if src is _END or tgt is _END:
             short, long = (source or "<stdin>", target) if src is _END else (target, source or "<stdin>")
@@ -104,8 +105,10 @@ def score_stream(cfg: DictConfig, loaded, writer: OrderedWriter, fmt: str) -> in
     model = prepare_model(loaded.model, cfg.precision)
     max_src_len, max_tgt_len = model_max_src_len(loaded.run_config), model_max_tgt_len(loaded.run_config, model)
     replaced: list[int] = []
+    replaced_targets: list[int] = []
     offset = 0
-    for chunk in chunked(read_pairs(cfg.input, cfg.get("target"), cfg.errors, replaced), int(cfg.chunk_lines)):
+    for chunk in chunked(read_pairs(cfg.input, cfg.get("target"), cfg.errors, replaced, replaced_targets),
+                         int(cfg.chunk_lines)):
         sources, targets = [s for s, _ in chunk], [t for _, t in chunk]
         for i, src in enumerate(sources):
             if not src.strip():
@@ -118,5 +121,6 @@ def score_stream(cfg: DictConfig, loaded, writer: OrderedWriter, fmt: str) -> in
             writer.flush()
         offset += len(chunk)
     report_replaced(cfg.input, replaced)
+    report_replaced(cfg.get("target"), replaced_targets)
     return offset
 

@@ -224,8 +224,8 @@ def nbest_rows(number: int, ranked: list[tuple[list[int], float]], k: int, tgt_v
     rows = []
     for rank in range(1, k + 1):
         tokens, score = ranked[rank - 1] if rank <= len(ranked) else ([], 0.0)
-        logprob = score * float(length_penalty(torch.tensor(len(tokens) + 1), alpha)) if tokens else 0.0
-        text = tgt_vocab.decode(tokens) if tokens else ""
+        logprob = score * float(length_penalty(torch.tensor(len(tokens) + 1), alpha)) if rank <= len(ranked) else 0.0
+        text = tgt_vocab.decode(tokens)
         if fmt == "jsonl":
             rows.append(json.dumps({"line": number, "rank": rank, "score": round(score, 4),
                                     "logprob": round(logprob, 4), "text": text}, ensure_ascii=False))

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -27,7 +28,7 @@ from tests.conftest import ROOT, compose_train
 # step checkpoint is due, with no validation (test_ckpt=last: the final weights are tested).
 BUDGET = ["trainer.max_epochs=-1", "trainer.max_time=00:00:00:06", "trainer.val_check_interval=null",
           "trainer.check_val_every_n_epoch=100000", "test_ckpt=last", "test_decoding.beam_size=3",
-          "callbacks.model_checkpoint=null", "callbacks.step_checkpoint.every_n_train_steps=1000000"]
+          "callbacks.model_checkpoint=null", "callbacks.last_checkpoint.every_n_train_steps=1000000"]
 
 
 @pytest.fixture(scope="module")
@@ -214,8 +215,10 @@ def test_average_of_the_last_checkpoints_is_their_mean(ema_run, tmp_path):
     assert tied["model.decoder.out.weight"].data_ptr() == tied["model.decoder.embed_tokens.embed.weight"].data_ptr()
 
     # best=N ranks by the validation score each checkpoint saved (step 15 ties with last.ckpt: one per step).
-    found = [(Path(f"s{s}"), {"global_step": s, "monitor": {"value": v}}) for s, v in [(5, 1.0), (10, 3.0), (15, 2.0)]]
+    found = [(Path(f"s{s}"), {"global_step": s, "monitor": {"value": v, "step": m}})
+             for s, v, m in [(5, 1.0, 5), (10, 3.0, 10), (15, 2.0, 15), (20, 9.0, 15)]]  # step 20: step 15's score
     assert [c["global_step"] for _, c in select(found, None, 2)] == [10, 15]
+    found = found[:3]
     assert [c["global_step"] for _, c in select(found, 2, None)] == [10, 15]
     with pytest.raises(ValueError, match="asked for 4 checkpoints but only 3 qualify"):
         select(found, 4, None)
@@ -271,3 +274,63 @@ def test_evaluate_names_the_checkpoints_it_is_given(budget_run, tmp_path):
     assert set(report) == {"final", "release"} and report["final"]["bleu"] == report["release"]["bleu"]
     result = subprocess.run([*base, f"ckpts=[{last},{last}]"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert result.returncode != 0 and "name them: ckpts={name: file, ...}" in result.stderr
+
+
+def test_a_checkpoint_whose_config_would_build_something_else_is_refused(budget_run, tmp_path):
+    """Configs in a checkpoint are built with hydra's instantiate, which calls whatever a
+    ``_target_`` names: only nmt's model classes are built from a file."""
+    _, run = budget_run
+    checkpoint = read_checkpoint(run / "checkpoints" / "last.ckpt")
+    marker = tmp_path / "pwned"
+    model = {**checkpoint["run_config"]["model"],
+             "bridge": {"_target_": "os.system", "_args_": [f"touch {marker}"]}}
+    crafted = tmp_path / "crafted.ckpt"
+    torch.save({**checkpoint, "run_config": {**checkpoint["run_config"], "model": model}}, crafted)
+    with pytest.raises(CheckpointError, match=r"refused, its config would build 'os.system' \(only nmt.models.\* "):
+        load_checkpoint(crafted)
+    assert not marker.exists()
+
+
+def test_ema_before_its_first_update_leaves_the_raw_weights_everywhere(tmp_path):
+    """Until the average has an update, validation, checkpoints and the end of training use the
+    weights being trained, not the ones the model started from."""
+    cfg = compose_train(tmp_path, [
+        "callbacks=[default,ema,recent_checkpoints]", "callbacks.early_stopping=null", "callbacks.rich_progress_bar=null",
+        "callbacks.ema.update_starting_at_step=100", "callbacks.recent_checkpoints.every_n_train_steps=5",
+        "trainer.max_epochs=-1", "trainer.max_steps=10", "trainer.val_check_interval=5",
+        "trainer.check_val_every_n_epoch=null", "test=false", "optimizer.lr=0.01",
+    ], model="transformer")
+    train(cfg)
+    folder = Path(cfg.paths.output_dir) / "checkpoints"
+    last, raw = read_checkpoint(folder / "last.ckpt"), read_checkpoint(folder / "recent" / "step000010.ckpt")
+    assert "current_model_state" not in last and last["global_step"] == 10
+    for name, weight in raw["state_dict"].items():
+        assert torch.equal(last["state_dict"][name], weight), name
+
+
+def test_ema_checkpoints_saved_during_validation_keep_the_average_as_state_dict():
+    """A signal in validation saves while the module holds the averaged weights: the file still
+    stores the average as state_dict and the weights being trained as current_model_state."""
+    import pytorch_lightning as L
+
+    from nmt.callbacks import EMA
+
+    module = L.LightningModule()
+    module.layer = torch.nn.Linear(2, 2)
+    ema = EMA(decay=0.5)
+    ema.setup(SimpleNamespace(), module, "fit")
+    with torch.no_grad():
+        module.layer.weight.add_(1.0)
+    ema.on_train_batch_end(SimpleNamespace(global_step=1), module, None, None, 0)  # the average: first update
+    with torch.no_grad():
+        module.layer.weight.add_(1.0)  # the weights being trained move on
+    raw = {k: v.clone() for k, v in module.state_dict().items()}
+    average = {k[len("module."):]: v.clone() for k, v in ema._average_model.state_dict().items() if k.startswith("module.")}
+    ema.on_validation_epoch_start(SimpleNamespace(), module)  # swapped in
+    checkpoint = {"state_dict": {k: v.clone() for k, v in module.state_dict().items()}}
+    ema.on_save_checkpoint(SimpleNamespace(), module, checkpoint)
+    for name in raw:
+        assert torch.equal(checkpoint["state_dict"][name], average[name]), name
+        assert torch.equal(checkpoint["current_model_state"][name], raw[name]), name
+    ema.on_validation_epoch_end(SimpleNamespace(), module)
+    assert all(torch.equal(module.state_dict()[k], raw[k]) for k in raw)

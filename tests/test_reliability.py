@@ -33,7 +33,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:The dirpath has changed")  # res
 RESUME = [
     "trainer.deterministic=true", "model.dropout=0.3", "trainer.max_epochs=-1", "trainer.max_steps=30",
     "trainer.val_check_interval=30", "trainer.check_val_every_n_epoch=null",
-    "callbacks.step_checkpoint.every_n_train_steps=5", "optimizer.lr=0.01", "scheduler.warmup_steps=5", "test=false",
+    "callbacks.last_checkpoint.every_n_train_steps=5", "optimizer.lr=0.01", "scheduler.warmup_steps=5", "test=false",
 ]
 
 
@@ -148,6 +148,20 @@ def test_killed_run_resumes_to_the_same_weights_and_bleu(reference, tmp_path):
         assert metrics[key] == ref_metrics[key], key
 
 
+@pytest.mark.parametrize("stop", ["trainer.max_steps=17", "trainer.max_epochs=3"], ids=["max_steps", "max_epochs"])
+def test_the_final_checkpoint_of_a_run_that_stopped_resumes_exactly(reference, tmp_path, stop):
+    """A run that ends by max_steps in the middle of an epoch (or by max_epochs at its end)
+    writes last.ckpt with its final weights; resuming from it to step 30 gives the uninterrupted
+    run's weights bitwise: no batch of the interrupted epoch is skipped or trained twice."""
+    _, ref_ckpt, _ = reference
+    first, _ = in_process(tmp_path / "first", [stop] if "epochs" not in stop else [stop, "trainer.max_steps=-1"])
+    ckpt = Path(first.paths.output_dir) / "checkpoints" / "last.ckpt"
+    stopped_at = load(ckpt)["global_step"]
+    assert 0 < stopped_at < 30
+    second, _ = in_process(tmp_path / "second", [f"ckpt_path={ckpt}"])
+    assert_same_weights(ref_ckpt, Path(second.paths.output_dir) / "checkpoints" / "last.ckpt")
+
+
 def test_sigterm_saves_a_checkpoint_and_latest_resumes_it(tmp_path):
     runs = tmp_path / "outputs" / "train" / "runs"
     first = runs / "first"
@@ -255,9 +269,9 @@ def poison(trainer, module) -> None:
 @pytest.mark.parametrize("where", ["checkpoint", "validation"])
 def test_a_model_with_nonfinite_weights_is_never_saved_or_scored(tmp_path, where):
     overrides = ["trainer.max_steps=8", "trainer.val_check_interval=4", "module.max_nonfinite_steps=100",
-                 "callbacks.step_checkpoint.every_n_train_steps=3"]
+                 "callbacks.last_checkpoint.every_n_train_steps=3"]
     if where == "validation":
-        overrides[-1] = "callbacks.step_checkpoint=null"
+        overrides[-1] = "callbacks.last_checkpoint.every_n_train_steps=null"
     error = r"refusing to write .*last.ckpt: non-finite weights in model.decoder.out.weight" if where == "checkpoint" \
         else r"non-finite weights after step 4 \(decoder.out.weight\): this model is neither scored nor saved"
     with pytest.raises((ValueError, RuntimeError), match=error):
