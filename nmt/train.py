@@ -32,7 +32,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
-from pytorch_lightning.callbacks import Timer
+from pytorch_lightning.callbacks import ModelCheckpoint, Timer
 from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
@@ -147,7 +147,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if isinstance(interval, float) and interval <= 1.0 and cfg.trainer.get("check_val_every_n_epoch") is None:
         with open_dict(cfg):  # a fraction of an epoch: Lightning needs an epoch cadence
             cfg.trainer.check_val_every_n_epoch = 1
-    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=plugins)
+    # Without a top-k ModelCheckpoint Lightning would add its own (under the logger's folder);
+    # last.ckpt is LastCheckpoint's either way.
+    checkpointing = any(isinstance(cb, ModelCheckpoint) for cb in callbacks)
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=plugins,
+                                     enable_checkpointing=checkpointing)
     for logger in loggers:
         logger.log_hyperparams({**module.run_config, "num_parameters": count_parameters(model)})
 
