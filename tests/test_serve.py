@@ -133,7 +133,7 @@ def test_bad_input_is_a_4xx_naming_the_problem(client, body, status, message):
 
 
 def test_a_full_queue_is_a_429(ckpt):
-    cfg = serve_cfg(ckpt, "decoding=greedy", "limits.max_queue=0")
+    cfg = serve_cfg(ckpt, "decoding=greedy", "limits.max_queue=0", "batching.process=false")
     with TestClient(create_app(load(cfg), cfg)) as client:
         response = client.post("/translate", json={"text": ["a"]})
     assert response.status_code == 429 and response.json()["limit"] == "max_queue"
@@ -218,3 +218,16 @@ def test_the_page_translates_and_draws_the_heatmap_in_chromium(ckpt, tmp_path):
             page.quit()
         server.terminate()
         server.wait(timeout=10)
+
+
+def test_the_load_test_script_checks_every_response_against_translate_py(ckpt, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    result = subprocess.run([sys.executable, str(ROOT / "scripts/load_test.py"), "--ckpt", str(ckpt), "--input", str(src),
+                             "--clients", "4", "--sentences", "30", "--per-request", "3", "--timeout", "60",
+                             "--json", str(tmp_path / "load.json")], capture_output=True, text=True, timeout=180,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    numbers = json.loads((tmp_path / "load.json").read_text())
+    assert numbers["sentences"] == 30 and numbers["errors"] == 0 and numbers["different"] == 0
+    assert numbers["serve_sentences_per_s"] > 0 and numbers["ratio"] > 0

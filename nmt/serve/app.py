@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -165,13 +167,38 @@ def parse_request(body: bytes, limits: DictConfig, default_beam: int) -> tuple[l
     return texts, (values["beam_size"], values["nbest"], attention)
 
 
+# --- the decoding process (batching.process=true) -------------------------------------------------
+_worker: Translator | None = None
+
+
+def _load_worker(cfg: dict[str, Any]) -> None:
+    global _worker
+    _worker = load(OmegaConf.create(cfg))
+
+
+def _worker_translate(texts: list[str], options: tuple[int, int, bool]) -> list[dict[str, Any]]:
+    return _worker.translate(texts, options)
+
+
 def create_app(translator: Translator, cfg: DictConfig) -> FastAPI:
-    """The FastAPI app serving ``translator`` with the batching and limits of ``cfg`` (serve.yaml)."""
+    """The FastAPI app serving ``translator`` with the batching and limits of ``cfg`` (serve.yaml).
+    With ``batching.process``, a second copy of the model decodes in a process of its own, so the
+    event loop answering requests never waits for the GIL behind a decoding step."""
     limits = cfg.limits
-    batcher = Batcher(translator.translate, cfg.batching.max_wait_ms, cfg.batching.max_batch_tokens, limits.max_queue)
+    if cfg.batching.process:
+        keys = ("ckpt", "allow_pickle", "device", "precision", "max_tokens", "workers", "decoding")
+        worker_cfg = {k: OmegaConf.to_container(cfg[k]) if k == "decoding" else cfg[k] for k in keys}
+        executor = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_load_worker,
+                                       initargs=(worker_cfg,))
+        decode = _worker_translate
+    else:
+        executor, decode = None, translator.translate
+    batcher = Batcher(decode, cfg.batching.max_wait_ms, cfg.batching.max_batch_tokens, limits.max_queue, executor,
+                      cfg.batching.max_gather_ms)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        await batcher.run(len, "")  # the decoding process has loaded the model before the first request
         batcher.start()
         yield
         await batcher.stop()

@@ -1,10 +1,13 @@
 """Request batching: requests arriving together are decoded in one batch.
 
 Handlers put a ``Job`` (its sentences, decoding options and a future) on an asyncio queue; one
-worker task takes the first job, then every job that arrives within ``max_wait_ms`` (or is already
-waiting) until ``max_batch_tokens`` source tokens are gathered, groups the jobs by identical
-options, decodes each group with one call in a single decoding thread, and hands every job its
-own slice of the results, in its own order. Beam search of a sentence in a padded batch gives the
+worker task takes the first job, then every job already waiting and every job that arrives less
+than ``max_wait_ms`` after the one before (for at most ``max_gather_ms`` in all), until
+``max_batch_tokens`` source tokens are gathered. Waiting for a stream of arrivals to pause, not a
+fixed time, keeps the clients answered by one batch together in the next: their new requests
+come back within milliseconds of each other, while the decoder is idle. It groups the jobs by identical
+options, decodes each group with one call in a single decoding thread or process (``executor``),
+and hands every job its own slice of the results, in its own order. Beam search of a sentence in a padded batch gives the
 tokens it gives alone, so batching across requests changes no output.
 """
 
@@ -14,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Hashable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,18 +38,25 @@ class QueueFull(Exception):
 
 class Batcher:
     """Gathers jobs into batches and decodes them with ``decode(texts, options) -> results``
-    (one result per text, in order), one batch at a time."""
+    (one result per text, in order), one batch at a time, in ``executor`` (default: one thread;
+    a one-process pool keeps decoding from competing with the event loop for the GIL)."""
 
     def __init__(self, decode: Callable[[list[str], Any], list[Any]], max_wait_ms: float = 5.0,
-                 max_batch_tokens: int = 8192, max_queue: int = 1024) -> None:
+                 max_batch_tokens: int = 8192, max_queue: int = 1024, executor: Executor | None = None,
+                 max_gather_ms: float = 50.0) -> None:
         self.decode = decode
         self.max_wait = float(max_wait_ms) / 1000
+        self.max_gather = float(max_gather_ms) / 1000
         self.max_batch_tokens = int(max_batch_tokens)
         self.max_queue = int(max_queue)
         self.queue: asyncio.Queue[Job] | None = None
         self.task: asyncio.Task | None = None
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="nmt-decode")
+        self.executor = executor or ThreadPoolExecutor(1, thread_name_prefix="nmt-decode")
         self.stats = {"requests": 0, "sentences": 0, "batches": 0, "decode_s": 0.0}
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in the decoding executor (start-up work: load the model there)."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     def start(self) -> None:
         """Start the worker in the running event loop (once; handlers call it on first use)."""
@@ -77,14 +87,15 @@ class Batcher:
         return await job.future
 
     async def _gather(self, first: Job) -> list[Job]:
-        """``first`` and the jobs that arrive within ``max_wait_ms`` up to ``max_batch_tokens``."""
+        """``first`` and the jobs waiting or arriving less than ``max_wait_ms`` apart (at most
+        ``max_gather_ms``), up to ``max_batch_tokens``."""
         jobs, tokens = [first], first.tokens
-        deadline = time.monotonic() + self.max_wait
+        end = time.monotonic() + self.max_gather
         while tokens < self.max_batch_tokens:
             try:
                 job = self.queue.get_nowait()
             except asyncio.QueueEmpty:
-                left = deadline - time.monotonic()
+                left = min(self.max_wait, end - time.monotonic())
                 if left <= 0:
                     break
                 try:

@@ -8,7 +8,8 @@ let pending = 0;
 async function loadInfo() {
   info = await (await fetch("/info")).json();
   $("model").textContent = `${info.preset.encoder} → ${info.preset.decoder}, ` +
-    `${(info.parameters / 1e6).toFixed(1)}M parameters, ${info.training.run || ""}`;
+    `${info.parameters.toLocaleString("en")} parameters, ${info.training.run || ""}` +
+    (info.training.test_bleu != null ? `, test BLEU ${info.training.test_bleu.toFixed(1)}` : "");
   $("src-label").textContent = `source (${info.src_lang || "?"})`;
   $("tgt-label").textContent = `translation (${info.tgt_lang || "?"})`;
   $("beam").value = info.decoding.beam_size || 1;
@@ -37,7 +38,7 @@ function drawHeatmap(att, title) {
   ctx.fillStyle = "#222";
   ctx.fillText(title, 2, 12);
   att.weights.forEach((row, t) => row.forEach((w, s) => {
-    const shade = Math.round(255 * (1 - w));
+    const shade = Math.round(255 * (1 - Math.sqrt(w)));  // sqrt: weak weights stay visible
     ctx.fillStyle = `rgb(${shade},${shade},255)`;
     ctx.fillRect(left + s * cell, top + t * cell, cell - 1, cell - 1);
   }));
