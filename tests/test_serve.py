@@ -225,7 +225,7 @@ def test_the_load_test_script_checks_every_response_against_translate_py(ckpt, t
     src.write_text("\n".join(LINES) + "\n", encoding="utf-8")
     result = subprocess.run([sys.executable, str(ROOT / "scripts/load_test.py"), "--ckpt", str(ckpt), "--input", str(src),
                              "--clients", "4", "--sentences", "30", "--per-request", "3", "--timeout", "60",
-                             "--json", str(tmp_path / "load.json")], capture_output=True, text=True, timeout=180,
+                             "--json", str(tmp_path / "load.json"), "batching.process=false"], capture_output=True, text=True, timeout=180,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr[-3000:]
     numbers = json.loads((tmp_path / "load.json").read_text())

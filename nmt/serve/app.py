@@ -15,6 +15,9 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import os
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -174,6 +177,14 @@ _worker: Translator | None = None
 def _load_worker(cfg: dict[str, Any]) -> None:
     global _worker
     _worker = load(OmegaConf.create(cfg))
+    parent = os.getppid()
+
+    def exit_with_parent() -> None:  # a killed server leaves no decoding process behind
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(0)
+
+    threading.Thread(target=exit_with_parent, daemon=True).start()
 
 
 def _worker_translate(texts: list[str], options: tuple[int, int, bool]) -> list[dict[str, Any]]:

@@ -72,7 +72,7 @@ class Batcher:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
             self.task = None
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.executor.shutdown(wait=True, cancel_futures=True)  # a decoding process ends with the server
 
     def pending(self) -> int:
         return self.queue.qsize() if self.queue is not None else 0
