@@ -106,6 +106,7 @@ BAD = [
     (b'{"text": ["\xff\xfe"]}', 400, "not valid UTF-8"),
     (b'{"text": ["\\ud800"]}', 400, "lone surrogate"),
     (b'["a"]', 400, "JSON object"),
+    (b"[" * 5000 + b"]" * 5000, 400, "nested too deeply"),
     (b'{"txt": ["a"]}', 400, "unknown field"),
     (b'{"text": 3}', 400, '"text" must be'),
     (b'{"text": ["a", 3]}', 400, '"text" must be'),

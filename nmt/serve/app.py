@@ -137,6 +137,8 @@ def parse_request(body: bytes, limits: DictConfig, default_beam: int) -> tuple[l
         return error(400, f"the request body is not valid UTF-8 ({e.reason} at byte {e.start})")
     except json.JSONDecodeError as e:
         return error(400, f"malformed JSON: {e.msg} (line {e.lineno}, column {e.colno})")
+    except RecursionError:
+        return error(400, "malformed JSON: nested too deeply")
     if not isinstance(request, dict):
         return error(400, 'the request must be a JSON object: {"text": ["a sentence", ...]}')
     if unknown := sorted(set(request) - OPTIONS):
