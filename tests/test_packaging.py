@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,8 @@ def test_the_wheel_installs_into_a_fresh_environment_and_trains_from_an_empty_fo
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", src],
         cwd=tmp_path)
     (wheel,) = (tmp_path / "dist").glob("nmt-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {"nmt/conf/serve.yaml", "nmt/serve/static/index.html", "nmt/serve/static/app.js"} <= set(names)
 
     # A fresh environment with the wheel alone; its dependencies come from this one's site-packages
     # (a .pth line adds the folder but runs none of its .pth files, so this nmt stays invisible).

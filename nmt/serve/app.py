@@ -1,0 +1,282 @@
+"""Serve a model over HTTP: ``nmt-serve ckpt=<checkpoint or release file> [host= port= precision=
+decoding=...]`` (see ``nmt/conf/serve.yaml``).
+
+``POST /translate`` ``{"text": [...], "beam_size"?, "nbest"?, "attention"?}`` returns
+``{"translations": [{"text", "score", "nbest"?, "attention"?}, ...]}`` in request order; concurrent
+requests are decoded together (``nmt.serve.batching``) with ``nmt.translate``'s functions, so a
+sentence gets the translation ``translate.py`` gives it with the same decoding. ``GET /health``,
+``GET /info`` (model, languages, vocabularies, training summary), ``GET /`` (a page to try the
+model), ``GET /report.png`` (the run's BLEU-by-length chart, when the checkpoint's run has one).
+Bad input is a 400 naming what is wrong; over a limit (``limits.*``) a 413 or 429 naming the limit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from nmt import CONF_DIR
+from nmt.checkpoint import Loaded, load_checkpoint
+from nmt.data.tokenizer import EOS
+from nmt.decoding import beam_search, greedy_search
+from nmt.serve.batching import Batcher, QueueFull
+from nmt.translate import decode_batches, model_max_src_len, prepare_model
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).resolve().parent / "static"
+OPTIONS = {"text", "beam_size", "nbest", "attention"}
+
+
+class Translator:
+    """A loaded model and its decoding: ``translate(texts, (beam_size, nbest, attention))``."""
+
+    def __init__(self, loaded: Loaded, decoding: DictConfig, precision: str = "32", max_tokens: int = 2048,
+                 workers: int | None = None, ckpt: str | None = None) -> None:
+        self.loaded, self.precision, self.max_tokens, self.workers = loaded, str(precision), int(max_tokens), workers
+        self.model = prepare_model(loaded.model, self.precision)
+        self.src_vocab, self.tgt_vocab = loaded.src_vocab, loaded.tgt_vocab
+        self.max_src_len = model_max_src_len(loaded.run_config)
+        self.decoding = OmegaConf.to_container(decoding)
+        self.default_search = instantiate(decoding)
+        self.default_beam = int(self.decoding.get("beam_size", 1)) if "beam_search" in self.decoding["_target_"] else 1
+        self.report = find_report(ckpt, loaded.run_config)
+        self.has_attention = bool(self.translate(["a"], (self.default_beam, 1, True))[0].get("attention"))
+
+    def search(self, beam_size: int, nbest: int):
+        """The configured decoding, or beam search (greedy for a beam of 1) with its length limits."""
+        if beam_size == self.default_beam and nbest == int(self.decoding.get("nbest", 1) or 1):
+            return self.default_search
+        limits = {k: self.decoding[k] for k in ("max_len_a", "max_len_b") if k in self.decoding}
+        if beam_size == 1:
+            return lambda *a, **kw: greedy_search(*a, **limits, **kw)
+        alpha = float(self.decoding.get("alpha", 0.6))
+        return lambda *a, **kw: beam_search(*a, beam_size=beam_size, alpha=alpha, nbest=nbest, **limits, **kw)
+
+    def translate(self, texts: list[str], options: tuple[int, int, bool]) -> list[dict[str, Any]]:
+        beam_size, nbest, attention = options
+        out: list[dict[str, Any]] = [{"text": "", "score": 0.0} for _ in texts]
+        if nbest > 1:
+            for row in out:
+                row["nbest"] = []
+        wanted = range(len(texts)) if attention else ()
+        for rows, hyps, sources in decode_batches(self.model, self.src_vocab, texts, self.search(beam_size, nbest),
+                                                  self.max_tokens, self.max_src_len, wanted, self.precision,
+                                                  self.workers):
+            for r, i in enumerate(rows):
+                out[i] = {"text": self.tgt_vocab.decode(hyps.tokens[r]), "score": round(float(hyps.scores[r]), 4)}
+                if nbest > 1 and hyps.nbest is not None:
+                    out[i]["nbest"] = [{"text": self.tgt_vocab.decode(t), "score": round(float(s), 4)}
+                                       for t, s in hyps.nbest[r]]
+                if attention and hyps.attn is not None:
+                    weights = hyps.attn[r][:, : len(sources[r])]  # (T, S)
+                    out[i]["attention"] = {"source": self.src_vocab.pieces(sources[r]),
+                                           "target": self.tgt_vocab.pieces(hyps.tokens[r] + [EOS]),
+                                           "weights": [[round(w, 4) for w in row] for row in weights.tolist()]}
+        return out
+
+    def info(self) -> dict[str, Any]:
+        rc = self.loaded.run_config
+        model_cfg = rc.get("model", {})
+        data = rc.get("data", {})
+        summary: dict[str, Any] = {"run": rc.get("task_name"), "tags": rc.get("tags"), "step": self.loaded.step}
+        if self.report is not None:
+            report = json.loads(self.report.read_text())
+            summary.update(test_bleu=report.get("bleu"), test_chrf=report.get("chrf"), test_sentences=report.get("count"),
+                           bleu_by_length=[{"label": b["label"], "count": b["count"], "bleu": b["bleu"]}
+                                           for b in report.get("buckets", [])])
+        return {
+            "preset": {part: str(model_cfg.get(part, {}).get("_target_", "")).rsplit(".", 1)[-1]
+                       for part in ("encoder", "decoder")},
+            "hidden_size": model_cfg.get("hidden_size"),
+            "parameters": sum(p.numel() for p in self.loaded.model.parameters()),
+            "src_lang": data.get("src_lang"), "tgt_lang": data.get("tgt_lang"),
+            "src_vocab_size": self.src_vocab.vocab_size, "tgt_vocab_size": self.tgt_vocab.vocab_size,
+            "max_src_len": self.max_src_len, "attention": self.has_attention,
+            "decoding": self.decoding, "precision": self.precision,
+            "training": summary, "report": self.report is not None,
+        }
+
+
+def find_report(ckpt: str | Path | None, run_config: dict[str, Any]) -> Path | None:
+    """The run's ``bleu_by_length.json``: next to ``<run>/checkpoints/`` or in the run's report_dir."""
+    folders = [Path(ckpt).resolve().parent.parent] if ckpt else []
+    if run_config.get("module", {}).get("report_dir"):
+        folders.append(Path(run_config["module"]["report_dir"]))
+    return next((f / "bleu_by_length.json" for f in folders if (f / "bleu_by_length.json").is_file()), None)
+
+
+def error(status: int, message: str, limit: str | None = None, value: Any = None) -> JSONResponse:
+    body: dict[str, Any] = {"error": message}
+    if limit is not None:
+        body.update(limit=limit, value=value)
+    return JSONResponse(body, status_code=status)
+
+
+def parse_request(body: bytes, limits: DictConfig, default_beam: int) -> tuple[list[str], tuple[int, int, bool]] | JSONResponse:
+    """The sentences and (beam_size, nbest, attention) of a request body, or the error response."""
+    try:
+        request = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        return error(400, f"the request body is not valid UTF-8 ({e.reason} at byte {e.start})")
+    except json.JSONDecodeError as e:
+        return error(400, f"malformed JSON: {e.msg} (line {e.lineno}, column {e.colno})")
+    except RecursionError:
+        return error(400, "malformed JSON: nested too deeply")
+    if not isinstance(request, dict):
+        return error(400, 'the request must be a JSON object: {"text": ["a sentence", ...]}')
+    if unknown := sorted(set(request) - OPTIONS):
+        return error(400, f"unknown field(s) {', '.join(unknown)}: the fields are {', '.join(sorted(OPTIONS))}")
+    texts = request.get("text")
+    if isinstance(texts, str):
+        texts = [texts]
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        return error(400, '"text" must be a string or a list of strings')
+    if len(texts) > limits.max_sentences:
+        return error(413, f"{len(texts)} sentences in one request; the limit is max_sentences={limits.max_sentences}",
+                     "max_sentences", limits.max_sentences)
+    for i, text in enumerate(texts):
+        if len(text) > limits.max_chars:
+            return error(413, f"sentence {i} has {len(text)} characters; the limit is max_chars={limits.max_chars}",
+                         "max_chars", limits.max_chars)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return error(400, f"sentence {i} is not valid Unicode (a lone surrogate escape such as \\ud800)")
+    values = {}
+    for key, default, top in (("beam_size", default_beam, limits.max_beam_size), ("nbest", 1, None)):
+        value = request.get(key, default)
+        top = values.get("beam_size") if top is None else top
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+            return error(400, f'"{key}" must be an integer from 1 to {top}' + (" (the beam size)" if key == "nbest" else ""))
+        values[key] = value
+    attention = request.get("attention", False)
+    if not isinstance(attention, bool):
+        return error(400, '"attention" must be true or false')
+    return texts, (values["beam_size"], values["nbest"], attention)
+
+
+# --- the decoding process (batching.process=true) -------------------------------------------------
+_worker: Translator | None = None
+
+
+def _load_worker(cfg: dict[str, Any]) -> None:
+    global _worker
+    _worker = load(OmegaConf.create(cfg))
+    parent = os.getppid()
+
+    def exit_with_parent() -> None:  # a killed server leaves no decoding process behind
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(0)
+
+    threading.Thread(target=exit_with_parent, daemon=True).start()
+
+
+def _worker_translate(texts: list[str], options: tuple[int, int, bool]) -> list[dict[str, Any]]:
+    return _worker.translate(texts, options)
+
+
+def create_app(translator: Translator, cfg: DictConfig) -> FastAPI:
+    """The FastAPI app serving ``translator`` with the batching and limits of ``cfg`` (serve.yaml).
+    With ``batching.process``, a second copy of the model decodes in a process of its own, so the
+    event loop answering requests never waits for the GIL behind a decoding step."""
+    limits = cfg.limits
+    if cfg.batching.process:
+        keys = ("ckpt", "allow_pickle", "device", "precision", "max_tokens", "workers", "decoding")
+        worker_cfg = {k: OmegaConf.to_container(cfg[k]) if k == "decoding" else cfg[k] for k in keys}
+        executor = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_load_worker,
+                                       initargs=(worker_cfg,))
+        decode = _worker_translate
+    else:
+        executor, decode = None, translator.translate
+    batcher = Batcher(decode, cfg.batching.max_wait_ms, cfg.batching.max_batch_tokens, limits.max_queue, executor,
+                      cfg.batching.max_gather_ms)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await batcher.run(len, "")  # the decoding process has loaded the model before the first request
+        batcher.start()
+        yield
+        await batcher.stop()
+
+    app = FastAPI(title="nmt", lifespan=lifespan)
+    app.state.batcher, app.state.translator = batcher, translator
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    max_body = limits.max_sentences * (limits.max_chars * 6 + 8) + 1024  # JSON escapes: at most 6 bytes a character
+
+    @app.post("/translate")
+    async def translate(request: Request):
+        body = await request.body()
+        if len(body) > max_body:
+            return error(413, f"the request has {len(body)} bytes; the limit is {max_body} "
+                              f"(max_sentences={limits.max_sentences} x max_chars={limits.max_chars})", "max_request_bytes", max_body)
+        parsed = parse_request(body, limits, translator.default_beam)
+        if isinstance(parsed, JSONResponse):
+            return parsed
+        texts, options = parsed
+        tokens = sum(len(ids) + 1 for ids in translator.src_vocab.encode_batch(texts)) if texts else 0
+        try:
+            results = await batcher.submit(texts, options, tokens)
+        except QueueFull:
+            return error(429, f"{limits.max_queue} requests are waiting; the limit is max_queue={limits.max_queue}; "
+                              "retry later", "max_queue", limits.max_queue)
+        return {"translations": results}
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "queue": batcher.pending(), **batcher.stats}
+
+    @app.get("/info")
+    async def info():
+        return {**translator.info(), "limits": OmegaConf.to_container(limits),
+                "batching": OmegaConf.to_container(cfg.batching)}
+
+    @app.get("/report.png")
+    async def report_png():
+        png = translator.report.with_suffix(".png") if translator.report is not None else None
+        if png is None or not png.is_file():
+            return error(404, "no BLEU-by-length chart: the checkpoint's run has no bleu_by_length.png")
+        return FileResponse(png)
+
+    @app.get("/")
+    async def index():
+        return FileResponse(STATIC / "index.html")
+
+    return app
+
+
+def load(cfg: DictConfig) -> Translator:
+    gpu = torch.cuda.is_available() and str(cfg.precision) != "int8"
+    device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if gpu else "cpu"))
+    loaded = load_checkpoint(cfg.ckpt, device=device, allow_pickle=cfg.allow_pickle)
+    return Translator(loaded, cfg.decoding, cfg.precision, cfg.max_tokens, cfg.workers, ckpt=cfg.ckpt)
+
+
+@hydra.main(config_path=CONF_DIR, config_name="serve", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    import uvicorn
+
+    app = create_app(load(cfg), cfg)
+    log.info("serving %s on http://%s:%d", cfg.ckpt, cfg.host, cfg.port)
+    uvicorn.run(app, host=cfg.host, port=int(cfg.port), log_level=cfg.log_level)
+
+
+if __name__ == "__main__":
+    main()

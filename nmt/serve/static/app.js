@@ -1,0 +1,96 @@
+// The try-the-model page: POST /translate, show the best translations (n-best if asked) and, for
+// attention models, one heatmap per sentence (source pieces across, output pieces down).
+"use strict";
+const $ = (id) => document.getElementById(id);
+let info = null;
+let pending = 0;
+
+async function loadInfo() {
+  info = await (await fetch("/info")).json();
+  $("model").textContent = `${info.preset.encoder} → ${info.preset.decoder}, ` +
+    `${info.parameters.toLocaleString("en")} parameters, ${info.training.run || ""}` +
+    (info.training.test_bleu != null ? `, test BLEU ${info.training.test_bleu.toFixed(1)}` : "");
+  $("src-label").textContent = `source (${info.src_lang || "?"})`;
+  $("tgt-label").textContent = `translation (${info.tgt_lang || "?"})`;
+  $("beam").value = info.decoding.beam_size || 1;
+  $("beam").max = $("nbest").max = info.limits.max_beam_size;
+  if (!info.attention) { $("attention").checked = false; $("attention-label").hidden = true; }
+  if (info.report) { $("report-img").src = "/report.png"; $("report").hidden = false; }
+}
+
+function el(tag, cls, text) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
+function drawHeatmap(att, title) {
+  const cell = 22, font = "12px sans-serif";
+  const canvas = document.createElement("canvas");
+  const ctx = canvas.getContext("2d");
+  ctx.font = font;
+  const width = (words) => Math.max(0, ...words.map((w) => ctx.measureText(w).width));
+  const left = width(att.target) + 10, top = width(att.source) + 10 + 16;
+  canvas.width = left + cell * att.source.length + 4;
+  canvas.height = top + cell * att.target.length + 4;
+  ctx.font = font;
+  ctx.fillStyle = "#222";
+  ctx.fillText(title, 2, 12);
+  att.weights.forEach((row, t) => row.forEach((w, s) => {
+    const shade = Math.round(255 * (1 - Math.sqrt(w)));  // sqrt: weak weights stay visible
+    ctx.fillStyle = `rgb(${shade},${shade},255)`;
+    ctx.fillRect(left + s * cell, top + t * cell, cell - 1, cell - 1);
+  }));
+  ctx.fillStyle = "#222";
+  ctx.textBaseline = "middle";
+  att.target.forEach((w, t) => ctx.fillText(w, left - 6 - ctx.measureText(w).width, top + t * cell + cell / 2));
+  att.source.forEach((w, s) => {
+    ctx.save();
+    ctx.translate(left + s * cell + cell / 2, top - 6);
+    ctx.rotate(-Math.PI / 2);
+    ctx.fillText(w, 0, 0);
+    ctx.restore();
+  });
+  canvas.className = "heatmap";
+  return canvas;
+}
+
+async function translate() {
+  const lines = $("source").value.split("\n").filter((l) => l.trim());
+  if (!lines.length) return;
+  const request = { text: lines, beam_size: Number($("beam").value), nbest: Number($("nbest").value),
+                    attention: $("attention").checked };
+  const mine = ++pending;
+  $("status").textContent = "";
+  const response = await fetch("/translate", { method: "POST", headers: { "Content-Type": "application/json" },
+                                               body: JSON.stringify(request) });
+  const body = await response.json();
+  if (mine !== pending) return;  // a newer request was sent while this one ran
+  if (!response.ok) { $("status").textContent = body.error; return; }
+  const output = $("output"), heatmaps = $("heatmaps");
+  output.replaceChildren();
+  heatmaps.replaceChildren();
+  body.translations.forEach((tr, i) => {
+    const best = el("div", "best", tr.text);
+    best.appendChild(el("span", "score", tr.score.toFixed(2)));
+    output.appendChild(best);
+    if (tr.nbest && tr.nbest.length > 1) {
+      const list = el("ol");
+      tr.nbest.forEach((h) => { const item = el("li", null, h.text); item.appendChild(el("span", "score", h.score.toFixed(2))); list.appendChild(item); });
+      output.appendChild(list);
+    }
+    if (tr.attention) heatmaps.appendChild(drawHeatmap(tr.attention, `attention, sentence ${i + 1}`));
+  });
+  output.dataset.done = String(mine);
+}
+
+let timer = null;
+$("translate").addEventListener("click", translate);
+$("source").addEventListener("input", () => {
+  if (!$("live").checked) return;
+  clearTimeout(timer);
+  timer = setTimeout(translate, 400);
+});
+$("source").addEventListener("keydown", (e) => { if (e.key === "Enter" && e.ctrlKey) translate(); });
+loadInfo().catch((e) => { $("model").textContent = `cannot reach the server: ${e}`; });

@@ -1,0 +1,234 @@
+"""nmt-serve on a trained tiny model: the API through FastAPI's test client (every endpoint, every
+bad input, order under concurrent requests, batching equal to translate.py), and the page in a
+real headless Chromium against a real ``nmt-serve`` process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+fastapi = pytest.importorskip("fastapi", reason="nmt-serve needs fastapi: pip install 'nmt[serve]'")
+httpx = pytest.importorskip("httpx", reason="the API tests need httpx: pip install 'nmt[test]'")
+from fastapi.testclient import TestClient  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.core.global_hydra import GlobalHydra  # noqa: E402
+
+from nmt.checkpoint import load_checkpoint  # noqa: E402
+from nmt.serve.app import create_app, load  # noqa: E402
+from nmt.train import train  # noqa: E402
+from nmt.translate import translate_lines  # noqa: E402
+from hydra.utils import instantiate  # noqa: E402
+from tests.conftest import CONF_DIR, ROOT, compose_train  # noqa: E402
+
+LINES = (ROOT / "tests/data/tiny/test.src").read_text().splitlines()[:24]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    """A tiny Transformer and its run's BLEU-by-length report (test=true writes it)."""
+    tmp_path = tmp_path_factory.mktemp("serve")
+    cfg = compose_train(tmp_path, ["trainer.max_epochs=3"], model="transformer")
+    train(cfg)
+    return Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+
+
+def serve_cfg(ckpt: Path, *overrides: str):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("serve", overrides=[f"ckpt={ckpt}", *overrides])
+
+
+@pytest.fixture(scope="module")
+def client(ckpt):
+    cfg = serve_cfg(ckpt, "decoding=greedy", "limits.max_sentences=8", "limits.max_chars=200",
+                    "batching.max_wait_ms=20")
+    with TestClient(create_app(load(cfg), cfg)) as client:
+        yield client
+
+
+def reference(ckpt: Path, lines: list[str], decoding: str = "greedy", **options) -> list[str]:
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        search = instantiate(compose("translate", overrides=[f"ckpt={ckpt}", f"decoding={decoding}",
+                                                             *[f"decoding.{k}={v}" for k, v in options.items()]]).decoding)
+    loaded = load_checkpoint(ckpt)
+    return translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, search)[0]
+
+
+def test_translate_health_info_and_page(client, ckpt):
+    response = client.post("/translate", json={"text": LINES[:3] + [""]})
+    assert response.status_code == 200
+    rows = response.json()["translations"]
+    assert [r["text"] for r in rows] == reference(ckpt, LINES[:3] + [""])
+    assert rows[3] == {"text": "", "score": 0.0}
+    assert client.post("/translate", json={"text": LINES[0]}).json()["translations"][0]["text"] == rows[0]["text"]
+    assert client.post("/translate", json={"text": []}).json() == {"translations": []}
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and health["sentences"] >= 4
+    info = client.get("/info").json()
+    assert info["preset"] == {"encoder": "TransformerEncoder", "decoder": "TransformerDecoder"}
+    assert info["parameters"] > 0 and info["src_vocab_size"] > 0 and info["tgt_vocab_size"] > 0
+    assert info["src_lang"] and info["tgt_lang"] and info["attention"] is True
+    assert info["report"] is True and isinstance(info["training"]["test_bleu"], float)
+    assert info["limits"]["max_sentences"] == 8
+    page = client.get("/")
+    assert page.status_code == 200 and 'id="source"' in page.text
+    for asset in ("/static/app.js", "/static/style.css", "/report.png"):
+        assert client.get(asset).status_code == 200, asset
+
+
+def test_beam_nbest_and_attention(client, ckpt):
+    rows = client.post("/translate", json={"text": LINES[:4], "beam_size": 3, "nbest": 3, "attention": True}).json()
+    rows = rows["translations"]
+    assert [r["text"] for r in rows] == reference(ckpt, LINES[:4], "beam", beam_size=3)
+    for row in rows:
+        assert 1 <= len(row["nbest"]) <= 3 and row["nbest"][0]["text"] == row["text"]
+        scores = [h["score"] for h in row["nbest"]]
+        assert scores == sorted(scores, reverse=True)
+        att = row["attention"]
+        assert len(att["weights"]) == len(att["target"]) and all(len(w) == len(att["source"]) for w in att["weights"])
+        assert all(abs(sum(w) - 1) < 1e-2 for w in att["weights"])
+        assert att["source"][-1] == att["target"][-1] == "</s>"
+
+
+BAD = [
+    (b'{"text": ["a"', 400, "malformed JSON"),
+    (b"", 400, "malformed JSON"),
+    (b'{"text": ["\xff\xfe"]}', 400, "not valid UTF-8"),
+    (b'{"text": ["\\ud800"]}', 400, "lone surrogate"),
+    (b'["a"]', 400, "JSON object"),
+    (b"[" * 5000 + b"]" * 5000, 400, "nested too deeply"),
+    (b'{"txt": ["a"]}', 400, "unknown field"),
+    (b'{"text": 3}', 400, '"text" must be'),
+    (b'{"text": ["a", 3]}', 400, '"text" must be'),
+    (b'{"text": null}', 400, '"text" must be'),
+    (b'{"text": ["a"], "beam_size": "5"}', 400, '"beam_size" must be'),
+    (b'{"text": ["a"], "beam_size": 0}', 400, '"beam_size" must be'),
+    (b'{"text": ["a"], "beam_size": true}', 400, '"beam_size" must be'),
+    (b'{"text": ["a"], "beam_size": 2.5}', 400, '"beam_size" must be'),
+    (b'{"text": ["a"], "beam_size": 99}', 400, '"beam_size" must be'),
+    (b'{"text": ["a"], "beam_size": 2, "nbest": 3}', 400, '"nbest" must be'),
+    (b'{"text": ["a"], "attention": "yes"}', 400, '"attention" must be'),
+    (json.dumps({"text": ["a"] * 9}).encode(), 413, "max_sentences"),
+    (json.dumps({"text": ["a" * 201]}).encode(), 413, "max_chars"),
+    (b'{"text": ["' + b"a" * 100_000 + b'"]}', 413, "max_request_bytes"),
+]
+
+
+@pytest.mark.parametrize("body,status,message", BAD, ids=[m + f" {i}" for i, (_, _, m) in enumerate(BAD)])
+def test_bad_input_is_a_4xx_naming_the_problem(client, body, status, message):
+    response = client.post("/translate", content=body, headers={"Content-Type": "application/json"})
+    assert response.status_code == status, response.text
+    assert message in response.json()["error"] + response.json().get("limit", "")
+    if status == 413:
+        assert response.json()["limit"] in message
+
+
+def test_a_full_queue_is_a_429(ckpt):
+    cfg = serve_cfg(ckpt, "decoding=greedy", "limits.max_queue=0", "batching.process=false")
+    with TestClient(create_app(load(cfg), cfg)) as client:
+        response = client.post("/translate", json={"text": ["a"]})
+    assert response.status_code == 429 and response.json()["limit"] == "max_queue"
+
+
+def test_concurrent_requests_are_batched_and_keep_their_order(client, ckpt):
+    """40 requests at once, 1-4 sentences each (some empty), decoded in fewer batches than requests;
+    each gets its own sentences back, in order, as translate.py translates them."""
+    expected = dict(zip(LINES, reference(ckpt, LINES)))
+    expected[""] = ""
+    requests = [[LINES[(i * 7 + j) % len(LINES)] if (i + j) % 5 else "" for j in range(1 + i % 4)] for i in range(40)]
+    before = client.get("/health").json()
+    with ThreadPoolExecutor(len(requests)) as pool:  # the test client's calls meet in its one event loop
+        responses = list(pool.map(lambda r: client.post("/translate", json={"text": r}), requests))
+    for request, response in zip(requests, responses):
+        assert response.status_code == 200
+        assert [row["text"] for row in response.json()["translations"]] == [expected[s] for s in request]
+    after = client.get("/health").json()
+    assert after["requests"] - before["requests"] == len(requests)
+    assert after["batches"] - before["batches"] < len(requests) / 2
+
+
+# --- the page in a real browser ------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def browser() -> tuple[str, str]:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if not (chromium and driver):
+        pytest.skip("no chromium/chromedriver on PATH (Debian: apt-get install -y chromium chromium-driver)")
+    pytest.importorskip("selenium", reason="the browser test needs selenium: pip install 'nmt[test]'")
+    return chromium, driver
+
+
+def test_the_page_translates_and_draws_the_heatmap_in_chromium(ckpt, tmp_path):
+    chromium, driver = browser()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "nmt.serve.app", f"ckpt={ckpt}", f"port={port}", "decoding=greedy"],
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1100,900"):
+        options.add_argument(arg)
+    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager never downloads a browser or driver
+    page = None
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.poll() is None and time.monotonic() < deadline, server.stdout.read()[-3000:] if server.poll() is not None else "no /health in 60 s"
+            time.sleep(0.2)
+        page = webdriver.Chrome(options=options, service=Service(driver))
+        page.get(f"http://127.0.0.1:{port}/")
+        wait = WebDriverWait(page, 20)
+        wait.until(lambda p: "parameters" in p.find_element(By.ID, "model").text)
+        page.find_element(By.ID, "source").send_keys(LINES[0])
+        page.find_element(By.ID, "translate").click()
+        wait.until(lambda p: p.find_element(By.ID, "output").get_attribute("data-done"))
+        shown = page.find_element(By.CSS_SELECTOR, "#output .best").text
+        assert shown.startswith(reference(ckpt, LINES[:1])[0])
+        heatmap = page.find_element(By.CSS_SELECTOR, "#heatmaps canvas")
+        assert heatmap.size["width"] > 50 and heatmap.size["height"] > 50
+        assert page.execute_script("return document.getElementById('report-img').naturalWidth") > 0
+        page.save_screenshot(str(tmp_path / "serve.png"))
+        assert (tmp_path / "serve.png").stat().st_size > 1000
+    finally:
+        if page is not None:
+            page.quit()
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def test_the_load_test_script_checks_every_response_against_translate_py(ckpt, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    result = subprocess.run([sys.executable, str(ROOT / "scripts/load_test.py"), "--ckpt", str(ckpt), "--input", str(src),
+                             "--clients", "4", "--sentences", "30", "--per-request", "3", "--timeout", "60",
+                             "--json", str(tmp_path / "load.json"), "batching.process=false"], capture_output=True, text=True, timeout=180,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    numbers = json.loads((tmp_path / "load.json").read_text())
+    assert numbers["sentences"] == 30 and numbers["errors"] == 0 and numbers["different"] == 0
+    assert numbers["serve_sentences_per_s"] > 0 and numbers["ratio"] > 0
