@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -215,3 +216,24 @@ def test_prepare_command(tmp_path):
     (folder,) = (tmp_path / "prepared").iterdir()
     assert read_manifest(folder)["splits"]["train"]["pairs"] == 100
     assert f"prepared data in {folder}" in result.stdout + result.stderr
+
+
+def test_preparation_killed_midway_is_never_used(tmp_path):
+    """SIGKILL while the corpus is being streamed: only the temporary folder is left, and the next
+    preparation ignores it."""
+    command = [sys.executable, "-m", "nmt.data.prepare", "data=synthetic", "data.source.num_pairs=2000000",
+               f"paths.cache_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'run'}", "workers=0"]
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((tmp_path / "prepared").glob(".tmp-*/train.src.text.npy")):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.5)
+    finally:
+        proc.kill()
+        proc.wait()
+    left = list((tmp_path / "prepared").iterdir())
+    assert len(left) == 1 and left[0].name.startswith(".tmp-") and not (left[0] / "manifest.json").exists()
+    folder, built = prepare(FileSource(str(TINY), "src", "tgt"), tmp_path, TOKENIZER, workers=0)
+    assert built and not folder.name.startswith(".tmp-")

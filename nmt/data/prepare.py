@@ -261,8 +261,9 @@ def _train_tokenizers(out: Path, rows: np.ndarray | None, n: int, options: Mappi
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(protos: dict[str, bytes]) -> None:
-    _WORKER["sp"] = {side: spm.SentencePieceProcessor(model_proto=p) for side, p in protos.items()}
+def _init_worker(protos: dict[str, bytes], threads: int = 1) -> None:
+    """Load the models; `threads`: SentencePiece's own encoding threads (1 in a worker process)."""
+    _WORKER["sp"] = {side: spm.SentencePieceProcessor(model_proto=p, num_threads=threads) for side, p in protos.items()}
 
 
 def _encode(task: tuple[str, str, int, int, str, str]) -> tuple[np.ndarray, np.ndarray]:
@@ -282,13 +283,13 @@ def _encode_all(out: Path, protos: dict[str, bytes], dtypes: dict[str, Any], wor
             n = len(np.load(out / f"{split}.{side}.text_offsets.npy", mmap_mode="r")) - 1
             tasks += [(str(out), f"{split}.{side}", b, min(b + ENCODE_CHUNK, n), side, np.dtype(dtypes[side]).str)
                       for b in range(0, n, ENCODE_CHUNK)]
-    if workers > 1 and len(tasks) > 2:
+    if workers > 1 and len(tasks) > 4 * workers:  # small corpora: not worth starting processes
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         pool = multiprocessing.get_context(method).Pool(workers, _init_worker, (protos,))
         results = pool.imap(_encode, tasks)
     else:
         pool = None
-        _init_worker(protos)
+        _init_worker(protos, threads=-1)  # SentencePiece's threads (all cores) encode each chunk
         results = map(_encode, tasks)
     counts: dict[str, int] = {}
     writers: dict[str, tuple[NpyWriter, NpyWriter, NpyWriter]] = {}
