@@ -143,7 +143,8 @@ def data_overrides(folder: Path, cache: Path) -> list[str]:
 
 def train_command(folder: Path, cache: Path, run: Path, stamp: Path, ranks: int) -> list[str]:
     command = [sys.executable, "train.py", "model=transformer", *data_overrides(folder, cache), "trainer.max_steps=3",
-               "test=false", "trainer.num_sanity_val_steps=0", "trainer.limit_val_batches=0", "trainer.max_time=null",
+               "test=false", "trainer.num_sanity_val_steps=0", "trainer.val_check_interval=1000000",
+               "trainer.check_val_every_n_epoch=null", "trainer.max_time=null",
                "callbacks.rich_progress_bar=null", "callbacks.early_stopping=null", "trainer.enable_progress_bar=false",
                "+callbacks.first_step._target_=benchmark_data.first_step", f"+callbacks.first_step.path={stamp}",
                f"hydra.run.dir={run}"]
@@ -160,9 +161,12 @@ def bench_size(pairs: int, args: argparse.Namespace) -> dict:
     write_corpus(folder, pairs, args.jobs)
     log.info("%d pairs: corpus ready in %.0fs (%.2f GB)", pairs, time.time() - start,
              sum(f.stat().st_size for f in folder.glob("train.*")) / 2**30)
-    shutil.rmtree(cache, ignore_errors=True)
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'scripts'}{os.pathsep}{ROOT}", OMP_NUM_THREADS="1")
     result: dict = {"pairs": pairs}
+    if args.reuse_prepared and (cache / "prepared").is_dir():  # measure training only
+        result["prepare"] = args.saved["sizes"][str(pairs)]["prepare"]
+        return _train_runs(pairs, folder, cache, env, result, args)
+    shutil.rmtree(cache, ignore_errors=True)
     prep = measure([sys.executable, "-m", "nmt.data.prepare", *data_overrides(folder, cache),
                     f"hydra.run.dir={args.out / f'prepare-{pairs}'}"], env, args.out / f"prepare-{pairs}.log")
     (prepared,) = (cache / "prepared").iterdir()
@@ -171,6 +175,11 @@ def bench_size(pairs: int, args: argparse.Namespace) -> dict:
                                 "disk_gb": round(sum(f.stat().st_size for f in prepared.iterdir()) / 2**30, 2),
                                 "vocab_size": manifest["tokenizer"]["src"]["vocab_size"]}
     log.info("%d pairs: prepare %s", pairs, result["prepare"])
+    result["prepare"].pop("start")
+    return _train_runs(pairs, folder, cache, env, result, args)
+
+
+def _train_runs(pairs: int, folder: Path, cache: Path, env: dict, result: dict, args: argparse.Namespace) -> dict:
     for ranks in (1, 2):
         stamp = args.out / f"first-step-{pairs}-{ranks}"
         stamp.unlink(missing_ok=True)
@@ -180,7 +189,6 @@ def bench_size(pairs: int, args: argparse.Namespace) -> dict:
         run["startup_seconds"] = round(float(stamp.read_text()) - run.pop("start"), 1)
         result[f"train_{ranks}"] = run
         log.info("%d pairs, %d rank(s): %s", pairs, ranks, run)
-    result["prepare"].pop("start")
     return result
 
 
@@ -225,11 +233,13 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, nargs="*", default=[100_000, 1_000_000, 10_000_000])
     parser.add_argument("--sampler", type=int, nargs="*", default=[], help="sampler benchmark sizes (pairs)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="processes generating a corpus")
+    parser.add_argument("--reuse-prepared", action="store_true", help="keep a size's prepared data; measure training only")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "benchmark_data")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "benchmark_data.json"
     saved = json.loads(path.read_text()) if path.is_file() else {"sizes": {}, "sampler": {}}
+    args.saved = saved
     for n in args.sampler:
         code = f"import json, sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); import benchmark_data as b; " \
                f"print(json.dumps(b.bench_sampler({n})))"

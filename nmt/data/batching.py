@@ -59,11 +59,24 @@ def make_batches(lengths: np.ndarray, order: np.ndarray, max_tokens: int | None,
 
 
 def _columns(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
-    """Lengths as (N, sides) integers: (N,) becomes one column; integer dtypes are kept."""
+    """Lengths as (N, sides) integers, uint16 where they fit: (N,) becomes one column."""
     lengths = np.asarray(lengths)
     if not np.issubdtype(lengths.dtype, np.integer):
         lengths = lengths.astype(np.int64)
+    if len(lengths) and lengths.dtype != np.uint16 and 0 <= lengths.min() and lengths.max() < 2**16:
+        lengths = lengths.astype(np.uint16)
     return lengths[:, None] if lengths.ndim == 1 else lengths
+
+
+def length_order(lengths: np.ndarray, ties: np.ndarray | None = None) -> np.ndarray:
+    """Indices sorting `lengths` (N, sides) by the first column, then the next ones, then by
+    `ties` (N,) (else by index): `np.lexsort((ties, *reversed(columns)))`, computed as stable
+    sorts from the last key to the first, so that the uint16 length columns get numpy's radix
+    sort (5x faster than lexsort at 10M examples). int32 when N < 2**31."""
+    order = np.arange(len(lengths)) if ties is None else np.argsort(ties, kind="stable")
+    for col in reversed(range(lengths.shape[1])):
+        order = order[np.argsort(lengths[order, col], kind="stable")]
+    return order.astype(np.int32) if len(order) < 2**31 else order
 
 
 def padding_ratio(batches: Sequence[Sequence[int]], lengths: Sequence[int] | np.ndarray) -> float:
@@ -127,16 +140,11 @@ class TokenBatchSampler(Sampler[list[int]]):
         ranks: batch k of the epoch is `order[bounds[i]:bounds[i + 1]]` with i = `batch order[k]`."""
         epoch = (self.epoch if epoch is None else epoch) if self.shuffle else 0
         if self._built.get("epoch") != epoch:
-            keys = tuple(self.lengths.T[::-1])  # np.lexsort sorts by its last key first
-            if not self.shuffle:
-                order = np.lexsort(keys)
-                bounds = batch_bounds(self.widths[order], self.max_tokens, self.batch_size)
-                ids = np.arange(len(bounds) - 1)
-            else:
-                rng = np.random.default_rng([self.seed, epoch])
-                order = np.lexsort((rng.random(len(self.lengths)), *keys))  # by length, random ties
-                bounds = batch_bounds(self.widths[order], self.max_tokens, self.batch_size)
-                ids = rng.permutation(len(bounds) - 1)
+            rng = np.random.default_rng([self.seed, epoch])
+            ties = rng.random(len(self.lengths)) if self.shuffle else None  # by length, random ties
+            order = length_order(self.lengths, ties)
+            bounds = batch_bounds(self.widths[order], self.max_tokens, self.batch_size)
+            ids = rng.permutation(len(bounds) - 1) if self.shuffle else np.arange(len(bounds) - 1)
             self._built.clear()
             self._built.update(epoch=epoch, arrays=(order, bounds, ids))
         return self._built["arrays"]
@@ -224,12 +232,17 @@ class TokenizedSplit(Dataset):
                  max_tgt_len: int | None = None,
                  sizes: tuple[np.ndarray, np.ndarray | None] | None = None) -> None:
         self.src, self.tgt = src, tgt
-        self.index = np.arange(len(src[1]) - 1) if index is None else np.asarray(index)
+        self._index = None if index is None else np.asarray(index)  # None: every example, in order
+        self._len = len(src[1]) - 1 if index is None else len(self._index)
         self.max_src_len, self.max_tgt_len = max_src_len, max_tgt_len
         self.sizes = sizes
 
+    @property
+    def index(self) -> np.ndarray:
+        return np.arange(self._len) if self._index is None else self._index
+
     def __len__(self) -> int:
-        return len(self.index)
+        return self._len
 
     @staticmethod
     def _side(side: tuple[np.ndarray, np.ndarray], j: int, limit: int | None) -> np.ndarray:
@@ -238,7 +251,7 @@ class TokenizedSplit(Dataset):
         return np.asarray(tokens[start : end if limit is None else min(end, start + limit)])
 
     def __getitem__(self, i: int) -> tuple[int, np.ndarray, np.ndarray | None]:
-        j = int(self.index[i])
+        j = i if self._index is None else int(self._index[i])
         tgt = None if self.tgt is None else self._side(self.tgt, j, self.max_tgt_len)
         return i, self._side(self.src, j, self.max_src_len), tgt
 
@@ -249,7 +262,8 @@ class TokenizedSplit(Dataset):
         """Per example (source, target) lengths with EOS/BOS, after truncation: (N, 2) int32, or
         (N, 1) without targets."""
         def side(k: int, s: tuple[np.ndarray, np.ndarray], limit: int | None) -> np.ndarray:
-            n = (np.diff(s[1]) if self.sizes is None else self.sizes[k])[self.index].astype(np.int32)
+            n = np.diff(s[1]) if self.sizes is None else self.sizes[k]
+            n = (n if self._index is None else n[self._index]).astype(np.int32)
             return n if limit is None else np.minimum(n, limit)
 
         sides = [side(0, self.src, self.max_src_len)]

@@ -186,10 +186,10 @@ class TranslationDataModule(L.LightningDataModule):
             sides = [(arrays(f"{split}.{side}.tokens"), arrays(f"{split}.{side}.offsets")) for side in SIDES]
             sizes = tuple(arrays(f"{split}.{side}.lengths") for side in SIDES)
             self.datasets[split] = self._filter(split, *sides, index, sizes)
-        self.prepare_seconds = time.perf_counter() - start
         train = self.datasets["train"]
         self._train_sampler = TokenBatchSampler(train.lengths(), self.max_tokens, self.batch_size, seed=self.seed)
-        self.train_padding = self._train_sampler.padding()
+        self.train_padding = self._train_sampler.padding()  # builds epoch 0, which training reuses
+        self.prepare_seconds = time.perf_counter() - start
         log.info("data ready in %.1fs: %s; training batches %d, padding %.1f%%",
                  self.prepare_seconds, ", ".join(f"{s} {len(d)}" for s, d in self.datasets.items()),
                  len(self._train_sampler), 100 * self.train_padding)
@@ -201,21 +201,21 @@ class TranslationDataModule(L.LightningDataModule):
         stats = self.stats[split]
         stats["src_truncated"] = stats["tgt_truncated"] = stats["too_long_dropped"] = 0
         if split == "train" and self.too_long == "drop":
-            keep = np.flatnonzero(~long)
-            index = keep if index is None else index[keep]
+            if long.any():
+                keep = np.flatnonzero(~long).astype(np.int32 if len(long) < 2**31 else np.int64)
+                index = keep if index is None else index[keep]
             stats["too_long_dropped"] = int(long.sum())
             if long.any():
                 log.info("%s: dropped %d of %d pairs longer than %d/%d subwords", split,
                          long.sum(), len(long), self.max_src_len, self.max_tgt_len)
         else:
-            index = np.arange(len(src_len)) if index is None else index
             stats["src_truncated"] = int((src_len > self.max_src_len).sum())
             stats["tgt_truncated"] = int((tgt_len > self.max_tgt_len).sum())
             if long.any():
                 log.info("%s: truncating %d source / %d target sentences to %d/%d subwords "
                          "(model input only)", split, stats["src_truncated"],
                          stats["tgt_truncated"], self.max_src_len, self.max_tgt_len)
-        stats["pairs"] = len(index)
+        stats["pairs"] = len(src_len) - stats["too_long_dropped"]
         return TokenizedSplit(src, tgt, index, self.max_src_len, self.max_tgt_len, sizes=sizes)
 
     # -- access ------------------------------------------------------------------------
