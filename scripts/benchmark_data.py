@@ -216,6 +216,62 @@ def bench_sampler(pairs: int) -> dict:
             "first_batch": len(first)}
 
 
+DATA_PROCESS = """
+import sys, time
+from pathlib import Path
+from nmt.malloc import keep_freed_memory, release_freed_memory
+keep_freed_memory()
+import torch, pytorch_lightning  # noqa: F401  (the baseline: a training process before its data)
+from nmt.data.datamodule import TranslationDataModule
+from nmt.data.sources import FileSource
+folder, cache, rank, world = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+Path(cache, f"base-{rank}").write_text("")
+while not Path(cache, "go").exists():
+    time.sleep(0.05)
+dm = TranslationDataModule(FileSource(folder, "src", "tgt"), TOKENIZER, "src", "tgt", cache_dir=cache)
+dm.setup()
+release_freed_memory()  # as train.py does after the set-up
+sampler = dm._train_sampler.replica(world, rank)
+batches = iter(sampler)
+for _ in range(3):
+    dm.datasets["train"].__getitems__(next(batches))
+Path(cache, f"ready-{rank}").write_text("")
+while not Path(cache, "done").exists():
+    time.sleep(0.05)
+"""
+
+
+def bench_data_memory(pairs: int, ranks: int, args: argparse.Namespace) -> dict:
+    """PSS of `ranks` processes holding the prepared training data (set up, 3 batches read), less
+    the same processes before their data: the memory the data cost them together."""
+    folder, cache = args.out / f"corpus-{pairs}", args.out / f"cache-{pairs}"
+    for marker in cache.glob("[bgrd]*-*"):
+        marker.unlink()
+    for name in ("go", "done"):
+        (cache / name).unlink(missing_ok=True)
+    code = f"TOKENIZER = {{'vocab_size': 8000, 'hard_vocab_limit': False, 'input_sentence_size': 1000000}}\n" + DATA_PROCESS
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(folder), str(cache), str(r), str(ranks)], cwd=ROOT, env=env)
+             for r in range(ranks)]
+    def wait(name: str) -> None:
+        while not all((cache / f"{name}-{r}").exists() for r in range(ranks)):
+            assert all(p.poll() is None for p in procs), "a data process failed"
+            time.sleep(0.05)
+    wait("base")
+    time.sleep(0.5)
+    before = [_memory(p.pid) for p in procs]
+    (cache / "go").write_text("")
+    wait("ready")
+    after = [_memory(p.pid) for p in procs]
+    (cache / "done").write_text("")
+    for p in procs:
+        p.wait()
+    (cache / "go").unlink()
+    (cache / "done").unlink()
+    return {"pairs": pairs, "ranks": ranks, "pss_gb": round(sum(a[1] - b[1] for a, b in zip(after, before)) / 2**30, 3),
+            "rss_per_rank_gb": [round((a[0] - b[0]) / 2**30, 3) for a, b in zip(after, before)]}
+
+
 def table(results: list[dict]) -> str:
     rows = ["| pairs | prepare s | pairs/s | prepare peak PSS / RSS (GB) | start-up s | 1 rank RSS (GB) | "
             "2 ranks: RSS per rank (GB) | 2 ranks: total PSS (GB) |", "|---:" * 8 + "|"]
@@ -233,6 +289,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, nargs="*", default=[100_000, 1_000_000, 10_000_000])
     parser.add_argument("--sampler", type=int, nargs="*", default=[], help="sampler benchmark sizes (pairs)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="processes generating a corpus")
+    parser.add_argument("--data-memory", type=int, nargs="*", default=[],
+                        help="sizes (already prepared) whose data memory to measure in 1 and 2 processes")
     parser.add_argument("--reuse-prepared", action="store_true", help="keep a size's prepared data; measure training only")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "benchmark_data")
     args = parser.parse_args()
@@ -247,6 +305,11 @@ def main() -> None:
                              env=dict(os.environ, PYTHONPATH=str(ROOT)))
         saved["sampler"][str(n)] = json.loads(out.stdout.strip().splitlines()[-1])
         log.info("sampler: %s", saved["sampler"][str(n)])
+        path.write_text(json.dumps(saved, indent=1) + "\n")
+    for n in args.data_memory:
+        for ranks in (1, 2):
+            saved.setdefault("data_memory", {})[f"{n}-{ranks}"] = bench_data_memory(n, ranks, args)
+            log.info("data memory: %s", saved["data_memory"][f"{n}-{ranks}"])
         path.write_text(json.dumps(saved, indent=1) + "\n")
     for n in args.pairs:
         saved["sizes"][str(n)] = bench_size(n, args)

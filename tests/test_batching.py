@@ -186,3 +186,14 @@ def test_replica_shares_the_epoch_and_matches_a_fresh_sampler(lengths):
         copy = whole.replica(3, rank)
         assert copy.epoch_arrays(0)[0] is whole.epoch_arrays(0)[0]
         assert list(copy) == list(TokenBatchSampler(lengths, max_tokens=700, seed=2, num_replicas=3, rank=rank))
+
+
+def test_epochs_shared_through_a_folder_are_memory_mapped_by_other_processes(lengths, tmp_path):
+    alone = list(TokenBatchSampler(lengths, max_tokens=700, seed=2))
+    first = TokenBatchSampler(lengths, max_tokens=700, seed=2, share=tmp_path)
+    assert list(first) == alone  # epoch 0 built and saved
+    other = TokenBatchSampler(lengths, max_tokens=700, seed=2, share=tmp_path, num_replicas=2, rank=1)
+    assert isinstance(other.epoch_arrays(0)[0], np.memmap)
+    assert list(other) == list(TokenBatchSampler(lengths, max_tokens=700, seed=2, num_replicas=2, rank=1))
+    list(first), list(first)  # epochs 1 and 2: epoch 0 is removed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-1", "epoch-2"]

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import copy
 import logging
+import shutil
+import tempfile
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +24,8 @@ from torch.utils.data import Dataset, Sampler
 from nmt.data.tokenizer import BOS, EOS, PAD
 
 log = logging.getLogger(__name__)
+
+_EPOCH_FILES = ("order", "bounds", "ids")
 
 
 def batch_bounds(widths: np.ndarray, max_tokens: int | None, batch_size: int | None) -> np.ndarray:
@@ -105,13 +110,16 @@ class TokenBatchSampler(Sampler[list[int]]):
         evaluation splits the batches without duplicates (ranks may get unequal counts).
     The epoch advances after each complete pass or with `set_epoch`; `state_dict` records the
     batches already yielded in the current epoch so a resumed run skips exactly those.
-    An epoch is held as numpy arrays (the example order, batch bounds and batch order: ~8 bytes
-    per example), built once per epoch; a batch becomes a list only when it is yielded.
+    An epoch is held as numpy arrays (the example order, batch bounds and batch order: ~4 bytes
+    per example), built once per epoch; a batch becomes a list only when it is yielded. With
+    `share` (a folder), an epoch one process built is saved there and memory-mapped by the
+    others with the same lengths and options (DDP ranks), instead of each sorting its own.
     """
 
     def __init__(self, lengths: Sequence[int] | np.ndarray, max_tokens: int | None = 4096,
                  batch_size: int | None = None, shuffle: bool = True, seed: int = 0,
-                 num_replicas: int = 1, rank: int = 0, drop_last: bool = False) -> None:
+                 num_replicas: int = 1, rank: int = 0, drop_last: bool = False,
+                 share: Path | None = None) -> None:
         if max_tokens is None and batch_size is None:
             raise ValueError("set max_tokens or batch_size")
         if not 0 <= rank < num_replicas:
@@ -126,6 +134,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         self._skip = 0      # batches to skip at the start of the next pass (after a resume)
         self._num_batches: int | None = None
         self._built: dict[str, Any] = {}  # the last epoch built, shared with `replica` copies
+        self.share = share
 
     def replica(self, num_replicas: int, rank: int) -> TokenBatchSampler:
         """This sampler for one DDP rank, sharing the epochs already built."""
@@ -140,14 +149,47 @@ class TokenBatchSampler(Sampler[list[int]]):
         ranks: batch k of the epoch is `order[bounds[i]:bounds[i + 1]]` with i = `batch order[k]`."""
         epoch = (self.epoch if epoch is None else epoch) if self.shuffle else 0
         if self._built.get("epoch") != epoch:
-            rng = np.random.default_rng([self.seed, epoch])
-            ties = rng.random(len(self.lengths)) if self.shuffle else None  # by length, random ties
-            order = length_order(self.lengths, ties)
-            bounds = batch_bounds(self.widths[order], self.max_tokens, self.batch_size)
-            ids = rng.permutation(len(bounds) - 1) if self.shuffle else np.arange(len(bounds) - 1)
+            arrays = self._shared(epoch)
+            if arrays is None:
+                rng = np.random.default_rng([self.seed, epoch])
+                ties = rng.random(len(self.lengths)) if self.shuffle else None  # by length, random ties
+                order = length_order(self.lengths, ties)
+                bounds = batch_bounds(self.widths[order], self.max_tokens, self.batch_size)
+                ids = rng.permutation(len(bounds) - 1) if self.shuffle else np.arange(len(bounds) - 1)
+                arrays = self._save(epoch, (order, bounds, ids))
             self._built.clear()
-            self._built.update(epoch=epoch, arrays=(order, bounds, ids))
+            self._built.update(epoch=epoch, arrays=arrays)
         return self._built["arrays"]
+
+    # `share`: a folder where processes with the same data and options (DDP ranks) find an epoch
+    # another one built, memory-mapped, instead of each sorting and holding its own copy.
+    def _shared(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        folder = None if self.share is None else self.share / f"epoch-{epoch}"
+        if folder is None or not (folder / "ids.npy").is_file():
+            return None
+        return tuple(np.load(folder / f"{name}.npy", mmap_mode="r") for name in _EPOCH_FILES)  # type: ignore[return-value]
+
+    def _save(self, epoch: int, arrays: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self.share is None:
+            return arrays  # type: ignore[return-value]
+        try:
+            self.share.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(dir=self.share, prefix=".tmp-"))
+        except OSError as e:  # a read-only cache: every process keeps its own copy
+            log.warning("cannot share the batches of epoch %d in %s: %s", epoch, self.share, e)
+            return arrays  # type: ignore[return-value]
+        try:
+            for name, a in zip(_EPOCH_FILES, arrays):
+                np.save(tmp / f"{name}.npy", a)
+            tmp.rename(self.share / f"epoch-{epoch}")
+        except OSError:  # another process saved it first
+            pass
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        for old in self.share.glob("epoch-*"):  # keep this epoch and the one before
+            if int(old.name.split("-")[1]) < epoch - 1:
+                shutil.rmtree(old, ignore_errors=True)
+        return self._shared(epoch) or arrays  # type: ignore[return-value]
 
     def all_batches(self, epoch: int | None = None) -> list[list[int]]:
         """Every batch of `epoch` in order, before the split over ranks (as lists: small data)."""
@@ -259,17 +301,19 @@ class TokenizedSplit(Dataset):
         return [self[i] for i in indices]
 
     def lengths(self) -> np.ndarray:
-        """Per example (source, target) lengths with EOS/BOS, after truncation: (N, 2) int32, or
-        (N, 1) without targets."""
+        """Per example (source, target) lengths with EOS/BOS, after truncation: (N, 2), or (N, 1)
+        without targets; uint16 under limits below 65,535, else int64."""
         def side(k: int, s: tuple[np.ndarray, np.ndarray], limit: int | None) -> np.ndarray:
             n = np.diff(s[1]) if self.sizes is None else self.sizes[k]
-            n = (n if self._index is None else n[self._index]).astype(np.int32)
-            return n if limit is None else np.minimum(n, limit)
+            n = n if self._index is None else n[self._index]
+            if limit is not None and limit < 2**16 - 1:
+                return (np.minimum(n, limit) + 1).astype(np.uint16)
+            return n.astype(np.int64) + 1
 
         sides = [side(0, self.src, self.max_src_len)]
         if self.tgt is not None:
             sides.append(side(1, self.tgt, self.max_tgt_len))
-        return np.stack(sides, axis=1) + 1
+        return np.stack(sides, axis=1) if len({a.dtype for a in sides}) == 1 else np.stack(sides, axis=1).astype(np.int64)
 
 
 def _pad(rows: list[np.ndarray], first: int | None, last: int | None) -> tuple[torch.Tensor, int]:

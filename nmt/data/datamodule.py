@@ -11,6 +11,8 @@ filtered: only the model input is truncated, `raw()` keeps the full references.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -187,7 +189,12 @@ class TranslationDataModule(L.LightningDataModule):
             sizes = tuple(arrays(f"{split}.{side}.lengths") for side in SIDES)
             self.datasets[split] = self._filter(split, *sides, index, sizes)
         train = self.datasets["train"]
-        self._train_sampler = TokenBatchSampler(train.lengths(), self.max_tokens, self.batch_size, seed=self.seed)
+        options = {"sampler": 1, "max_tokens": self.max_tokens, "batch_size": self.batch_size, "seed": self.seed,
+                   "max_len": [self.max_src_len, self.max_tgt_len], "too_long": self.too_long,
+                   "train_max_words": self.train_max_words, "train_pairs": self.train_pairs}
+        share = folder / "epochs" / hashlib.blake2b(json.dumps(options).encode(), digest_size=8).hexdigest()
+        self._train_sampler = TokenBatchSampler(train.lengths(), self.max_tokens, self.batch_size, seed=self.seed,
+                                                share=share)  # DDP ranks map the epochs rank 0 built
         self.train_padding = self._train_sampler.padding()  # builds epoch 0, which training reuses
         self.prepare_seconds = time.perf_counter() - start
         log.info("data ready in %.1fs: %s; training batches %d, padding %.1f%%",
