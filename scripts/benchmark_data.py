@@ -176,7 +176,7 @@ def bench_size(pairs: int, args: argparse.Namespace) -> dict:
                                 "vocab_size": manifest["tokenizer"]["src"]["vocab_size"]}
     log.info("%d pairs: prepare %s", pairs, result["prepare"])
     result["prepare"].pop("start")
-    return _train_runs(pairs, folder, cache, env, result, args)
+    return result if args.prepare_only else _train_runs(pairs, folder, cache, env, result, args)
 
 
 def _train_runs(pairs: int, folder: Path, cache: Path, env: dict, result: dict, args: argparse.Namespace) -> dict:
@@ -291,6 +291,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="processes generating a corpus")
     parser.add_argument("--data-memory", type=int, nargs="*", default=[],
                         help="sizes (already prepared) whose data memory to measure in 1 and 2 processes")
+    parser.add_argument("--input-sentence-size", type=int, default=1_000_000, help="SentencePiece's training sample")
+    parser.add_argument("--prepare-only", action="store_true", help="skip the training runs")
     parser.add_argument("--reuse-prepared", action="store_true", help="keep a size's prepared data; measure training only")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "benchmark_data")
     args = parser.parse_args()
@@ -298,6 +300,7 @@ def main() -> None:
     path = args.out / "benchmark_data.json"
     saved = json.loads(path.read_text()) if path.is_file() else {"sizes": {}, "sampler": {}}
     args.saved = saved
+    TOKENIZER[1] = f"data.tokenizer.input_sentence_size={args.input_sentence_size}"
     for n in args.sampler:
         code = f"import json, sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); import benchmark_data as b; " \
                f"print(json.dumps(b.bench_sampler({n})))"
@@ -312,10 +315,12 @@ def main() -> None:
             log.info("data memory: %s", saved["data_memory"][f"{n}-{ranks}"])
         path.write_text(json.dumps(saved, indent=1) + "\n")
     for n in args.pairs:
-        saved["sizes"][str(n)] = bench_size(n, args)
+        key = str(n) if args.input_sentence_size == 1_000_000 else f"{n}-iss{args.input_sentence_size}"
+        saved["sizes"][key] = bench_size(n, args)
         path.write_text(json.dumps(saved, indent=1) + "\n")
-    if saved["sizes"]:
-        print(table([saved["sizes"][k] for k in sorted(saved["sizes"], key=int)]))
+    full = [v for k, v in sorted(saved["sizes"].items()) if "train_1" in v]
+    if full:
+        print(table(sorted(full, key=lambda r: r["pairs"])))
     for r in saved["sampler"].values():
         print(f"sampler, {r['pairs']:,} pairs: {r['batches']:,} batches built in {r['build_seconds']} s, "
               f"peak {r['peak_above_lengths_gb']} GB above the {r['lengths_gb']} GB of lengths")
