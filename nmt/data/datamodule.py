@@ -34,11 +34,7 @@ from nmt.data.tokenizer import Tokenizer, options_with_defaults
 log = logging.getLogger(__name__)
 
 
-def word_counts(texts: list[str], chars: bool = False) -> list[int]:
-    """Length of each text in words, or in characters without spaces (``chars``, for Chinese)."""
-    return [len("".join(t.split())) if chars else len(t.split()) for t in texts]
-
-Flat = tuple[np.ndarray, np.ndarray]  # (int32 tokens, int64 offsets)
+Flat = tuple[np.ndarray, np.ndarray]  # (uint16/uint32 tokens, int64 offsets), memory-mapped
 
 
 class ResumableLoader(DataLoader):
