@@ -77,7 +77,7 @@ def length_order(lengths: np.ndarray, ties: np.ndarray | None = None) -> np.ndar
     """Indices sorting `lengths` (N, sides) by the first column, then the next ones, then by
     `ties` (N,) (else by index): `np.lexsort((ties, *reversed(columns)))`, computed as stable
     sorts from the last key to the first, so that the uint16 length columns get numpy's radix
-    sort (5x faster than lexsort at 10M examples). int32 when N < 2**31."""
+    sort (3.1 s instead of 6.6 s at 10M examples). int32 when N < 2**31."""
     order = np.arange(len(lengths)) if ties is None else np.argsort(ties, kind="stable")
     for col in reversed(range(lengths.shape[1])):
         order = order[np.argsort(lengths[order, col], kind="stable")]
