@@ -149,3 +149,51 @@ def test_collate_layout():
     assert batch["num_src_tokens"] == 4 + 2 + 5 and batch["num_tgt_tokens"] == 3 + 4 + 2
     source_only = collate([(7, np.array([5, 6], dtype=np.int32), None)])
     assert set(source_only) == {"src", "src_mask", "ids", "num_src_tokens"}
+
+
+def _per_example_batches(lengths, order, max_tokens, batch_size) -> list[list[int]]:
+    """The greedy cut, one example at a time (what `batch_bounds` computes one batch at a time)."""
+    batches, batch, longest = [], [], 0
+    for i in order.tolist():
+        n = int(lengths[i])
+        width = max(longest, n)
+        full = ((max_tokens is not None and (len(batch) + 1) * width > max_tokens)
+                or (batch_size is not None and len(batch) >= batch_size))
+        if batch and full:
+            batches.append(batch)
+            batch, width = [], n
+        batch.append(i)
+        longest = width
+    return batches + [batch] if batch else batches
+
+
+@pytest.mark.parametrize("max_tokens, batch_size", [(500, None), (None, 64), (300, 16), (100, None), (1, None)])
+def test_numpy_batches_equal_the_per_example_cut(max_tokens, batch_size):
+    rng = np.random.default_rng(1)
+    pairs = np.stack([rng.integers(1, 160, 3000), rng.integers(1, 160, 3000)], axis=1)  # some over max_tokens
+    for shuffle in (False, True):
+        sampler = TokenBatchSampler(pairs, max_tokens=max_tokens, batch_size=batch_size, shuffle=shuffle, seed=2)
+        order, bounds, ids = sampler.epoch_arrays(0)
+        expected = _per_example_batches(pairs.max(1), order, max_tokens, batch_size)
+        assert sampler.all_batches(0) == [expected[i] for i in ids.tolist()]
+        assert sampler.padding() == pytest.approx(padding_ratio(expected, pairs))
+
+
+def test_replica_shares_the_epoch_and_matches_a_fresh_sampler(lengths):
+    whole = TokenBatchSampler(lengths, max_tokens=700, seed=2)
+    whole.padding()  # builds epoch 0
+    for rank in range(3):
+        copy = whole.replica(3, rank)
+        assert copy.epoch_arrays(0)[0] is whole.epoch_arrays(0)[0]
+        assert list(copy) == list(TokenBatchSampler(lengths, max_tokens=700, seed=2, num_replicas=3, rank=rank))
+
+
+def test_epochs_shared_through_a_folder_are_memory_mapped_by_other_processes(lengths, tmp_path):
+    alone = list(TokenBatchSampler(lengths, max_tokens=700, seed=2))
+    first = TokenBatchSampler(lengths, max_tokens=700, seed=2, share=tmp_path)
+    assert list(first) == alone  # epoch 0 built and saved
+    other = TokenBatchSampler(lengths, max_tokens=700, seed=2, share=tmp_path, num_replicas=2, rank=1)
+    assert isinstance(other.epoch_arrays(0)[0], np.memmap)
+    assert list(other) == list(TokenBatchSampler(lengths, max_tokens=700, seed=2, num_replicas=2, rank=1))
+    list(first), list(first)  # epochs 1 and 2: epoch 0 is removed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-1", "epoch-2"]

@@ -131,6 +131,10 @@ def test_killed_run_resumes_to_the_same_weights_and_bleu(reference, tmp_path):
         proc.wait()
     stopped_at = load(ckpt)["global_step"]  # usually 10: epoch 2, batch 2 of 4
     assert 10 <= stopped_at < 30
+    # the killed run read its data memory-mapped from the folder the reference run prepared
+    found = re.search(r"tokenized data: loaded (\S+) in", (tmp_path / "killed.log").read_text())
+    assert found and Path(found[1]).parent == tmp_path.parent / "nmt-cache" / "prepared"
+    assert (Path(found[1]) / "manifest.json").is_file()
 
     # a new run folder: tmp_path/run; testing the best checkpoint restores that checkpoint's timer
     _, metrics = in_process(tmp_path, [f"ckpt_path={ckpt}", budget, "test=true"])

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from nmt.data.sources import DataError, read_lines
-from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, load_or_train, text_hash
+from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, text_hash, train_sentencepiece
 
 TINY = Path(__file__).parent / "data" / "tiny"
 OPTIONS = {"vocab_size": 100, "hard_vocab_limit": False}
@@ -17,7 +17,7 @@ def texts() -> list[str]:
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory, texts) -> Tokenizer:
-    return load_or_train(texts, text_hash(texts), tmp_path_factory.mktemp("spm"), OPTIONS)
+    return train_sentencepiece(texts, tmp_path_factory.mktemp("spm"), OPTIONS)
 
 
 def test_special_ids_fixed(tok):
@@ -53,19 +53,6 @@ def test_pickle_carries_model(tok, texts):
     assert copy.encode(texts[3]) == tok.encode(texts[3]) and copy.vocab_size == tok.vocab_size
 
 
-def test_cache_reused(tmp_path, texts):
-    first = load_or_train(texts, text_hash(texts), tmp_path, OPTIONS)
-    mtime = Path(first.model_file).stat().st_mtime_ns
-    second = load_or_train(texts, text_hash(texts), tmp_path, OPTIONS)
-    assert first.trained and not second.trained
-    assert second.model_file == first.model_file
-    assert Path(second.model_file).stat().st_mtime_ns == mtime
-    other = load_or_train(texts, text_hash(texts), tmp_path, OPTIONS | {"model_type": "bpe"})
-    assert other.trained and other.model_file != first.model_file
-    changed = texts[:-1]
-    assert load_or_train(changed, text_hash(changed), tmp_path, OPTIONS).model_file != first.model_file
-
-
 def test_text_hash_sensitive_to_content_and_order():
     assert text_hash(["a b", "c"]) == text_hash(["a b", "c"])
     assert text_hash(["a b", "c"]) != text_hash(["c", "a b"])
@@ -75,5 +62,4 @@ def test_text_hash_sensitive_to_content_and_order():
 
 def test_training_error_explains(tmp_path, texts):
     with pytest.raises(DataError, match="hard_vocab_limit=false"):
-        load_or_train(texts[:5], text_hash(texts[:5]), tmp_path,
-                      {"vocab_size": 5000, "hard_vocab_limit": True})
+        train_sentencepiece(texts[:5], tmp_path, {"vocab_size": 5000, "hard_vocab_limit": True})

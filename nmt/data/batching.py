@@ -9,8 +9,12 @@ its examples into the batch dict the models read.
 
 from __future__ import annotations
 
+import copy
 import logging
+import shutil
+import tempfile
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,46 +25,69 @@ from nmt.data.tokenizer import BOS, EOS, PAD
 
 log = logging.getLogger(__name__)
 
+_EPOCH_FILES = ("order", "bounds", "ids")
 
-def make_batches(lengths: np.ndarray, order: np.ndarray, max_tokens: int | None,
-                 batch_size: int | None) -> list[list[int]]:
-    """Cut `order` (indices sorted by length) into consecutive batches; `lengths` (N,) holds
-    each example's longer side.
+
+def batch_bounds(widths: np.ndarray, max_tokens: int | None, batch_size: int | None) -> np.ndarray:
+    """Cut examples of `widths` (N,) (each example's longer side, in batch order) into
+    consecutive batches; returns the (num_batches + 1,) int64 bounds: batch b is
+    `bounds[b]:bounds[b + 1]`.
 
     A batch closes when one more example would make `len(batch) * max_len` exceed
     `max_tokens` or the batch would exceed `batch_size` sentences; an example longer than
-    `max_tokens` forms a batch of its own.
+    `max_tokens` forms a batch of its own. One numpy step per batch, not per example.
     """
     if max_tokens is None and batch_size is None:
         raise ValueError("set max_tokens or batch_size")
-    batches: list[list[int]] = []
-    batch: list[int] = []
-    longest = 0
-    for i in order.tolist():
-        n = int(lengths[i])
-        width = max(longest, n)
-        full = ((max_tokens is not None and (len(batch) + 1) * width > max_tokens)
-                or (batch_size is not None and len(batch) >= batch_size))
-        if batch and full:
-            batches.append(batch)
-            batch, width = [], n
-        batch.append(i)
-        longest = width
-    if batch:
-        batches.append(batch)
-    return batches
+    n = len(widths)
+    bounds = [0]
+    start = 0
+    while start < n:
+        cap = n - start if batch_size is None else min(n - start, batch_size)
+        if max_tokens is not None:  # a batch is at least as wide as its first example
+            cap = min(cap, max(1, max_tokens // max(int(widths[start]), 1)))
+            padded = np.maximum.accumulate(widths[start : start + cap].astype(np.int64)) * np.arange(1, cap + 1)
+            over = np.flatnonzero(padded > max_tokens)
+            cap = max(1, int(over[0])) if len(over) else cap
+        start += cap
+        bounds.append(start)
+    return np.array(bounds, dtype=np.int64)
+
+
+def make_batches(lengths: np.ndarray, order: np.ndarray, max_tokens: int | None,
+                 batch_size: int | None) -> list[list[int]]:
+    """`order` (indices sorted by length) cut into batches as lists; `lengths` (N,) holds each
+    example's longer side (see `batch_bounds`)."""
+    bounds = batch_bounds(np.asarray(lengths)[order], max_tokens, batch_size)
+    order = np.asarray(order)
+    return [order[a:b].tolist() for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
 
 
 def _columns(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
-    """Lengths as (N, sides): (N,) becomes one column."""
-    lengths = np.asarray(lengths, dtype=np.int64)
+    """Lengths as (N, sides) integers, uint16 where they fit: (N,) becomes one column."""
+    lengths = np.asarray(lengths)
+    if not np.issubdtype(lengths.dtype, np.integer):
+        lengths = lengths.astype(np.int64)
+    if len(lengths) and lengths.dtype != np.uint16 and 0 <= lengths.min() and lengths.max() < 2**16:
+        lengths = lengths.astype(np.uint16)
     return lengths[:, None] if lengths.ndim == 1 else lengths
+
+
+def length_order(lengths: np.ndarray, ties: np.ndarray | None = None) -> np.ndarray:
+    """Indices sorting `lengths` (N, sides) by the first column, then the next ones, then by
+    `ties` (N,) (else by index): `np.lexsort((ties, *reversed(columns)))`, computed as stable
+    sorts from the last key to the first, so that the uint16 length columns get numpy's radix
+    sort (3.1 s instead of 6.6 s at 10M examples). int32 when N < 2**31."""
+    order = np.arange(len(lengths)) if ties is None else np.argsort(ties, kind="stable")
+    for col in reversed(range(lengths.shape[1])):
+        order = order[np.argsort(lengths[order, col], kind="stable")]
+    return order.astype(np.int32) if len(order) < 2**31 else order
 
 
 def padding_ratio(batches: Sequence[Sequence[int]], lengths: Sequence[int] | np.ndarray) -> float:
     """Fraction of padded positions in `batches`, each side (column of `lengths`, (N,) or
     (N, sides)) padded to its own longest: 1 - real tokens / padded tokens."""
-    lengths = _columns(lengths)
+    lengths = _columns(lengths).astype(np.int64)
     real = padded = 0
     for b in batches:
         lens = lengths[np.asarray(b, dtype=np.int64)]
@@ -83,11 +110,16 @@ class TokenBatchSampler(Sampler[list[int]]):
         evaluation splits the batches without duplicates (ranks may get unequal counts).
     The epoch advances after each complete pass or with `set_epoch`; `state_dict` records the
     batches already yielded in the current epoch so a resumed run skips exactly those.
+    An epoch is held as numpy arrays (the example order, batch bounds and batch order: ~4 bytes
+    per example), built once per epoch; a batch becomes a list only when it is yielded. With
+    `share` (a folder), an epoch one process built is saved there and memory-mapped by the
+    others with the same lengths and options (DDP ranks), instead of each sorting its own.
     """
 
     def __init__(self, lengths: Sequence[int] | np.ndarray, max_tokens: int | None = 4096,
                  batch_size: int | None = None, shuffle: bool = True, seed: int = 0,
-                 num_replicas: int = 1, rank: int = 0, drop_last: bool = False) -> None:
+                 num_replicas: int = 1, rank: int = 0, drop_last: bool = False,
+                 share: Path | None = None) -> None:
         if max_tokens is None and batch_size is None:
             raise ValueError("set max_tokens or batch_size")
         if not 0 <= rank < num_replicas:
@@ -101,34 +133,98 @@ class TokenBatchSampler(Sampler[list[int]]):
         self._yielded = 0   # batches yielded in the current pass
         self._skip = 0      # batches to skip at the start of the next pass (after a resume)
         self._num_batches: int | None = None
+        self._built: dict[str, Any] = {}  # the last epoch built, shared with `replica` copies
+        self.share = share
+
+    def replica(self, num_replicas: int, rank: int) -> TokenBatchSampler:
+        """This sampler for one DDP rank, sharing the epochs already built."""
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} not in [0, {num_replicas})")
+        other = copy.copy(self)
+        other.num_replicas, other.rank, other._num_batches = num_replicas, rank, None
+        return other
+
+    def epoch_arrays(self, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(order (N,), bounds (B + 1,), batch order (B,)) of `epoch`, before the split over
+        ranks: batch k of the epoch is `order[bounds[i]:bounds[i + 1]]` with i = `batch order[k]`."""
+        epoch = (self.epoch if epoch is None else epoch) if self.shuffle else 0
+        if self._built.get("epoch") != epoch:
+            arrays = self._shared(epoch)
+            if arrays is None:
+                rng = np.random.default_rng([self.seed, epoch])
+                ties = rng.random(len(self.lengths)) if self.shuffle else None  # by length, random ties
+                order = length_order(self.lengths, ties)
+                bounds = batch_bounds(self.widths[order], self.max_tokens, self.batch_size)
+                ids = rng.permutation(len(bounds) - 1) if self.shuffle else np.arange(len(bounds) - 1)
+                arrays = self._save(epoch, (order, bounds, ids))
+            self._built.clear()
+            self._built.update(epoch=epoch, arrays=arrays)
+        return self._built["arrays"]
+
+    # `share`: a folder where processes with the same data and options (DDP ranks) find an epoch
+    # another one built, memory-mapped, instead of each sorting and holding its own copy.
+    def _shared(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        folder = None if self.share is None else self.share / f"epoch-{epoch}"
+        if folder is None or not (folder / "ids.npy").is_file():
+            return None
+        return tuple(np.load(folder / f"{name}.npy", mmap_mode="r") for name in _EPOCH_FILES)  # type: ignore[return-value]
+
+    def _save(self, epoch: int, arrays: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self.share is None:
+            return arrays  # type: ignore[return-value]
+        try:
+            self.share.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(dir=self.share, prefix=".tmp-"))
+        except OSError as e:  # a read-only cache: every process keeps its own copy
+            log.warning("cannot share the batches of epoch %d in %s: %s", epoch, self.share, e)
+            return arrays  # type: ignore[return-value]
+        try:
+            for name, a in zip(_EPOCH_FILES, arrays):
+                np.save(tmp / f"{name}.npy", a)
+            tmp.rename(self.share / f"epoch-{epoch}")
+        except OSError:  # another process saved it first
+            pass
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        for old in self.share.glob("epoch-*"):  # keep this epoch and the one before
+            if int(old.name.split("-")[1]) < epoch - 1:
+                shutil.rmtree(old, ignore_errors=True)
+        return self._shared(epoch) or arrays  # type: ignore[return-value]
 
     def all_batches(self, epoch: int | None = None) -> list[list[int]]:
-        """Every batch of `epoch` in order, before the split over ranks."""
-        epoch = self.epoch if epoch is None else epoch
-        keys = tuple(self.lengths.T[::-1])  # np.lexsort sorts by its last key first
-        if not self.shuffle:
-            order = np.lexsort(keys)
-            return make_batches(self.widths, order, self.max_tokens, self.batch_size)
-        rng = np.random.default_rng([self.seed, epoch])
-        order = np.lexsort((rng.random(len(self.lengths)), *keys))  # by length, random ties
-        batches = make_batches(self.widths, order, self.max_tokens, self.batch_size)
-        return [batches[i] for i in rng.permutation(len(batches))]
+        """Every batch of `epoch` in order, before the split over ranks (as lists: small data)."""
+        order, bounds, ids = self.epoch_arrays(epoch)
+        return [order[bounds[i] : bounds[i + 1]].tolist() for i in ids.tolist()]
+
+    def rank_ids(self, epoch: int | None = None) -> np.ndarray:
+        """Indices into `bounds` of the batches this rank yields in `epoch`, in order."""
+        ids = self.epoch_arrays(epoch)[2]
+        r = self.num_replicas
+        if r > 1 and self.shuffle and len(ids):
+            if self.drop_last:
+                ids = ids[: len(ids) // r * r]
+            else:
+                ids = np.concatenate([ids, np.resize(ids, -len(ids) % r)])
+        return ids[self.rank :: r]
 
     def rank_batches(self, epoch: int | None = None) -> list[list[int]]:
-        """The batches this rank yields in `epoch`."""
-        batches = self.all_batches(epoch)
-        r = self.num_replicas
-        if r > 1 and self.shuffle and batches:
-            if self.drop_last:
-                batches = batches[: len(batches) // r * r]
-            else:
-                extra = -len(batches) % r
-                batches = batches + (batches * (extra // len(batches) + 1))[:extra]
-        return batches[self.rank :: r]
+        """The batches this rank yields in `epoch` (as lists: small data)."""
+        order, bounds, _ = self.epoch_arrays(epoch)
+        return [order[bounds[i] : bounds[i + 1]].tolist() for i in self.rank_ids(epoch).tolist()]
+
+    def padding(self) -> float:
+        """Padded fraction of an epoch's batches, each side padded to its own longest."""
+        order, bounds, _ = self.epoch_arrays()
+        real = padded = 0
+        for side in range(self.lengths.shape[1]):
+            lens = self.lengths[order, side].astype(np.int64)
+            real += int(lens.sum())
+            padded += int((np.maximum.reduceat(lens, bounds[:-1]) * np.diff(bounds)).sum()) if len(lens) else 0
+        return 1.0 - real / padded if padded else 0.0
 
     def __len__(self) -> int:
         if self._num_batches is None:  # the same every epoch: ties only swap equal lengths
-            self._num_batches = len(self.rank_batches(0))
+            self._num_batches = len(self.rank_ids())
         return self._num_batches
 
     @property
@@ -142,12 +238,13 @@ class TokenBatchSampler(Sampler[list[int]]):
             self.epoch, self._skip, self._yielded = epoch, 0, 0
 
     def __iter__(self) -> Iterator[list[int]]:
-        batches = self.rank_batches(self.epoch)
+        order, bounds, _ = self.epoch_arrays(self.epoch)
+        ids = self.rank_ids(self.epoch)
         start, self._skip = self._skip, 0
         self._yielded = start
-        for batch in batches[start:]:
+        for i in ids[start:].tolist():
             self._yielded += 1
-            yield batch
+            yield order[bounds[i] : bounds[i + 1]].tolist()
         self.epoch += 1
         self._yielded = 0
 
@@ -166,28 +263,37 @@ class TokenizedSplit(Dataset):
     """One split as flat token arrays; item i is (i, source ids, target ids or None).
 
     src / tgt: (tokens, offsets) with the ids of example j at tokens[offsets[j]:offsets[j+1]]
-    (no BOS/EOS). index: which examples of the arrays the split keeps, in order. Sides are cut
-    to max_src_len / max_tgt_len when given.
+    (no BOS/EOS); memory-mapped arrays are read only where a batch needs them. index: which
+    examples of the arrays the split keeps, in order. sizes: (source, target) subwords per
+    example of the arrays when known (else `np.diff(offsets)`). Sides are cut to max_src_len /
+    max_tgt_len when given.
     """
 
     def __init__(self, src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray] | None,
                  index: np.ndarray | None = None, max_src_len: int | None = None,
-                 max_tgt_len: int | None = None) -> None:
+                 max_tgt_len: int | None = None,
+                 sizes: tuple[np.ndarray, np.ndarray | None] | None = None) -> None:
         self.src, self.tgt = src, tgt
-        self.index = np.arange(len(src[1]) - 1) if index is None else np.asarray(index)
+        self._index = None if index is None else np.asarray(index)  # None: every example, in order
+        self._len = len(src[1]) - 1 if index is None else len(self._index)
         self.max_src_len, self.max_tgt_len = max_src_len, max_tgt_len
+        self.sizes = sizes
+
+    @property
+    def index(self) -> np.ndarray:
+        return np.arange(self._len) if self._index is None else self._index
 
     def __len__(self) -> int:
-        return len(self.index)
+        return self._len
 
     @staticmethod
     def _side(side: tuple[np.ndarray, np.ndarray], j: int, limit: int | None) -> np.ndarray:
         tokens, offsets = side
         start, end = int(offsets[j]), int(offsets[j + 1])
-        return tokens[start : end if limit is None else min(end, start + limit)]
+        return np.asarray(tokens[start : end if limit is None else min(end, start + limit)])
 
     def __getitem__(self, i: int) -> tuple[int, np.ndarray, np.ndarray | None]:
-        j = int(self.index[i])
+        j = i if self._index is None else int(self._index[i])
         tgt = None if self.tgt is None else self._side(self.tgt, j, self.max_tgt_len)
         return i, self._side(self.src, j, self.max_src_len), tgt
 
@@ -195,16 +301,19 @@ class TokenizedSplit(Dataset):
         return [self[i] for i in indices]
 
     def lengths(self) -> np.ndarray:
-        """Per example (source, target) lengths with EOS/BOS, after truncation: (N, 2), or
-        (N, 1) without targets."""
-        def side(s: tuple[np.ndarray, np.ndarray], limit: int | None) -> np.ndarray:
-            n = np.diff(s[1])[self.index]
-            return n if limit is None else np.minimum(n, limit)
+        """Per example (source, target) lengths with EOS/BOS, after truncation: (N, 2), or (N, 1)
+        without targets; uint16 under limits below 65,535, else int64."""
+        def side(k: int, s: tuple[np.ndarray, np.ndarray], limit: int | None) -> np.ndarray:
+            n = np.diff(s[1]) if self.sizes is None else self.sizes[k]
+            n = n if self._index is None else n[self._index]
+            if limit is not None and limit < 2**16 - 1:
+                return (np.minimum(n, limit) + 1).astype(np.uint16)
+            return n.astype(np.int64) + 1
 
-        sides = [side(self.src, self.max_src_len)]
+        sides = [side(0, self.src, self.max_src_len)]
         if self.tgt is not None:
-            sides.append(side(self.tgt, self.max_tgt_len))
-        return np.stack(sides, axis=1) + 1
+            sides.append(side(1, self.tgt, self.max_tgt_len))
+        return np.stack(sides, axis=1) if len({a.dtype for a in sides}) == 1 else np.stack(sides, axis=1).astype(np.int64)
 
 
 def _pad(rows: list[np.ndarray], first: int | None, last: int | None) -> tuple[torch.Tensor, int]:

@@ -1,10 +1,11 @@
-"""TranslationDataModule: any source -> validated pairs -> SentencePiece ids -> token batches.
+"""TranslationDataModule: any source -> prepared memory-mapped arrays -> token batches.
 
-One path for every corpus: `source.load()` gives a `datasets.DatasetDict` (train/valid/test,
-columns src/tgt); empty pairs are dropped; SentencePiece is trained on train (or read from the
-cache); all splits are tokenized into flat arrays cached under
-`<cache_dir>/data/<hash>/`; then long training pairs are dropped or truncated. Valid and test
-are never filtered: only the model input is truncated, `raw()` keeps the full references.
+One path for every corpus: `nmt.data.prepare` streams the source once into
+`<cache_dir>/prepared/<key>/` (text, SentencePiece ids and word counts as `.npy` files, the
+tokenizer, a manifest); every later run, and every DDP rank, opens those files memory-mapped, so
+start-up does not grow with the corpus and ranks share the pages. The training-pair selection
+(`train_max_words`, `train_pairs`) and the length filter run on arrays. Valid and test are never
+filtered: only the model input is truncated, `raw()` keeps the full references.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ import functools
 import hashlib
 import json
 import logging
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,18 +26,15 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
 from nmt.checkpoint import saved_vocabularies
-from nmt.data.batching import TokenBatchSampler, TokenizedSplit, collate, padding_ratio
-from nmt.data.sources import SPLITS, DataError, columns, drop_empty, plain
-from nmt.data.tokenizer import Tokenizer, load_or_train, options_with_defaults, text_hash
+from nmt.data.batching import TokenBatchSampler, TokenizedSplit, collate
+from nmt.data.prepare import SIDES, TextColumn, prepare, read_manifest, select_train
+from nmt.data.sources import SPLITS, plain
+from nmt.data.tokenizer import Tokenizer, options_with_defaults
 
 log = logging.getLogger(__name__)
 
 
-def word_counts(texts: list[str], chars: bool = False) -> list[int]:
-    """Length of each text in words, or in characters without spaces (``chars``, for Chinese)."""
-    return [len("".join(t.split())) if chars else len(t.split()) for t in texts]
-
-Flat = tuple[np.ndarray, np.ndarray]  # (int32 tokens, int64 offsets)
+Flat = tuple[np.ndarray, np.ndarray]  # (uint16/uint32 tokens, int64 offsets), memory-mapped
 
 
 class ResumableLoader(DataLoader):
@@ -80,8 +76,10 @@ class ResumableLoader(DataLoader):
 class TranslationDataModule(L.LightningDataModule):
     """Parallel text for training and evaluation, batched by tokens.
 
-    source: an object with `load() -> DatasetDict` (see `nmt.data.sources`).
-    tokenizer: SentencePiece options (`nmt.data.tokenizer.DEFAULTS`).
+    source: an object with `describe()` and `pairs(split)` (see `nmt.data.sources`; one with only
+        `load() -> DatasetDict` is read whole); prepared once by `nmt.data.prepare`.
+    tokenizer: SentencePiece options (`nmt.data.tokenizer.DEFAULTS`); the model is trained on
+        `input_sentence_size` training sentences drawn across the whole corpus.
     max_src_len / max_tgt_len: subword limits without BOS/EOS; `too_long` drops or truncates
         longer training pairs. src_words: "words" | "chars", how `text_lengths` counts source.
     train_max_words: drop training pairs whose source (counted as `src_words`) or target has
@@ -134,149 +132,111 @@ class TranslationDataModule(L.LightningDataModule):
         self.stats: dict[str, dict[str, int]] = {}
         self.prepare_seconds = 0.0
         self.train_padding: float | None = None  # padded fraction of an epoch of training batches
-        self._texts: dict[str, tuple[list[str], list[str]]] = {}
         self._raw: dict[str, tuple[list[str], list[str]]] = {}
+        self.prepared_dir: Path | None = None  # <cache_dir>/prepared/<key>/, set by `prepare_data`
+        self._prepared_now = False
+        self._train_sampler: TokenBatchSampler | None = None
 
     # -- preparation -------------------------------------------------------------------
-    def prepare_data(self) -> None:
-        """Build the caches once (Lightning calls this on one process before `setup`)."""
-        self.setup()
+    def prepare_data(self, workers: int | None = None) -> None:
+        """Write the prepared folder unless it exists (Lightning calls this on one process before
+        `setup`; `setup` calls it too). workers: encoding processes (default: one per core)."""
+        if self.prepared_dir is not None:
+            return
+        vocab = None
+        if self.vocab_from is not None:
+            vocab = saved_vocabularies(self.vocab_from)
+            if self.joint_vocab and vocab[0] is not vocab[1]:  # models share embeddings when joint
+                raise ValueError(f"data.vocab_from={self.vocab_from} has separate source and target "
+                                 "vocabularies: set data.tokenizer.joint=false")
+            self.src_vocab, self.tgt_vocab = vocab
+        start = time.perf_counter()
+        self.prepared_dir, self._prepared_now = prepare(
+            self.source, self.cache_dir, self.tokenizer_options, vocab, self.src_words,
+            self.train_max_words, self.train_pairs, self.seed, workers)
+        log.info("tokenized data: %s %s in %.2fs", "built" if self._prepared_now else "loaded",
+                 self.prepared_dir, time.perf_counter() - start)
 
     def setup(self, stage: str | None = None) -> None:
-        """Load, validate, tokenize (cached) and filter every split; a no-op the second time."""
+        """Open the prepared arrays (preparing them first when absent), select and filter the
+        training pairs; a no-op the second time."""
         if self.datasets:
             return
         start = time.perf_counter()
-        data = self.source.load()
-        missing = [s for s in SPLITS if s not in data]
-        if missing:
-            raise DataError(f"the source gave splits {list(data)}; missing {missing}")
+        self.prepare_data()
+        folder = self.prepared_dir
+        assert folder is not None
+        manifest = read_manifest(folder)
+        if self.vocab_from is None:
+            files = {side: manifest["tokenizer"][side]["file"] for side in SIDES}
+            self.src_vocab = Tokenizer(folder / files["src"])
+            self.tgt_vocab = self.src_vocab if files["tgt"] == files["src"] else Tokenizer(folder / files["tgt"])
+            self.src_vocab.trained = self.tgt_vocab.trained = self._prepared_now
+        arrays = lambda name: np.load(folder / f"{name}.npy", mmap_mode="r")  # noqa: E731
         for split in SPLITS:
-            src, tgt = columns(data[split])
-            read = len(src)
-            src, tgt, empty = drop_empty(src, tgt, split)
-            if not src:
-                raise DataError(f"split {split!r} has no sentence pairs")
-            self.stats[split] = {"read": read, "empty_dropped": empty}
-            if split == "train" and self.train_max_words is not None:
-                src, tgt = self._within_max_words(src, tgt)
-            if split == "train" and self.train_pairs is not None and len(src) > self.train_pairs:
-                keep = np.sort(np.random.default_rng(self.seed).choice(len(src), self.train_pairs, replace=False))
-                src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
-                self.stats[split]["subsampled_to"] = self.train_pairs
-            self._texts[split] = (src, tgt)
-        log.info("read %s pairs in %.1fs", " / ".join(f"{s} {len(self._texts[s][0])}"
-                                                      for s in SPLITS), time.perf_counter() - start)
-        hashes = {s: (text_hash(src), text_hash(tgt)) for s, (src, tgt) in self._texts.items()}
-        self._build_vocab(hashes["train"])
-        flat = self._tokenized(hashes)
-        for split in SPLITS:
-            self.datasets[split] = self._filter(split, *flat[split])
-        self.prepare_seconds = time.perf_counter() - start
+            counts = manifest["splits"][split]
+            self.stats[split] = {"read": counts["read"], "empty_dropped": counts["empty_dropped"]}
+            index = None
+            if split == "train":
+                words = [arrays(f"train.{side}.words") for side in SIDES]
+                index, selection = select_train(*words, self.train_max_words, self.train_pairs, self.seed)
+                self.stats[split] |= selection
+            sides = [(arrays(f"{split}.{side}.tokens"), arrays(f"{split}.{side}.offsets")) for side in SIDES]
+            sizes = tuple(arrays(f"{split}.{side}.lengths") for side in SIDES)
+            self.datasets[split] = self._filter(split, *sides, index, sizes)
         train = self.datasets["train"]
-        sampler = TokenBatchSampler(train.lengths(), self.max_tokens, self.batch_size, seed=self.seed)
-        self.train_padding = padding_ratio(sampler.all_batches(), sampler.lengths)
+        options = {"sampler": 1, "max_tokens": self.max_tokens, "batch_size": self.batch_size, "seed": self.seed,
+                   "max_len": [self.max_src_len, self.max_tgt_len], "too_long": self.too_long,
+                   "train_max_words": self.train_max_words, "train_pairs": self.train_pairs}
+        share = folder / "epochs" / hashlib.blake2b(json.dumps(options).encode(), digest_size=8).hexdigest()
+        self._train_sampler = TokenBatchSampler(train.lengths(), self.max_tokens, self.batch_size, seed=self.seed,
+                                                share=share)  # DDP ranks map the epochs rank 0 built
+        self.train_padding = self._train_sampler.padding()  # builds epoch 0, which training reuses
+        self.prepare_seconds = time.perf_counter() - start
         log.info("data ready in %.1fs: %s; training batches %d, padding %.1f%%",
                  self.prepare_seconds, ", ".join(f"{s} {len(d)}" for s, d in self.datasets.items()),
-                 len(sampler), 100 * self.train_padding)
+                 len(self._train_sampler), 100 * self.train_padding)
 
-    def _build_vocab(self, train_hash: tuple[str, str]) -> None:
-        if self.vocab_from is not None:
-            self.src_vocab, self.tgt_vocab = saved_vocabularies(self.vocab_from)
-            if self.joint_vocab and self.src_vocab is not self.tgt_vocab:  # models share embeddings when joint
-                raise ValueError(f"data.vocab_from={self.vocab_from} has separate source and target "
-                                 "vocabularies: set data.tokenizer.joint=false")
-            return
-        src, tgt = self._texts["train"]
-        args = (self.cache_dir, self.tokenizer_options)
-        if self.joint_vocab:
-            self.src_vocab = self.tgt_vocab = load_or_train([src, tgt], "+".join(train_hash), *args)
-        else:
-            self.src_vocab = load_or_train(src, train_hash[0], *args, name=self.src_lang)
-            self.tgt_vocab = load_or_train(tgt, train_hash[1], *args, name=self.tgt_lang)
-
-    def _tokenized(self, hashes: dict[str, tuple[str, str]]) -> dict[str, tuple[Flat, Flat]]:
-        """Every split as flat id arrays, from `<cache_dir>/data/<hash>/` or encoded now."""
-        key = json.dumps({"data": hashes, "src": self.src_vocab.fingerprint, "tgt": self.tgt_vocab.fingerprint},
-                         sort_keys=True)
-        folder = self.cache_dir / "data" / hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
-        names = [f"{s}.{side}.{part}" for s in SPLITS for side in ("src", "tgt")
-                 for part in ("tokens", "offsets")]
-        start = time.perf_counter()
-        if folder.is_dir():
-            arrays = {n: np.load(folder / f"{n}.npy") for n in names}
-            log.info("tokenized data: loaded %s in %.2fs", folder, time.perf_counter() - start)
-        else:
-            arrays = {}
-            for s in SPLITS:
-                for side, vocab, texts in zip(("src", "tgt"), (self.src_vocab, self.tgt_vocab),
-                                              self._texts[s]):
-                    arrays[f"{s}.{side}.tokens"], arrays[f"{s}.{side}.offsets"] = vocab.encode_flat(texts)
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
-            try:
-                for n, a in arrays.items():
-                    np.save(tmp / f"{n}.npy", a)
-                (tmp / "key.json").write_text(key + "\n")
-                tmp.rename(folder)
-            except OSError:  # another process wrote it first
-                pass
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-            log.info("tokenized data: built %s in %.1fs", folder, time.perf_counter() - start)
-        return {s: ((arrays[f"{s}.src.tokens"], arrays[f"{s}.src.offsets"]),
-                    (arrays[f"{s}.tgt.tokens"], arrays[f"{s}.tgt.offsets"])) for s in SPLITS}
-
-    def _filter(self, split: str, src: Flat, tgt: Flat) -> TokenizedSplit:
-        src_len, tgt_len = np.diff(src[1]), np.diff(tgt[1])
+    def _filter(self, split: str, src: Flat, tgt: Flat, index: np.ndarray | None,
+                sizes: tuple[np.ndarray, np.ndarray]) -> TokenizedSplit:
+        src_len, tgt_len = (np.asarray(s) if index is None else s[index] for s in sizes)
         long = (src_len > self.max_src_len) | (tgt_len > self.max_tgt_len)
         stats = self.stats[split]
         stats["src_truncated"] = stats["tgt_truncated"] = stats["too_long_dropped"] = 0
         if split == "train" and self.too_long == "drop":
-            index = np.flatnonzero(~long)
+            if long.any():
+                keep = np.flatnonzero(~long).astype(np.int32 if len(long) < 2**31 else np.int64)
+                index = keep if index is None else index[keep]
             stats["too_long_dropped"] = int(long.sum())
             if long.any():
                 log.info("%s: dropped %d of %d pairs longer than %d/%d subwords", split,
                          long.sum(), len(long), self.max_src_len, self.max_tgt_len)
         else:
-            index = np.arange(len(src_len))
             stats["src_truncated"] = int((src_len > self.max_src_len).sum())
             stats["tgt_truncated"] = int((tgt_len > self.max_tgt_len).sum())
             if long.any():
                 log.info("%s: truncating %d source / %d target sentences to %d/%d subwords "
                          "(model input only)", split, stats["src_truncated"],
                          stats["tgt_truncated"], self.max_src_len, self.max_tgt_len)
-        stats["pairs"] = len(index)
-        return TokenizedSplit(src, tgt, index, self.max_src_len, self.max_tgt_len)
+        stats["pairs"] = len(src_len) - stats["too_long_dropped"]
+        return TokenizedSplit(src, tgt, index, self.max_src_len, self.max_tgt_len, sizes=sizes)
 
     # -- access ------------------------------------------------------------------------
     def raw(self, split: str) -> tuple[list[str], list[str]]:
-        """Source and reference strings of `split` in dataset order (batch `ids` index them)."""
+        """Source and reference strings of `split` in dataset order (batch `ids` index them),
+        read from the prepared text (for train this builds every string: inspection only)."""
         if split not in self._raw:
-            src, tgt = self._texts[split]
+            self.setup()
             index = self.datasets[split].index
-            if len(index) == len(src):
-                self._raw[split] = (src, tgt)
-            else:
-                self._raw[split] = ([src[i] for i in index], [tgt[i] for i in index])
+            self._raw[split] = tuple(TextColumn(self.prepared_dir, f"{split}.{side}").take(index)
+                                     for side in SIDES)  # type: ignore[assignment]
         return self._raw[split]
 
     def text_lengths(self, split: str, side: str = "src") -> np.ndarray:
         """Lengths of `raw(split)` sentences: source per `src_words` (words | chars), target words."""
-        texts = self.raw(split)[0 if side == "src" else 1]
-        return np.array(word_counts(texts, chars=side == "src" and self.src_words == "chars"), dtype=np.int64)
-
-    def _within_max_words(self, src: list[str], tgt: list[str]) -> tuple[list[str], list[str]]:
-        """The training pairs with at most ``train_max_words`` on both sides (counted as `text_lengths`)."""
-        limit = self.train_max_words
-        keep = [i for i, (s, t) in enumerate(zip(word_counts(src, self.src_words == "chars"), word_counts(tgt)))
-                if s <= limit and t <= limit]
-        self.stats["train"]["over_max_words_dropped"] = len(src) - len(keep)
-        log.info("train: kept %d of %d pairs of at most %d words", len(keep), len(src), limit)
-        if not keep:
-            raise DataError(f"no training pair has at most data.train_max_words={limit} "
-                            "words on both sides; raise the limit or set it to null")
-        return [src[i] for i in keep], [tgt[i] for i in keep]
+        self.setup()
+        words = np.load(self.prepared_dir / f"{split}.{side}.words.npy", mmap_mode="r")
+        return words[self.datasets[split].index].astype(np.int64)
 
     def _replicas(self) -> tuple[int, int]:
         trainer = self.trainer
@@ -304,9 +264,10 @@ class TranslationDataModule(L.LightningDataModule):
         self.setup()
         world, rank = self._replicas()
         dataset = self.datasets["train"]
-        overfit = self.trainer is not None and self.trainer.overfit_batches > 0  # the same few batches each epoch
-        sampler = TokenBatchSampler(dataset.lengths(), self.max_tokens, self.batch_size,
-                                    shuffle=not overfit, seed=self.seed, num_replicas=world, rank=rank)
+        assert self._train_sampler is not None
+        sampler = self._train_sampler.replica(world, rank)  # shares the epoch built for `train_padding`
+        if self.trainer is not None and self.trainer.overfit_batches > 0:
+            sampler.shuffle = False  # epoch 0's batches again in every epoch: the same few to overfit
         if self.trainer is not None:
             sampler.set_epoch(self.trainer.current_epoch)
         return ResumableLoader(dataset, batch_sampler=sampler, collate_fn=collate,

@@ -1,18 +1,23 @@
-"""Where sentence pairs come from: every source returns a `datasets.DatasetDict`.
+"""Where sentence pairs come from: every source streams them in chunks.
 
-Each source has `load() -> DatasetDict` with splits `train`, `valid`, `test` and string
-columns `src`, `tgt`; validation, tokenization and filtering happen once, downstream, in
-`TranslationDataModule`. Local files are read here in Python (not with `load_dataset("text")`)
-so that every problem names the file and line; a Hugging Face hub dataset is the fallback.
+Each source has `describe() -> dict` (what the corpus is, cheaply: file sizes and modification
+times, generator options, hub arguments; the key of the prepared data) and `pairs(split)`,
+which yields (source sentences, target sentences) chunks for `train`, `valid` and `test`;
+`load()` gives the whole corpus as a `datasets.DatasetDict` for small corpora and inspection.
+Validation, tokenization and filtering happen once, downstream, in `nmt.data.prepare`. Local
+files (plain or gzip) are read here in Python (not with `load_dataset("text")`) so that every
+problem names the file and line; a Hugging Face hub dataset, streamed, is the fallback.
 """
 
 from __future__ import annotations
 
+import gzip
+import itertools
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import datasets
 import pyarrow as pa
@@ -25,6 +30,9 @@ SPLITS = ("train", "valid", "test")
 NOT_LANGUAGES = {"session", "origin", "attribution", "md", "txt", "json", "yaml", "yml", "py",
                  "sh", "gz", "zip", "tar", "tsv", "jsonl", "csv", "log"}
 HUB_SPLIT_ALIASES = {"valid": ("validation", "dev", "val"), "test": ("test",), "train": ("train",)}
+CHUNK = 50_000  # sentence pairs a source yields at a time
+GENERATOR_VERSION = 1  # bump when nmt.data.synthetic generates other pairs for the same options
+Pairs = tuple[list[str], list[str]]  # (source sentences, target sentences) of one chunk
 
 
 def plain(obj: Any) -> Any:
@@ -53,74 +61,125 @@ def columns(ds: datasets.Dataset) -> tuple[list[str], list[str]]:
             [t or "" for t in table.column("tgt").to_pylist()])
 
 
-def drop_empty(src: list[str], tgt: list[str], split: str = "") -> tuple[list[str], list[str], int]:
+def in_memory(source: Any) -> datasets.DatasetDict:
+    """Every split of a streaming source (`describe` + `pairs`) as an in-memory `DatasetDict`:
+    for small corpora and inspection; training streams `pairs` instead."""
+    source.describe()
+    out = {}
+    for split in SPLITS:
+        chunks = list(source.pairs(split))
+        out[split] = make_dataset([s for c in chunks for s in c[0]], [t for c in chunks for t in c[1]])
+    return datasets.DatasetDict(out)
+
+
+def drop_empty(src: list[str], tgt: list[str], split: str = "", warn: bool = True
+               ) -> tuple[list[str], list[str], int]:
     """Strip both sides and drop pairs with a blank side; returns (src, tgt, number dropped)."""
     if len(src) != len(tgt):
         raise DataError(f"split {split!r}: {len(src)} source vs {len(tgt)} target sentences")
     pairs = [(s.strip(), t.strip()) for s, t in zip(src, tgt)]
     kept = [(s, t) for s, t in pairs if s and t]
     dropped = len(pairs) - len(kept)
-    if dropped:
+    if dropped and warn:
         log.warning("%s: dropped %d of %d pairs with an empty side", split, dropped, len(pairs))
     return [s for s, _ in kept], [t for _, t in kept], dropped
 
 
+def _open(path: Path) -> BinaryIO:
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # type: ignore[return-value]
+
+
+def iter_lines(path: Path, chunk: int = CHUNK) -> Iterator[list[str]]:
+    """Lines of a UTF-8 text file (gzip-compressed when it ends in .gz), stripped, `chunk` at a
+    time; invalid UTF-8 raises `DataError` naming the line."""
+    done = 0
+    with _open(path) as f:
+        while raw := list(itertools.islice(f, chunk)):
+            data = b"".join(raw)
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as e:
+                line = done + data.count(b"\n", 0, e.start) + 1
+                column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+                raise DataError(
+                    f"{path}, line {line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte column "
+                    f"{column}). Convert the file to UTF-8, e.g. `iconv -f latin1 -t utf-8`."
+                ) from None
+            lines = (text.removeprefix("\ufeff") if done == 0 else text).split("\n")
+            if lines[-1] == "":
+                lines.pop()
+            done += len(raw)
+            yield [line.strip() for line in lines]
+
+
 def read_lines(path: Path) -> list[str]:
     """Lines of a UTF-8 text file, stripped; invalid UTF-8 raises `DataError` naming the line."""
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise DataError(
-            f"{path}, line {line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte column "
-            f"{column}). Convert the file to UTF-8, e.g. `iconv -f latin1 -t utf-8`."
-        ) from None
-    lines = text.removeprefix("\ufeff").split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.strip() for line in lines]
+    return [line for lines in iter_lines(Path(path)) for line in lines]
 
 
-def read_parallel(src_path: Path, tgt_path: Path) -> tuple[list[str], list[str]]:
-    """Two line-aligned files; different line counts raise `DataError` naming both."""
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
-    if len(src) != len(tgt):
-        raise DataError(f"misaligned parallel files: {src_path} has {len(src)} lines but "
-                        f"{tgt_path} has {len(tgt)} lines; line i of one must translate line i "
-                        "of the other")
-    return src, tgt
+def iter_parallel(src_path: Path, tgt_path: Path, chunk: int = CHUNK) -> Iterator[Pairs]:
+    """Two line-aligned files, `chunk` lines at a time; when one ends first, `DataError` names both
+    files and their line counts."""
+    src_chunks, tgt_chunks = iter_lines(src_path, chunk), iter_lines(tgt_path, chunk)
+    done = 0
+    for src in src_chunks:
+        tgt = next(tgt_chunks, [])
+        if len(src) != len(tgt):
+            _misaligned(src_path, done + len(src) + sum(map(len, src_chunks)),
+                        tgt_path, done + len(tgt) + sum(map(len, tgt_chunks)))
+        done += len(src)
+        yield src, tgt
+    rest = sum(map(len, tgt_chunks))
+    if rest:
+        _misaligned(src_path, done, tgt_path, done + rest)
 
 
-def read_tsv(path: Path) -> tuple[list[str], list[str]]:
-    """A two-column (source TAB target) file."""
-    src, tgt = [], []
-    for i, line in enumerate(read_lines(path), start=1):
-        cols = line.split("\t") if line else ["", ""]
-        if len(cols) < 2:
-            raise DataError(f"{path}, line {i}: expected 2 tab-separated columns, found {len(cols)}")
-        src.append(cols[0])
-        tgt.append(cols[1])
-    return src, tgt
+def _misaligned(src_path: Path, src_lines: int, tgt_path: Path, tgt_lines: int) -> None:
+    raise DataError(f"misaligned parallel files: {src_path} has {src_lines} lines but "
+                    f"{tgt_path} has {tgt_lines} lines; line i of one must translate line i "
+                    "of the other")
 
 
-def read_jsonl(path: Path, src_lang: str, tgt_lang: str) -> tuple[list[str], list[str]]:
+def iter_tsv(path: Path, chunk: int = CHUNK) -> Iterator[Pairs]:
+    """A two-column (source TAB target) file, `chunk` lines at a time."""
+    i = 0
+    for lines in iter_lines(path, chunk):
+        src, tgt = [], []
+        for line in lines:
+            i += 1
+            cols = line.split("\t") if line else ["", ""]
+            if len(cols) < 2:
+                raise DataError(f"{path}, line {i}: expected 2 tab-separated columns, found {len(cols)}")
+            src.append(cols[0])
+            tgt.append(cols[1])
+        yield src, tgt
+
+
+def iter_jsonl(path: Path, src_lang: str, tgt_lang: str, chunk: int = CHUNK) -> Iterator[Pairs]:
     """One JSON object a line: {src_lang: .., tgt_lang: ..} or {"translation": {...}}."""
-    src, tgt = [], []
-    for i, line in enumerate(read_lines(path), start=1):
-        if not line:
-            continue
-        try:
-            obj = json.loads(line)
-            pair = obj.get("translation", obj)
-            s, t = pair[src_lang], pair[tgt_lang]
-        except (json.JSONDecodeError, AttributeError, KeyError, TypeError) as e:
-            raise DataError(f"{path}, line {i}: expected a JSON object with keys {src_lang!r} "
-                            f"and {tgt_lang!r} (or under 'translation'): {e!r}") from None
-        src.append(s)
-        tgt.append(t)
-    return src, tgt
+    i = 0
+    for lines in iter_lines(path, chunk):
+        src, tgt = [], []
+        for line in lines:
+            i += 1
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+                pair = obj.get("translation", obj)
+                s, t = pair[src_lang], pair[tgt_lang]
+            except (json.JSONDecodeError, AttributeError, KeyError, TypeError) as e:
+                raise DataError(f"{path}, line {i}: expected a JSON object with keys {src_lang!r} "
+                                f"and {tgt_lang!r} (or under 'translation'): {e!r}") from None
+            src.append(s)
+            tgt.append(t)
+        yield src, tgt
+
+
+def _file_stamp(path: Path) -> list[Any]:
+    """What says a file changed, without reading it: [path, size, modification time in ns]."""
+    st = path.stat()
+    return [str(path.resolve()), st.st_size, st.st_mtime_ns]
 
 
 class SyntheticSource:
@@ -144,15 +203,22 @@ class SyntheticSource:
         self.lengths = {"train": lengths, "valid": lengths, "test": test_lengths}
         self.seed, self.min_len, self.max_len, self.median_len = seed, min_len, max_len, median_len
 
-    def load(self) -> datasets.DatasetDict:
-        from nmt.data.synthetic import generate_pairs
+    def describe(self) -> dict[str, Any]:
+        """Everything the pairs depend on (the key of the prepared data)."""
+        return {"type": "synthetic", "generator": GENERATOR_VERSION, "sizes": self.sizes, "lengths": self.lengths,
+                "seed": self.seed, "min_len": self.min_len, "max_len": self.max_len, "median_len": self.median_len}
 
-        out = {}
-        for i, split in enumerate(SPLITS):  # one seed per split: sizes change nothing else
-            pairs = generate_pairs(self.sizes[split], seed=self.seed * 1000 + i, min_len=self.min_len,
-                                   max_len=self.max_len, lengths=self.lengths[split], median_len=self.median_len)
-            out[split] = make_dataset([s for s, _ in pairs], [t for _, t in pairs])
-        return datasets.DatasetDict(out)
+    def pairs(self, split: str, chunk: int = CHUNK) -> Iterator[Pairs]:
+        """The pairs of `split`, `chunk` at a time (one seed per split: sizes change nothing else)."""
+        from nmt.data.synthetic import iter_pairs
+
+        pairs = iter_pairs(self.sizes[split], seed=self.seed * 1000 + SPLITS.index(split), min_len=self.min_len,
+                           max_len=self.max_len, lengths=self.lengths[split], median_len=self.median_len)
+        while block := list(itertools.islice(pairs, chunk)):
+            yield [s for s, _ in block], [t for _, t in block]
+
+    def load(self) -> datasets.DatasetDict:
+        return in_memory(self)
 
 
 class FileSource:
@@ -160,8 +226,9 @@ class FileSource:
 
     `splits` maps split -> file stem (Multi30k: valid -> val, test -> test_2016_flickr).
     `files` gives explicit per-split files instead: {train: {src: a.de, tgt: a.en}} or
-    {train: train.tsv | train.jsonl}, relative to `path` when set. `hub` holds kwargs for
-    `datasets.load_dataset`, tried only when the local files are absent.
+    {train: train.tsv | train.jsonl}, relative to `path` when set. Any file may be
+    gzip-compressed (`.gz` appended). `hub` holds kwargs for `datasets.load_dataset`, tried only
+    when the local files are absent, and read in `datasets`' streaming mode.
     """
 
     def __init__(self, path: str | None, src_lang: str, tgt_lang: str,
@@ -172,56 +239,70 @@ class FileSource:
         self.splits = {s: s for s in SPLITS} | dict(plain(splits) or {})
         self.files = dict(plain(files) or {}) or None
         self.hub = dict(plain(hub) or {}) or None
+        self._plan: dict[str, tuple[str, ...]] | None = None  # split -> (reader, *paths); None: the hub
+        self._tried: list[str] = []
+        self._hub_data: Any = None
 
-    def load(self) -> datasets.DatasetDict:
-        tried = []
+    def describe(self) -> dict[str, Any]:
+        """The corpus without reading it: each local file's path, size and modification time, or
+        the hub dataset's arguments; raises `DataError` (saying what to set) when there is none."""
         if self.path is not None or self.files:
             try:
-                return self._load_local()
+                self._plan = self._local_plan()
+                return {"type": "files", "langs": [self.src_lang, self.tgt_lang],
+                        "files": {s: [plan[0], *(_file_stamp(Path(p)) for p in plan[1:])]
+                                  for s, plan in self._plan.items()}}
             except _LocalMissing as e:
                 if not self.hub:
                     raise DataError(str(e)) from None
-                tried.append(f"local files: {e}")
+                self._tried = [f"local files: {e}"]
         if not self.hub:
             raise DataError("no data: set data.source.path (a folder of <split>.<lang> files), "
                             "data.source.files or data.source.hub")
-        try:
-            return self._load_hub()
-        except DataError as e:
-            if not tried:
-                raise
-            tried.append(f"hub: {e}")
-        except Exception as e:  # network, auth, unknown dataset: report every attempt at once
-            tried.append(f"hub dataset {self._hub_id()}: {type(e).__name__}: {e}")
-        raise DataError("could not load the corpus. Tried:\n  - " + "\n  - ".join(tried) +
-                        "\nPoint at local files with data.source.path=/path/to/folder (files "
-                        f"<split>.{self.src_lang} / <split>.{self.tgt_lang}), or set NMT_DATA_DIR "
-                        "to the folder that holds the corpus folders.")
+        return {"type": "hub", "hub": self.hub, "splits": self.splits, "langs": [self.src_lang, self.tgt_lang]}
+
+    def pairs(self, split: str, chunk: int = CHUNK) -> Iterator[Pairs]:
+        """The raw pairs of `split`, `chunk` at a time (call `describe` first)."""
+        if self._plan is None:
+            yield from self._hub_pairs(split, chunk)
+            return
+        reader, *paths = self._plan[split]
+        log.info("reading %s from %s", split, ", ".join(paths))
+        if reader == "parallel":
+            yield from iter_parallel(Path(paths[0]), Path(paths[1]), chunk)
+        elif reader == "tsv":
+            yield from iter_tsv(Path(paths[0]), chunk)
+        else:
+            yield from iter_jsonl(Path(paths[0]), self.src_lang, self.tgt_lang, chunk)
+
+    def load(self) -> datasets.DatasetDict:
+        return in_memory(self)
 
     # -- local -------------------------------------------------------------------------
-    def _load_local(self) -> datasets.DatasetDict:
+    def _local_plan(self) -> dict[str, tuple[str, ...]]:
         if self.files:
-            return datasets.DatasetDict({s: self._load_split_files(s) for s in SPLITS})
+            return {s: self._split_files(s) for s in SPLITS}
         assert self.path is not None
         if not self.path.is_dir():
             raise _LocalMissing(f"data folder {self.path} does not exist; set data.source.path "
                                 "or NMT_DATA_DIR (the folder that holds the corpus folders)")
-        out = {}
+        plan = {}
         for split in SPLITS:
             stem = self.splits[split]
-            paths = [self.path / f"{stem}.{lang}" for lang in (self.src_lang, self.tgt_lang)]
-            for p, lang in zip(paths, (self.src_lang, self.tgt_lang)):
+            paths = []
+            for lang in (self.src_lang, self.tgt_lang):
+                p = self.path / f"{stem}.{lang}"
+                p = p if p.is_file() or not p.with_name(p.name + ".gz").is_file() else p.with_name(p.name + ".gz")
                 if not p.is_file():
                     self._explain_missing(p, stem, lang, split)
-            out[split] = make_dataset(*read_parallel(*paths))
-            log.info("read %s: %d pairs from %s.{%s,%s}", split, len(out[split]),
-                     self.path / stem, self.src_lang, self.tgt_lang)
-        return datasets.DatasetDict(out)
+                paths.append(str(p))
+            plan[split] = ("parallel", *paths)
+        return plan
 
     def _explain_missing(self, path: Path, stem: str, lang: str, split: str) -> None:
         stems: dict[str, set[str]] = {}
         for f in self.path.iterdir() if self.path else []:
-            name, _, ext = f.name.rpartition(".")
+            name, _, ext = f.name.removesuffix(".gz").rpartition(".")
             if f.is_file() and name and ext not in NOT_LANGUAGES:
                 stems.setdefault(name, set()).add(ext)
         if stem not in stems:
@@ -236,7 +317,7 @@ class FileSource:
         path = Path(p).expanduser()
         return path if path.is_absolute() or self.path is None else self.path / path
 
-    def _load_split_files(self, split: str) -> datasets.Dataset:
+    def _split_files(self, split: str) -> tuple[str, ...]:
         spec = self.files.get(split) if self.files else None
         if spec is None:
             raise DataError(f"data.source.files has no entry for split {split!r} "
@@ -247,54 +328,69 @@ class FileSource:
             if missing:
                 side, p = missing[0]
                 raise _LocalMissing(f"{p} not found; set data.source.files.{split}.{side}")
-            src, tgt = read_parallel(paths["src"], paths["tgt"])
-        else:
-            path = self._resolve(str(spec))
-            if not path.is_file():
-                raise _LocalMissing(f"{path} not found; set data.source.files.{split}")
-            if path.suffix == ".tsv":
-                src, tgt = read_tsv(path)
-            elif path.suffix == ".jsonl":
-                src, tgt = read_jsonl(path, self.src_lang, self.tgt_lang)
-            else:
-                raise DataError(f"{path}: a single file per split must be .tsv or .jsonl; use "
-                                f"{{src: ..., tgt: ...}} for a pair of text files")
-        log.info("read %s: %d pairs from %s", split, len(src), spec)
-        return make_dataset(src, tgt)
+            return ("parallel", str(paths["src"]), str(paths["tgt"]))
+        path = self._resolve(str(spec))
+        if not path.is_file():
+            raise _LocalMissing(f"{path} not found; set data.source.files.{split}")
+        kind = Path(path.name.removesuffix(".gz")).suffix
+        if kind not in (".tsv", ".jsonl"):
+            raise DataError(f"{path}: a single file per split must be .tsv or .jsonl; use "
+                            f"{{src: ..., tgt: ...}} for a pair of text files")
+        return (kind[1:], str(path))
 
     # -- hub ---------------------------------------------------------------------------
     def _hub_id(self) -> str:
         assert self.hub is not None
         return "/".join(str(self.hub[k]) for k in ("path", "name") if self.hub.get(k))
 
-    def _load_hub(self) -> datasets.DatasetDict:
-        assert self.hub is not None
-        log.info("loading hub dataset %s", self._hub_id())
-        raw = datasets.load_dataset(**self.hub)
-        out = {}
-        for split in SPLITS:
-            names = (split, self.splits[split], *HUB_SPLIT_ALIASES[split])
-            name = next((n for n in names if n in raw), None)
-            if name is None:
-                raise DataError(f"hub dataset {self._hub_id()} has no split for {split!r} "
-                                f"(looked for {', '.join(dict.fromkeys(names))}); it has: "
-                                f"{', '.join(raw)}. Set data.source.splits.{split}")
-            out[split] = self._to_src_tgt(raw[name].with_format("arrow")[:])
-        return datasets.DatasetDict(out)
+    def _hub_pairs(self, split: str, chunk: int) -> Iterator[Pairs]:
+        """Rows of the hub split in streaming mode, as (src, tgt) chunks; errors list every attempt."""
+        try:
+            data = self._hub_split(split)
+            rows = iter(data.iter(batch_size=chunk))
+            first = next(rows, None)
+        except DataError as e:
+            if not self._tried:
+                raise
+            self._fail(f"hub: {e}")
+        except Exception as e:  # network, auth, unknown dataset: report every attempt at once
+            self._fail(f"hub dataset {self._hub_id()}: {type(e).__name__}: {e}")
+        for batch in itertools.chain([first] if first is not None else [], rows):
+            yield self._to_src_tgt(batch)
 
-    def _to_src_tgt(self, table: pa.Table) -> datasets.Dataset:
-        """Map a `translation` struct column, or per-language columns, to `src`/`tgt`."""
-        cols, langs = table.column_names, (self.src_lang, self.tgt_lang)
+    def _fail(self, attempt: str) -> None:
+        tried = [*self._tried, attempt]
+        raise DataError("could not load the corpus. Tried:\n  - " + "\n  - ".join(tried) +
+                        "\nPoint at local files with data.source.path=/path/to/folder (files "
+                        f"<split>.{self.src_lang} / <split>.{self.tgt_lang}), or set NMT_DATA_DIR "
+                        "to the folder that holds the corpus folders.")
+
+    def _hub_split(self, split: str) -> Any:
+        assert self.hub is not None
+        if self._hub_data is None:
+            log.info("streaming hub dataset %s", self._hub_id())
+            self._hub_data = datasets.load_dataset(**({"streaming": True} | self.hub))
+        raw = self._hub_data
+        names = (split, self.splits[split], *HUB_SPLIT_ALIASES[split])
+        name = next((n for n in names if n in raw), None)
+        if name is None:
+            raise DataError(f"hub dataset {self._hub_id()} has no split for {split!r} "
+                            f"(looked for {', '.join(dict.fromkeys(names))}); it has: "
+                            f"{', '.join(raw)}. Set data.source.splits.{split}")
+        return raw[name]
+
+    def _to_src_tgt(self, batch: Mapping[str, list[Any]]) -> Pairs:
+        """A `translation` column of {lang: text} dicts, or per-language columns, as (src, tgt)."""
+        cols, langs = list(batch), (self.src_lang, self.tgt_lang)
         if "translation" in cols:
-            trans = table.column("translation").combine_chunks()
-            fields = [trans.type.field(i).name for i in range(trans.type.num_fields)]
+            rows = batch["translation"]
+            fields = list(rows[0]) if rows else []
             if not all(lang in fields for lang in langs):
                 raise DataError(f"hub dataset {self._hub_id()}: languages {list(langs)} not all "
                                 f"in its translation column; available: {', '.join(fields)}")
-            return datasets.Dataset(pa.table({"src": trans.field(self.src_lang),
-                                              "tgt": trans.field(self.tgt_lang)}))
+            return [r[self.src_lang] or "" for r in rows], [r[self.tgt_lang] or "" for r in rows]
         for a, b in (langs, ("src", "tgt")):
             if a in cols and b in cols:
-                return datasets.Dataset(pa.table({"src": table.column(a), "tgt": table.column(b)}))
+                return [x or "" for x in batch[a]], [x or "" for x in batch[b]]
         raise DataError(f"hub dataset {self._hub_id()}: no 'translation' column and no columns "
                         f"{list(langs)}; columns are: {', '.join(cols)}")

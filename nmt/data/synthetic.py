@@ -39,9 +39,11 @@ Example (``generate_pairs(1, seed=54, min_len=12, max_len=12)``), glossed word b
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import math
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -299,31 +301,40 @@ def sample_length(rng: random.Random, lengths: str, low: int, high: int, median:
             return n
 
 
-def generate_pairs(num_pairs: int, seed: int = 0, min_len: int = 5, max_len: int = 80, lengths: str = "uniform",
-                   median_len: float = 15) -> list[tuple[str, str]]:
-    """Return num_pairs (source, target) sentence pairs with source lengths (in words) in
+def iter_pairs(num_pairs: int, seed: int = 0, min_len: int = 5, max_len: int = 80, lengths: str = "uniform",
+               median_len: float = 15) -> Iterator[tuple[str, str]]:
+    """Yield num_pairs (source, target) sentence pairs with source lengths (in words) in
     [min_len, max_len], drawn from the ``lengths`` distribution (see ``sample_length``)."""
     rng = random.Random(seed)
     low = max(min_len, 3)  # the shortest sentence is DET NOUN VERB
     high = max(low, max_len)
-    return [render(sample_sentence(rng, sample_length(rng, lengths, low, high, median_len))) for _ in range(num_pairs)]
+    for _ in range(num_pairs):
+        yield render(sample_sentence(rng, sample_length(rng, lengths, low, high, median_len)))
+
+
+def generate_pairs(num_pairs: int, seed: int = 0, min_len: int = 5, max_len: int = 80, lengths: str = "uniform",
+                   median_len: float = 15) -> list[tuple[str, str]]:
+    """The pairs of ``iter_pairs`` as a list."""
+    return list(iter_pairs(num_pairs, seed, min_len, max_len, lengths, median_len))
 
 
 def write_corpus(out_dir: str | Path, splits: dict[str, int], seed: int = 0, min_len: int = 5, max_len: int = 80,
                  src_lang: str = "src", tgt_lang: str = "tgt", lengths: dict[str, str] | None = None,
-                 median_len: float = 15) -> Path:
+                 median_len: float = 15, chunk: int = 10000) -> Path:
     """Write <split>.<src_lang> and <split>.<tgt_lang> files (one sentence per line, UTF-8) for each
     split name -> pair count, each split with its own seed (seed*1000 + index of the split) so
     splits differ, and its length distribution from ``lengths`` (split -> name; default uniform);
-    return out_dir."""
+    return out_dir. Pairs are written ``chunk`` at a time, so memory does not grow with the corpus."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     lengths = lengths or {}
     for index, (split, num_pairs) in enumerate(splits.items()):
-        pairs = generate_pairs(num_pairs, seed * 1000 + index, min_len, max_len, lengths.get(split, "uniform"), median_len)
-        for lang, side in ((src_lang, 0), (tgt_lang, 1)):
-            text = "".join(pair[side] + "\n" for pair in pairs)
-            (out_dir / f"{split}.{lang}").write_text(text, encoding="utf-8", newline="\n")
+        pairs = iter_pairs(num_pairs, seed * 1000 + index, min_len, max_len, lengths.get(split, "uniform"), median_len)
+        with open(out_dir / f"{split}.{src_lang}", "w", encoding="utf-8", newline="\n") as src, \
+                open(out_dir / f"{split}.{tgt_lang}", "w", encoding="utf-8", newline="\n") as tgt:
+            while block := list(itertools.islice(pairs, chunk)):
+                src.write("".join(s + "\n" for s, _ in block))
+                tgt.write("".join(t + "\n" for _, t in block))
         log.info("wrote %d pairs to %s/%s.{%s,%s}", num_pairs, out_dir, split, src_lang, tgt_lang)
     return out_dir
 

@@ -1,20 +1,16 @@
-"""SentencePiece subwords with fixed special ids, trained once per corpus and cached.
+"""SentencePiece subwords with fixed special ids.
 
-The model is trained on the train split only and stored under
-`<cache_dir>/spm/<hash>/spm.model`, where the hash covers the training text, the options and
-the sentencepiece version; a second run with the same data and options loads it.
+`nmt.data.prepare` trains the model on a sample of the train split and stores it in the
+prepared folder (`<cache_dir>/prepared/<key>/spm.model`), whose key covers the corpus, the
+options and the sentencepiece version; a second run with the same data and options loads it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import logging
 import os
-import shutil
-import tempfile
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -139,15 +135,15 @@ def options_with_defaults(options: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def train_sentencepiece(sentences: Iterable[str], out_dir: str | Path,
-                        options: Mapping[str, Any]) -> Tokenizer:
-    """Train a model into `out_dir/spm.model`; `options` as in `DEFAULTS` plus any trainer flag."""
+                        options: Mapping[str, Any], name: str = "spm") -> Tokenizer:
+    """Train a model into `out_dir/<name>.model`; `options` as in `DEFAULTS` plus any trainer flag."""
     opts = {k: v for k, v in options_with_defaults(options).items() if k != "joint"}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     spm.set_random_generator_seed(0)
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences), model_prefix=str(out_dir / "spm"),
+            sentence_iterator=iter(sentences), model_prefix=str(out_dir / name),
             pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, pad_piece="<pad>",
             shuffle_input_sentence=True, max_sentence_length=65536,
             train_extremely_large_corpus=False, num_threads=_num_threads(), minloglevel=2, **opts)
@@ -158,43 +154,6 @@ def train_sentencepiece(sentences: Iterable[str], out_dir: str | Path,
                         f"{str(e).rstrip('.')}. For a small "
                         "corpus set data.tokenizer.hard_vocab_limit=false or a smaller "
                         "data.tokenizer.vocab_size") from e
-    tok = Tokenizer(out_dir / "spm.model")
+    tok = Tokenizer(out_dir / f"{name}.model")
     tok.trained = True
-    return tok
-
-
-def load_or_train(sentences: Sequence[str] | Sequence[Sequence[str]], text_key: str,
-                  cache_dir: str | Path, options: Mapping[str, Any], name: str = "joint") -> Tokenizer:
-    """The cached model for (text_key, options), training it first when absent.
-
-    `sentences` is a list of sentences or a list of such lists (chained, e.g. source and target
-    for a joint vocabulary); `text_key` is their `text_hash`.
-    """
-    opts = options_with_defaults(options)
-    key = json.dumps({"text": text_key, "options": opts, "spm": spm.__version__}, sort_keys=True)
-    folder = Path(cache_dir) / "spm" / hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
-    model = folder / "spm.model"
-    if model.is_file():
-        tok = Tokenizer(model)
-        log.info("%s vocabulary: loaded %s (%d pieces)", name, model, tok.vocab_size)
-        return tok
-    lines: Iterable[str] = sentences  # type: ignore[assignment]
-    if sentences and not isinstance(sentences[0], str):
-        lines = itertools.chain.from_iterable(sentences)  # type: ignore[arg-type]
-    start = time.perf_counter()
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
-    try:
-        train_sentencepiece(lines, tmp, opts)
-        (tmp / "options.json").write_text(key + "\n")
-        try:
-            tmp.rename(folder)  # atomic: a concurrent run never sees half a model
-        except OSError:  # another process finished first; use its model
-            pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    tok = Tokenizer(model)
-    tok.trained = True
-    log.info("%s vocabulary: trained %s (%d pieces, %s, %.1fs)", name, model, tok.vocab_size,
-             opts["model_type"], time.perf_counter() - start)
     return tok
