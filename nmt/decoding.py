@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from nmt.data.tokenizer import BOS, EOS, PAD
+from nmt.specials import BOS, EOS, PAD
 from nmt.models.base import select
 
 

@@ -18,10 +18,9 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
+from nmt.specials import BOS, EOS, PAD, UNK  # noqa: F401  (re-exported for data code)
 
 log = logging.getLogger(__name__)
-
-PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 DEFAULTS: dict[str, Any] = {
     "model_type": "unigram",          # unigram | bpe

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from nmt.data.tokenizer import PAD
+from nmt.specials import PAD
 from nmt.models.dropout import Dropout, dropout
 
 FEEDS = ("none", "context", "attentional")

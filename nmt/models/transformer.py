@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from nmt.data.tokenizer import PAD
+from nmt.specials import PAD
 from nmt.models.dropout import Dropout
 
 POSITIONS = ("sinusoidal", "learned", "rope")

@@ -1,0 +1,4 @@
+"""The special token ids every vocabulary has (SentencePiece models are trained with them), in a
+module that models, decoding and data may all import."""
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
