@@ -249,7 +249,7 @@ def bench_data_memory(pairs: int, ranks: int, args: argparse.Namespace) -> dict:
         marker.unlink()
     for name in ("go", "done"):
         (cache / name).unlink(missing_ok=True)
-    code = f"TOKENIZER = {{'vocab_size': 8000, 'hard_vocab_limit': False, 'input_sentence_size': 1000000}}\n" + DATA_PROCESS
+    code = "TOKENIZER = {'vocab_size': 8000, 'hard_vocab_limit': False, 'input_sentence_size': 1000000}\n" + DATA_PROCESS
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(folder), str(cache), str(r), str(ranks)], cwd=ROOT, env=env)
              for r in range(ranks)]
