@@ -96,6 +96,8 @@ def main(cfg: DictConfig) -> None:
         raise ValueError("nothing to evaluate: set ckpts=[<file>.ckpt, ...] and/or hyps={name: file, ...}")
     data_cfg = cfg.get("data")
     loaded = [load_checkpoint(p, device, allow_pickle=cfg.allow_pickle) for p in ckpts]
+    for item in loaded:
+        item.model.set_kernels(cfg.get("kernels", "auto"))
     if data_cfg is None:
         if not loaded:
             raise ValueError("hypothesis files need a test split: set data=<name> (e.g. data=europarl_it_en)")

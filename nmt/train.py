@@ -40,9 +40,18 @@ from nmt import CONF_DIR
 from nmt.callbacks import AtomicCheckpointIO, LastCheckpoint
 from nmt.checkpoint import check_resume, tokenizer_protos
 from nmt.length_report import markdown_table
-from nmt.malloc import keep_freed_memory, release_freed_memory
+from nmt import kernels
+from nmt.kernels.malloc import keep_freed_memory, release_freed_memory
 
 log = logging.getLogger(__name__)
+
+
+def training_device(cfg: DictConfig) -> str:
+    """``cpu`` or ``cuda``: where ``cfg.trainer`` trains."""
+    accelerator = str(cfg.trainer.get("accelerator", "auto"))
+    if accelerator == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if accelerator in ("gpu", "cuda") else accelerator
 
 
 def build_model(cfg: DictConfig, src_vocab_size: int, tgt_vocab_size: int) -> torch.nn.Module:
@@ -50,7 +59,7 @@ def build_model(cfg: DictConfig, src_vocab_size: int, tgt_vocab_size: int) -> to
     with open_dict(cfg):
         cfg.model.src_vocab_size = src_vocab_size
         cfg.model.tgt_vocab_size = tgt_vocab_size
-    model = instantiate(cfg.model)
+    model = instantiate(cfg.model).set_kernels(cfg.get("kernels", "auto"))
     if cfg.get("compile"):
         model.compile_features()
     return model
@@ -125,7 +134,6 @@ def count_parameters(model: torch.nn.Module) -> int:
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit and test one model; returns the metrics logged last (``val/bleu``, ``test/bleu``, ...)."""
-    keep_freed_memory()
     L.seed_everything(cfg.seed, workers=True)
     ckpt_path = resolve_ckpt_path(cfg)
     datamodule = instantiate(cfg.data)
@@ -267,6 +275,8 @@ def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: t
 
 @hydra.main(config_path=CONF_DIR, config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
+    if kernels.on_cpu(cfg.kernels, training_device(cfg)):
+        keep_freed_memory()  # the CPU kernels' allocator setting, for the whole process
     metrics = train(cfg)
     value = metrics.get(cfg.get("optimized_metric") or "")
     return None if value is None or math.isnan(value) else value

@@ -44,8 +44,8 @@ from nmt.checkpoint import load_checkpoint
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.tokenizer import EOS, PAD, Tokenizer
 from nmt.decoding import Hypotheses, length_penalty
-from nmt.malloc import keep_freed_memory
-from nmt.quantize import quantize_int8
+from nmt import kernels
+from nmt.kernels.malloc import keep_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def prepare_model(model: torch.nn.Module, precision: str) -> torch.nn.Module:
     if str(precision) not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
     model.eval()
-    return quantize_int8(copy.deepcopy(model)) if str(precision) == "int8" else model
+    return copy.deepcopy(model).quantize_int8() if str(precision) == "int8" else model
 
 
 def run_batches(batches: list[Any], work: Callable[[Any], Any], device: torch.device, precision: str,
@@ -194,7 +194,7 @@ def translate_lines(
     an empty line) and, for the 0-based ``attention_lines``, (attention (T, S), source pieces,
     target pieces). ``precision="bf16"`` decodes under bf16 autocast (matmuls in bf16, scores
     and softmax in fp32); ``precision="int8"`` (CPU) with a copy of the model whose linear layers
-    multiply in int8 (``nmt.quantize``), the rest in fp32."""
+    multiply in int8 (``nmt.kernels.int8``), the rest in fp32."""
     model = prepare_model(model, precision)
     outputs = [""] * len(lines)
     attentions: dict[int, tuple[torch.Tensor, list[str], list[str]]] = {}
@@ -361,8 +361,10 @@ def main(cfg: DictConfig) -> None:
         raise ValueError(f"mode={cfg.mode}: choose translate or score")
     gpu = torch.cuda.is_available() and str(cfg.precision) != "int8"  # int8 decodes on CPUs
     device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if gpu else "cpu"))
-    keep_freed_memory()
+    if kernels.on_cpu(cfg.kernels, device.type):
+        keep_freed_memory()
     loaded = load_checkpoint(cfg.ckpt, device=device, allow_pickle=cfg.allow_pickle)
+    loaded.model.set_kernels(cfg.kernels)
     out: IO[str] = sys.stdout if cfg.output is None else open(cfg.output, "w", encoding="utf-8")
     show = cfg.progress == "auto" and cfg.input is not None and sys.stderr.isatty() or cfg.progress is True
     progress = Progress(count_lines(cfg.input) if show and cfg.input is not None else None, bool(show))

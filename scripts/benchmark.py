@@ -14,7 +14,7 @@ optimizer on the same batches of ``data``. Reported per model:
 - decoding: sentences/s and output tokens/s of greedy and beam search at each batch size on the
   first ``decoding.num_sentences`` test sentences (the weights are those after the timed
   steps, so outputs tend to run to the length cap); on CPUs also beam search with the linear
-  layers in int8 (``decoding.int8``, ``nmt.quantize``);
+  layers in int8 (``decoding.int8``, ``nmt.kernels.int8``);
 - for Transformer decoders: beam search with the key/value cache vs without it, where "without"
   re-runs the decoder over the whole prefix every step (``NoCache``, as Joey NMT decodes).
 
@@ -53,10 +53,10 @@ sys.path.insert(0, str(ROOT))
 from nmt import CONF_DIR  # noqa: E402
 from nmt.data.tokenizer import PAD  # noqa: E402
 from nmt.decoding import beam_search, greedy_search  # noqa: E402
-from nmt.malloc import keep_freed_memory, release_freed_memory  # noqa: E402
+from nmt import kernels  # noqa: E402
+from nmt.kernels.malloc import keep_freed_memory, release_freed_memory  # noqa: E402
 from nmt.models.rnn import RNNDecoder, RNNEncoder  # noqa: E402
 from nmt.models.transformer import TransformerDecoder, TransformerEncoder  # noqa: E402
-from nmt.quantize import quantize_int8  # noqa: E402
 from nmt.train import build_model, build_module, count_parameters  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -250,7 +250,7 @@ class NoCache(torch.nn.Module):
 # --- driver ----------------------------------------------------------------------------------
 def train_config(cfg: DictConfig, preset: str) -> DictConfig:
     """The train config of ``model=<preset>`` with this benchmark's data and overrides."""
-    train_cfg = compose("train", overrides=[f"model={preset}", *cfg.overrides])
+    train_cfg = compose("train", overrides=[f"model={preset}", f"kernels={cfg.kernels}", *cfg.overrides])
     with open_dict(train_cfg):
         train_cfg.data = cfg.data
     return train_cfg
@@ -292,7 +292,8 @@ def main(cfg: DictConfig) -> None:
                           ("cpu" if cfg.device == "auto" else cfg.device))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    keep_freed_memory()  # as train() does
+    if kernels.on_cpu(cfg.kernels, device.type):
+        keep_freed_memory()  # as train.py does
     if cfg.precision not in ("auto", "fp32", "bf16"):
         raise ValueError(f"precision must be auto, fp32 or bf16, got {cfg.precision!r}")
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
@@ -346,7 +347,7 @@ def main(cfg: DictConfig) -> None:
         if cfg.decoding.int8 and device.type == "cpu":  # translate.py precision=int8
             bs, k = max(cfg.decoding.batch_sizes), max(cfg.decoding.beam_sizes)
             search = partial(beam_search, beam_size=k, alpha=beam.alpha, **limits)
-            speed, _ = decode_speed(quantize_int8(copy.deepcopy(model)), decode_batches[bs], search, device, contextlib.nullcontext)
+            speed, _ = decode_speed(copy.deepcopy(model).quantize_int8(), decode_batches[bs], search, device, contextlib.nullcontext)
             result["decoding"].append({"batch_size": bs, "beam_size": k, "int8": True, **speed})
             log.info("%s: beam %d batch %d, int8: %.1f sentences/s", preset, k, bs, speed["sentences_per_s"])
 

@@ -46,6 +46,18 @@ TINY = [
 ]
 
 
+def pytest_addoption(parser):
+    parser.addoption("--kernels", default="auto", choices=["auto", "reference", "cpu"],
+                     help="the kernels= of every training run composed by compose_train (nmt.kernels)")
+
+
+def pytest_configure(config):
+    KERNELS[0] = config.getoption("--kernels")
+
+
+KERNELS = ["auto"]  # set from --kernels
+
+
 def heads(model: str) -> list[str]:
     """Overrides that shrink attention heads/feed-forward for whichever parts are Transformers."""
     overrides = []
@@ -62,7 +74,8 @@ def compose_train(tmp_path: Path, overrides: list[str] = (), model: str | None =
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         model_overrides = [f"model={model}", *heads(model)] if model else []
         tiny = [o for o in TINY if model or not o.startswith("model.")]
-        cfg = compose("train", overrides=[*model_overrides, *tiny, *overrides], return_hydra_config=True)
+        cfg = compose("train", overrides=[*model_overrides, *tiny, f"kernels={KERNELS[0]}", *overrides],
+                      return_hydra_config=True)
     with open_dict(cfg):
         cfg.hydra.runtime.output_dir = str(tmp_path / "run")
         cfg.hydra.runtime.cwd = str(ROOT)

@@ -13,7 +13,7 @@ import torch
 from nmt import decoding
 from nmt.data.tokenizer import EOS
 from nmt.decoding import beam_search, greedy_search, length_penalty
-from tests.test_models import VARIANTS, batch, build
+from tests.test_models import VARIANTS, batch, build, kernels  # noqa: F401  (kernels: each test in both modes)
 
 
 def assert_beam_one_is_greedy(model, src, src_mask):

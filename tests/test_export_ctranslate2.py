@@ -178,7 +178,7 @@ def test_folder_is_self_contained(trained, tmp_path):
 
 def test_int8_export(trained, tmp_path):
     """int8 weights: a smaller model that mostly translates as fp32 (a tiny model's repetitive
-    outputs flip with rounding, as nmt.quantize's int8 in tests/test_train.py)."""
+    outputs flip with rounding, as nmt.kernels.int8 in tests/test_train.py)."""
     loaded, out = trained
     int8 = to_ctranslate2(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, tmp_path / "int8", "int8")
     assert (int8 / "model.bin").stat().st_size < 0.75 * (out / "model.bin").stat().st_size

@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
-from nmt.malloc import keep_freed_memory
+from nmt.kernels.malloc import keep_freed_memory
 
 # In a fresh process: free a 256 MB tensor and report how much of it stays resident.
 _PROBE = """
 import os, sys, torch
-from nmt.malloc import keep_freed_memory, release_freed_memory
+from nmt.kernels.malloc import keep_freed_memory, release_freed_memory
 if sys.argv[1] != "default":
     assert keep_freed_memory()
 page = os.sysconf("SC_PAGE_SIZE")

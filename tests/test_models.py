@@ -1,4 +1,5 @@
-"""Every encoder/decoder pair behind the Seq2Seq interface: parity between code paths."""
+"""Every encoder/decoder pair behind the Seq2Seq interface: parity between code paths, each
+test in both kernel modes (the CPU kernels and the plain PyTorch reference, ``nmt.kernels``)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,18 @@ VARIANTS = {
     "hybrid_transformer_plain_lstm": ("transformer", ["model/decoder=lstm"]),
     "hybrid_lstm_transformer": ("lstm_bahdanau", ["model/decoder=transformer"]),
 }
+KERNELS = ("cpu", "reference")
+_built = {"kernels": "auto"}  # the mode ``build`` sets; the fixture below runs each test in both
+
+
+@pytest.fixture(params=KERNELS, autouse=True)
+def kernels(request):
+    """Runs every test of a module that uses it (autouse) once per kernel mode."""
+    _built["kernels"] = request.param
+    yield request.param
+    _built["kernels"] = "auto"
+
+
 TINY_SIZES = ["model.emb_size=16", "model.hidden_size=16", "model.dropout=0.0", "model.tie_embeddings=false"]
 
 
@@ -42,7 +55,7 @@ def build(name: str, vocab: int = VOCAB) -> torch.nn.Module:
             if "num_heads" in part:
                 part.num_heads, part.ff_size = 2, 32
     torch.manual_seed(0)
-    return instantiate(model_cfg).eval()
+    return instantiate(model_cfg).set_kernels(_built["kernels"]).eval()
 
 
 def batch(lengths=(7, 5, 3), tgt_len=6, seed=0):
@@ -193,35 +206,6 @@ def test_luong_dot_needs_equal_sizes():
         LuongAttention(8, 16, score="dot")
 
 
-@pytest.mark.parametrize("bidirectional", [True, False])
-def test_rnn_encoder_equals_nn_lstm_on_packed_sequences(bidirectional):
-    """The encoder's own recurrence on ``self.rnn``'s weights computes what ``nn.LSTM`` computes
-    on packed sequences: outputs (zero on padding), final states and gradients."""
-    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
-
-    from nmt.models.rnn import RNNEncoder
-
-    torch.manual_seed(0)
-    encoder = RNNEncoder(VOCAB, 8, 12, num_layers=2, bidirectional=bidirectional).eval()
-    src, src_mask, _ = batch(lengths=(7, 3, 5))
-    packed = pack_padded_sequence(encoder.embed(src), src_mask.sum(1), batch_first=True, enforce_sorted=False)
-    out, (h, c) = encoder.rnn(packed)
-    ref_out, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))
-    dirs = 2 if bidirectional else 1
-
-    def layers(state):  # (L*D, B, h) -> (B, L, D*h)
-        return state.view(2, dirs, src.size(0), -1).permute(2, 0, 1, 3).reshape(src.size(0), 2, -1)
-
-    memory = encoder(src, src_mask)
-    for key, ref in (("enc_out", ref_out), ("final_h", layers(h)), ("final_c", layers(c))):
-        torch.testing.assert_close(memory[key], ref, atol=1e-6, rtol=1e-5)
-    params = list(encoder.parameters())
-    grads = torch.autograd.grad(sum(m.sin().sum() for m in memory.values() if m.is_floating_point()), params)
-    ref_grads = torch.autograd.grad(ref_out.sin().sum() + layers(h).sin().sum() + layers(c).sin().sum(), params)
-    for grad, ref in zip(grads, ref_grads):
-        torch.testing.assert_close(grad, ref, atol=1e-6, rtol=1e-5)
-
-
 @pytest.mark.parametrize("name", ["lstm", "lstm_bahdanau", "lstm_luong", "hybrid_transformer_luong"])
 def test_rnn_decoder_step_equals_nn_lstm(name):
     """The decoder steps on ``self.rnn``'s own weights (so checkpoints keep their parameter names):
@@ -243,53 +227,6 @@ def test_rnn_decoder_step_equals_nn_lstm(name):
         _, state, _ = model.decode_step(tgt_in[:, t], memory, state)
         torch.testing.assert_close(state["h"], h.transpose(0, 1), atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(state["c"], c.transpose(0, 1), atol=1e-6, rtol=1e-5)
-
-
-@pytest.mark.parametrize("steps", [1, 3])
-def test_additive_score_matches_tanh_and_autograd(steps):
-    """The hand-written additive score is v^T tanh(q + k) with the gradients autograd would give."""
-    from nmt.models.attention import _AdditiveScore
-
-    g = torch.Generator().manual_seed(0)
-    query = torch.randn(2, steps, 5, dtype=torch.double, generator=g, requires_grad=True)
-    keys = torch.randn(2, 4, 5, dtype=torch.double, generator=g, requires_grad=True)
-    v = torch.randn(5, dtype=torch.double, generator=g, requires_grad=True)
-    reference = torch.tanh(keys.unsqueeze(1) + query.unsqueeze(2)) @ v
-    torch.testing.assert_close(_AdditiveScore.apply(query, keys, v), reference)
-    assert torch.autograd.gradcheck(_AdditiveScore.apply, (query, keys, v))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.double])
-def test_fast_tanh_equals_torch_tanh_to_rounding(dtype):
-    """The CPU tanh (2 sigmoid(2x) - 1 in at least fp32) and its gradient match torch.tanh, small
-    values included (in bf16 the subtraction alone would round them to 0)."""
-    from nmt.models.rnn import tanh
-
-    x = torch.cat([torch.linspace(-12, 12, 2001), torch.tensor([1e-3, -3e-3, 1e-2, 5e-2])]).to(dtype).requires_grad_()
-    y, ref = tanh(x), torch.tanh(x)
-    assert y.dtype == dtype
-    tol = {torch.float32: dict(atol=1e-6, rtol=1e-5), torch.bfloat16: dict(atol=1e-5, rtol=8e-3), torch.double: dict(atol=1e-12, rtol=1e-10)}[dtype]
-    torch.testing.assert_close(y, ref, **tol)
-    grad = torch.autograd.grad(y.sum(), x)[0]
-    exact = 1 - torch.tanh(x.detach().double()) ** 2  # torch's bf16 backward rounds y first: not a reference
-    torch.testing.assert_close(grad.double(), exact, atol=2 * tol["atol"], rtol=2 * tol["rtol"])
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_lstm_cell_without_gradients_equals_the_training_cell(dtype):
-    """Decoding's LSTM cell (sigmoid-based tanh) gives the training cell's h and c to rounding,
-    h in the gates' dtype and c in fp32."""
-    from nmt.models.rnn import lstm_cell
-
-    gen = torch.Generator().manual_seed(0)
-    gates, c = (torch.randn(7, 4 * 16, generator=gen) * 3).to(dtype), torch.randn(7, 16, generator=gen)
-    h_train, c_train = lstm_cell(gates, c)
-    with torch.no_grad():
-        h_dec, c_dec = lstm_cell(gates, c)
-    assert h_dec.dtype == dtype and c_dec.dtype == torch.float32
-    tol = dict(atol=1e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
-    torch.testing.assert_close(h_dec, h_train.detach(), **tol)
-    torch.testing.assert_close(c_dec, c_train.detach(), **tol)
 
 
 @pytest.mark.parametrize("kind", ["bahdanau", "general", "dot", "concat", "transformer"])

@@ -19,6 +19,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from nmt.kernels import Switchable
+from nmt.kernels.attention import additive_score
+
 
 def _grouped(query: Tensor, memory_rows: int) -> Tensor:
     """Queries (B*g, Hq) or (B*g, T, Hq) -> (B, g*T, Hq): the queries of each memory row."""
@@ -37,48 +40,14 @@ def _mix(scores: Tensor, values: Tensor, mask: Tensor, query_shape: torch.Size) 
     return context.reshape(*rows, -1), weights.reshape(*rows, -1)
 
 
-class _AdditiveScore(torch.autograd.Function):
-    """``v^T tanh(q + k)`` for every (query, key) pair: (B, T, S, A) work, the largest elementwise
-    op of an RNN decoder step, written out by hand:
-
-    - ``tanh x = 2 sigmoid(2x) - 1`` (equal to rounding; torch's CPU tanh is ~6x slower than its
-      sigmoid): scores ``v^T (2 s - 1)`` with ``s = sigmoid(2 (q + k))``;
-    - ``s`` is recomputed in backward rather than saved: a step-by-step decoder would otherwise
-      keep a fresh (B, S, A) buffer per target step, hundreds of MB per batch, where recomputing
-      reuses one cache-resident buffer;
-    - each pass uses one (B, T, S, A) buffer in place where autograd would allocate four.
-    """
-
-    @staticmethod
-    def _sigmoid(query: Tensor, keys: Tensor) -> Tensor:
-        return (keys.unsqueeze(1) + query.unsqueeze(2)).mul_(2).sigmoid_()  # (B, T, S, A)
-
-    @staticmethod
-    def forward(ctx, query: Tensor, keys: Tensor, v: Tensor) -> Tensor:
-        s = _AdditiveScore._sigmoid(query, keys)
-        v = v.to(s.dtype)
-        ctx.save_for_backward(query, keys, v)
-        return torch.matmul(s, 2 * v) - v.sum()  # (B, T, S)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        query, keys, v = ctx.saved_tensors
-        s = _AdditiveScore._sigmoid(query, keys)
-        grad = grad.to(s.dtype)
-        grad_v = 2 * torch.matmul(grad.reshape(1, -1), s.reshape(-1, s.size(-1))).view(-1) - grad.sum()
-        # d score / d (q + k) = 4 v s (1 - s)
-        d = grad.unsqueeze(-1) * (4 * v)  # (B, T, S, A)
-        d.mul_(s).addcmul_(d, s, value=-1)
-        grad_keys = d.squeeze(1) if d.size(1) == 1 else d.sum(1)
-        return d.sum(2), grad_keys, grad_v
-
-
-def _additive(v: nn.Linear, query: Tensor, keys: Tensor) -> Tensor:
+def _additive(module: Switchable, v: nn.Linear, query: Tensor, keys: Tensor) -> Tensor:
     """``v^T tanh(query + key)`` for every (step, source) pair: (B, T, A), (B, S, A) -> (B, T, S)."""
-    return _AdditiveScore.apply(query, keys, v.weight.view(-1))
+    if module.fast(query):
+        return additive_score(v.weight.view(-1), query, keys)
+    return v(torch.tanh(query.unsqueeze(2) + keys.unsqueeze(1))).squeeze(-1)
 
 
-class BahdanauAttention(nn.Module):
+class BahdanauAttention(Switchable, nn.Module):
     """Additive attention, Bahdanau et al. 2015 (eq. 6, appendix A.1.2):
     ``e_ij = v^T tanh(W s_{i-1} + U h_j)``."""
 
@@ -94,10 +63,10 @@ class BahdanauAttention(nn.Module):
 
     def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         grouped = _grouped(self.query_proj(query), keys.size(0))  # (B, g*T, A)
-        return _mix(_additive(self.v, grouped, keys), values, mask, query.shape)
+        return _mix(_additive(self, self.v, grouped, keys), values, mask, query.shape)
 
 
-class LuongAttention(nn.Module):
+class LuongAttention(Switchable, nn.Module):
     """Global attention, Luong et al. 2015 (eq. 8): ``score(h_t, h_s)`` is
     ``dot``: h_t^T h_s; ``general``: h_t^T W_a h_s; ``concat``: v_a^T tanh(W_a [h_t; h_s])."""
 
@@ -124,7 +93,7 @@ class LuongAttention(nn.Module):
 
     def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         if self.score == "concat":
-            scores = _additive(self.v, _grouped(self.query_proj(query), keys.size(0)), keys)
+            scores = _additive(self, self.v, _grouped(self.query_proj(query), keys.size(0)), keys)
         else:
             scores = torch.bmm(_grouped(query, keys.size(0)), keys.transpose(1, 2))  # (B, g*T, S)
         return _mix(scores, values, mask, query.shape)

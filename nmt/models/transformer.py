@@ -25,8 +25,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from nmt.kernels import Switchable
+from nmt.kernels import sdpa as cpu_attention
+from nmt.kernels.dropout import Dropout
 from nmt.specials import PAD
-from nmt.models.dropout import Dropout
 
 POSITIONS = ("sinusoidal", "learned", "rope")
 
@@ -58,18 +60,7 @@ class Rotary(nn.Module):
         return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
 
 
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float, is_causal: bool) -> Tensor:
-    """``scaled_dot_product_attention``; in fp32 under CPU bf16 autocast, where torch's bf16
-    flash-attention backward is ~4x slower than its fp32 one (the projections stay bf16)."""
-    if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-        with torch.autocast("cpu", enabled=False):
-            out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
-                                                 dropout_p=dropout, is_causal=is_causal)
-        return out.to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)
-
-
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(Switchable, nn.Module):
     """Multi-head attention; ``mask`` is a bool (B or 1, 1, T or 1, S) tensor, True = attend."""
 
     def __init__(self, hidden_size: int, num_heads: int, dropout: float, kv_size: int | None = None) -> None:
@@ -110,10 +101,9 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError(f"grouped queries need a multiple of the {k.size(0)} key rows and no causal mask, "
                                  f"got {q.size(0)} rows, is_causal={is_causal}")
             q = q.view(k.size(0), -1, *shape[1:]).transpose(1, 2).reshape(k.size(0), shape[1], -1, shape[3])  # (B, heads, g*T, d)
-        # Eager path: for weights (SDPA returns none), and on CPU for a decoding step's queries
-        # (one, or a sentence's beams), where torch's fused CPU kernel is 3-5x slower than two
-        # matmuls and a softmax.
-        if need_weights or (q.device.type == "cpu" and (q.size(-2) == 1 or q.shape != shape)):
+        fast = self.fast(q)
+        # Eager path: for weights (SDPA returns none), and with the CPU kernels where it wins
+        if need_weights or (fast and cpu_attention.eager_for(q, q.shape != shape)):
             scores = (q / math.sqrt(q.size(-1))) @ k.transpose(-2, -1)
             if is_causal:
                 mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
@@ -123,7 +113,8 @@ class MultiHeadAttention(nn.Module):
             out = F.dropout(weights, dropout, self.training).to(v.dtype) @ v
         else:
             weights = None
-            out = _sdpa(q, k, v, mask, dropout, is_causal)
+            sdpa = cpu_attention.sdpa if fast else F.scaled_dot_product_attention
+            out = sdpa(q, k, v, mask, dropout, is_causal)
         if q.shape != shape:  # (B, heads, g*T, .) -> (B*g, heads, T, .)
             out, weights = (None if x is None else x.view(k.size(0), shape[1], -1, shape[2], x.size(-1)).transpose(1, 2)
                             .reshape(shape[0], shape[1], shape[2], -1) for x in (out, weights))
@@ -300,6 +291,9 @@ class TransformerEncoder(nn.Module):
         self.window = window
         self.gradient_checkpointing = False
 
+    def quantize_steps(self) -> None:
+        """Nothing to do for int8: every matmul of its own is an ``nn.Linear``."""
+
     def forward(self, src: Tensor, src_mask: Tensor) -> dict[str, Tensor]:
         shift = None
         if self.training and self.position_shift:  # SHAPE: one random start per sentence pair
@@ -350,6 +344,9 @@ class TransformerDecoder(nn.Module):
         self.num_heads = num_heads
         self.window = window
         self.gradient_checkpointing = False
+
+    def quantize_steps(self) -> None:
+        """Nothing to do for int8: every matmul of its own is an ``nn.Linear``."""
 
     def prepare_memory(self, memory: dict[str, Tensor]) -> dict[str, Tensor]:
         """Project every layer's cross-attention keys/values once per sentence."""

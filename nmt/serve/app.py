@@ -266,6 +266,7 @@ def load(cfg: DictConfig) -> Translator:
     gpu = torch.cuda.is_available() and str(cfg.precision) != "int8"
     device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if gpu else "cpu"))
     loaded = load_checkpoint(cfg.ckpt, device=device, allow_pickle=cfg.allow_pickle)
+    loaded.model.set_kernels(cfg.get("kernels", "auto"))
     return Translator(loaded, cfg.decoding, cfg.precision, cfg.max_tokens, cfg.workers, ckpt=cfg.ckpt)
 
 

@@ -1,4 +1,4 @@
-"""Int8 inference (``nmt.quantize``): each layer against its float original, and every model's
+"""Int8 inference (``nmt.kernels.int8``): each layer against its float original, and every model's
 decoding steps against the float model's."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from nmt.models.rnn import RNNDecoder, RNNEncoder
-from nmt.quantize import Int8Linear, quantize_int8, quantize_rows
+from nmt.kernels.int8 import Int8Linear, quantize_rows
 from tests.test_models import VARIANTS, batch, build, step_by_step
 
 
@@ -41,7 +41,7 @@ def test_int8_linear_matches_the_float_layer():
 @pytest.mark.parametrize("name", VARIANTS)
 def test_int8_decoding_steps_stay_close_to_float(name):
     model = build(name)
-    q = quantize_int8(copy.deepcopy(model))
+    q = copy.deepcopy(model).quantize_int8()
     assert not [n for n, m in q.named_modules() if isinstance(m, nn.Linear) and m.out_features > 1]
     if isinstance(q.decoder, RNNDecoder):  # its step matmuls too
         assert q.decoder.int8_weights is not None and model.decoder.int8_weights is None
@@ -62,4 +62,10 @@ def test_int8_decoding_steps_stay_close_to_float(name):
 def test_int8_refuses_a_model_off_the_cpu():
     model = build("transformer").to("meta")
     with pytest.raises(ValueError, match=r"precision=int8 decodes on CPUs only \(torch._int_mm\); on a GPU use precision=bf16"):
-        quantize_int8(model)
+        model.quantize_int8()
+
+
+def test_int8_refuses_the_reference_kernels():
+    model = build("transformer").set_kernels("reference")
+    with pytest.raises(ValueError, match="precision=int8 runs the CPU kernels: set kernels=auto or kernels=cpu, not reference"):
+        model.quantize_int8()

@@ -1,4 +1,4 @@
-"""Dropout with a cheaper random mask on CPU.
+"""Dropout with a cheaper random mask (a CPU kernel; ``nn.Dropout`` is the reference).
 
 torch's CPU dropout draws one random number per element (``bernoulli_``), ~10 ns each: 4-6% of
 an LSTM training step. Here one 64-bit draw gives four 16-bit uniforms, so a mask costs a
@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from nmt.kernels import Switchable
 
 _LEVELS = 1 << 16
 
@@ -52,10 +54,10 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     return _Dropout.apply(x, p)
 
 
-class Dropout(nn.Dropout):
-    """``nn.Dropout`` (same arguments and state) on ``dropout`` above."""
+class Dropout(Switchable, nn.Dropout):
+    """``nn.Dropout`` (same arguments and state), on ``dropout`` above where the kernels are on."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.inplace:
-            return F.dropout(x, self.p, self.training, inplace=True)
+        if self.inplace or not self.fast(x):
+            return super().forward(x)
         return dropout(x, self.p, self.training)

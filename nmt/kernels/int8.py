@@ -54,11 +54,11 @@ class Int8Linear(nn.Module):
 
 
 @torch.no_grad()
-def quantize_int8(model: nn.Module) -> nn.Module:
+def quantize_linears(model: nn.Module) -> nn.Module:
     """Replace, in place, every ``nn.Linear`` of ``model`` by an ``Int8Linear`` (a shared weight,
-    e.g. a tied output layer, is quantized per module) and let modules with their own matmuls
-    (``RNNDecoder``'s steps, ``RNNEncoder``'s input projections) quantize those; returns
-    ``model``, set to eval mode."""
+    e.g. a tied output layer, is quantized per module); returns ``model``, set to eval mode.
+    Modules with matmuls of their own quantize those themselves
+    (``nmt.models.base.Seq2Seq.quantize_int8``)."""
     if any(p.device.type != "cpu" for p in model.parameters()):
         raise ValueError("precision=int8 decodes on CPUs only (torch._int_mm); on a GPU use precision=bf16")
     model.eval()
@@ -66,7 +66,4 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear) and child.out_features > 1:  # not a vector (Bahdanau's v)
                 setattr(module, child_name, Int8Linear.from_linear(child))
-    for module in model.modules():
-        if hasattr(module, "quantize_steps"):
-            module.quantize_steps()
     return model
