@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("benchmark_data")
-TOKENIZER = ["data.tokenizer.vocab_size=8000", "data.tokenizer.input_sentence_size=500000"]
+TOKENIZER = ["data.tokenizer.vocab_size=8000", "data.tokenizer.input_sentence_size=300000"]
 
 
 def first_step(path: str):
@@ -249,7 +249,7 @@ def bench_data_memory(pairs: int, ranks: int, args: argparse.Namespace) -> dict:
         marker.unlink()
     for name in ("go", "done"):
         (cache / name).unlink(missing_ok=True)
-    code = "TOKENIZER = {'vocab_size': 8000, 'hard_vocab_limit': False, 'input_sentence_size': 500000}\n" + DATA_PROCESS
+    code = "TOKENIZER = {'vocab_size': 8000, 'hard_vocab_limit': False, 'input_sentence_size': 300000}\n" + DATA_PROCESS
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(folder), str(cache), str(r), str(ranks)], cwd=ROOT, env=env)
              for r in range(ranks)]
@@ -291,7 +291,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="processes generating a corpus")
     parser.add_argument("--data-memory", type=int, nargs="*", default=[],
                         help="sizes (already prepared) whose data memory to measure in 1 and 2 processes")
-    parser.add_argument("--input-sentence-size", type=int, default=500_000, help="SentencePiece's training sample")
+    parser.add_argument("--input-sentence-size", type=int, default=300_000, help="SentencePiece's training sample")
     parser.add_argument("--prepare-only", action="store_true", help="skip the training runs")
     parser.add_argument("--reuse-prepared", action="store_true", help="keep a size's prepared data; measure training only")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "benchmark_data")
@@ -315,7 +315,7 @@ def main() -> None:
             log.info("data memory: %s", saved["data_memory"][f"{n}-{ranks}"])
         path.write_text(json.dumps(saved, indent=1) + "\n")
     for n in args.pairs:
-        key = str(n) if args.input_sentence_size == 500_000 else f"{n}-iss{args.input_sentence_size}"
+        key = str(n) if args.input_sentence_size == 300_000 else f"{n}-iss{args.input_sentence_size}"
         saved["sizes"][key] = bench_size(n, args)
         path.write_text(json.dumps(saved, indent=1) + "\n")
     full = [v for k, v in sorted(saved["sizes"].items()) if "train_1" in v]

@@ -28,7 +28,7 @@ DEFAULTS: dict[str, Any] = {
     "joint": True,                    # one vocabulary for source and target
     "character_coverage": 1.0,        # 0.9995 for Chinese/Japanese
     "hard_vocab_limit": False,        # vocab_size is an upper bound (tiny corpora)
-    "input_sentence_size": 500_000,  # sample at most this many training sentences (~3 GB of trainer memory per 1M)
+    "input_sentence_size": 300_000,  # sample at most this many training sentences (~3 GB of trainer memory per 1M)
     "byte_fallback": False,
     "normalization_rule_name": "nmt_nfkc",
 }
