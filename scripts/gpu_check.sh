@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The GPU path checked in one run of at most 7.5 minutes (docs/performance.md, "GPU check"):
+#   scripts/gpu_check.sh [--dry-run] [--out DIR]
+# writes docs/results/gpu/<gpu name>.md and .json (--dry-run: tiny, on the CPU, into a temporary
+# folder or DIR). The script stops its own parts by 420 s; `timeout` is the backstop.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exec timeout --kill-after=15 "${GPU_CHECK_TIMEOUT:-450}" "${PYTHON:-python}" scripts/gpu_check.py "$@"

@@ -1,0 +1,112 @@
+"""scripts/gpu_check.sh: the dry run (the GPU check's code on the CPU, tiny) writes a complete
+report; on a machine with CUDA the same tiny run goes through the CUDA paths."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import ROOT
+
+PARTS = ["env", "data", "presets", "base", "checkpointing", "kv_cache", "parity", "sdpa"]
+SECTIONS = ["## 1. Environment", "## 2. Presets", "## 3. transformer_base", "## 4. Attention", "## 5. Gradient checkpointing",
+            "## 6. Beam search", "## 7. Loss parity", "## Timings"]
+
+
+def run_check(out: Path, *args: str) -> tuple[dict, str]:
+    result = subprocess.run([str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--out", str(out), *args],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300,
+                            env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "all parts ok" in result.stdout
+    reports = sorted(out.glob("*.json"))
+    assert len(reports) == 1 and reports[0].with_suffix(".md").is_file(), sorted(out.iterdir())
+    assert not list(out.glob("*.tmp"))
+    return json.loads(reports[0].read_text()), reports[0].with_suffix(".md").read_text()
+
+
+def table(md: str, header: str) -> list[dict[str, str]]:
+    """The rows of the markdown table whose header line starts with ``header``."""
+    lines = md.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    names = [c.strip() for c in lines[start].strip("|").split("|")]
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(names, (c.strip() for c in line.strip("|").split("|")))))
+    return rows
+
+
+def number(cell: str) -> float:
+    match = re.fullmatch(r"-?[\d,]*\.?\d+(e[-+]?\d+)?%?", cell)
+    assert match, cell
+    return float(cell.rstrip("%").replace(",", ""))
+
+
+def check_report(report: dict, md: str) -> None:
+    assert list(report["parts"]) == PARTS
+    for key, part in report["parts"].items():
+        assert part["status"] == "ok", (key, part.get("error"), part.get("traceback"))
+    for section in SECTIONS:
+        assert section in md, section
+    for key in ("matmul_peak_bfloat16", "matmul_peak_float16"):
+        assert report["parts"]["env"]["result"][key] > 0
+
+    runs = report["parts"]["presets"]["result"]["runs"]
+    assert {(r["model"], r["precision"]) for r in runs} == {
+        (m, p) for m in ("lstm", "lstm_bahdanau", "lstm_luong", "transformer") for p in ("bf16-mixed", "16-mixed")}
+    for r in [*runs, *report["parts"]["base"]["result"]["runs"]]:
+        assert r["steps"] == report["mode"]["steps"] and r["timed_batches"] >= 1, r
+        assert r["tgt_tokens_per_s"] > 0 and r["flops_per_s"] > 0 and 0 < r["peak_fraction"] and r["loss_finite"], r
+        if r["precision"] == "16-mixed" and r["ran_as"] == "16-mixed":
+            assert r["loss_scale"]["end"] > 0 and r["loss_scale"]["skipped_steps"] >= 0, r
+    presets, base = table(md, "| model | precision |"), table(md[md.index("## 3."):], "| model | precision |")
+    assert len(presets) == 8 and [row["model"] for row in base] == ["transformer_base"]
+    for row in presets + base:
+        assert number(row["target tok/s"]) > 0 and number(row["% of peak"]) > 0 and math.isfinite(number(row["final loss"]))
+
+    sdpa = report["parts"]["sdpa"]["result"]
+    assert sdpa["model_forward_backward"]["MATH"] == "ok" and sdpa["backends_ran"]
+
+    memory = report["parts"]["checkpointing"]["result"]["runs"]
+    assert [r["model"] for r in memory] == ["transformer_base", "lstm_bahdanau"]
+    assert memory[0]["on"]["saved_mb"] < memory[0]["off"]["saved_mb"]  # checkpointing keeps less for backward
+    for row in table(md, "| model | steps (tokens) |"):
+        assert number(row["peak MB off"]) > 0 and number(row["saved for backward MB off"]) > 0
+
+    kv = report["parts"]["kv_cache"]["result"]["runs"]
+    assert [r["model"] for r in kv] == ["transformer", "transformer_base"] and all(r["speedup"] > 0 for r in kv)
+    for row in table(md, "| model | weights |"):
+        assert number(row["speedup"].rstrip("x")) > 0
+
+    parity = report["parts"]["parity"]["result"]
+    assert parity["passed"] and len(parity["runs"]) == 4
+    for row in table(md, "| model | CPU fp32 reference |"):
+        assert row["pass"] == "pass" and number(row["rel. diff"]) <= parity["tolerance"]["fp32"]
+        assert number(row["CPU fp32 reference"]) > 0
+
+
+def test_dry_run_writes_every_part(tmp_path):
+    report, md = run_check(tmp_path / "report")
+    assert report["dry_run"] and report["mode"]["device"] == "cpu"
+    check_report(report, md)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_tiny_run_on_cuda(tmp_path):
+    report, md = run_check(tmp_path / "report", "--device", "cuda")
+    check_report(report, md)
+    assert report["parts"]["env"]["result"]["gpu"]
+    for r in report["parts"]["presets"]["result"]["runs"]:
+        assert r["ran_as"] == r["precision"]
+        assert ("loss_scale" in r) == (r["precision"] == "16-mixed"), r  # the GradScaler of Lightning's plugin
+    assert report["parts"]["sdpa"]["result"]["profiled_kernels"], "the profiler saw no attention kernel"
