@@ -25,7 +25,7 @@ from nmt.decoding import greedy_search
 from nmt.lit_module import TranslationModule
 from nmt.train import train
 from nmt.translate import read_lines, translate_lines
-from tests.conftest import CONF_DIR, ROOT, TINY, compose_train
+from tests.conftest import CONF_DIR, KERNELS, ROOT, TINY, compose_train
 
 pytestmark = pytest.mark.filterwarnings("ignore:The dirpath has changed")  # resuming writes a new run folder
 
@@ -57,7 +57,7 @@ class AtStep(Callback):
 
 
 def command(tmp_path: Path, run_dir: Path, *overrides: str) -> list[str]:
-    return [sys.executable, "train.py", "model=lstm_bahdanau", *TINY, *RESUME,
+    return [sys.executable, "train.py", "model=lstm_bahdanau", *TINY, *RESUME, f"kernels={KERNELS[0]}",
             f"paths.cache_dir={tmp_path.parent / 'nmt-cache'}", f"hydra.run.dir={run_dir}", *overrides]
 
 
@@ -108,21 +108,39 @@ def in_process(tmp_path: Path, overrides: list[str], callbacks: list[Callback] =
         nmt.train._instantiate_group = original
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """An uninterrupted 30-step run (its checkpoint also serves the mismatch and translate tests)."""
-    tmp_path = tmp_path_factory.mktemp("reference")
-    cfg = compose_train(tmp_path, RESUME)
+def reference_run(tmp_path: Path, overrides: list[str] = ()):
+    cfg = compose_train(tmp_path, [*RESUME, *overrides])
     metrics = train(cfg)
     return tmp_path, Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt", metrics
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted 30-step run (its checkpoint also serves the mismatch and translate tests)."""
+    return reference_run(tmp_path_factory.mktemp("reference"))
+
+
+@pytest.fixture(scope="module")
+def reference_plain(tmp_path_factory):
+    """The same run on plain PyTorch (``kernels=reference``)."""
+    return reference_run(tmp_path_factory.mktemp("reference_plain"), ["kernels=reference"])
+
+
 # --- resume -------------------------------------------------------------------------------------
 def test_killed_run_resumes_to_the_same_weights_and_bleu(reference, tmp_path):
+    assert_killed_run_resumes_exactly(reference, tmp_path, [])
+
+
+def test_killed_run_resumes_exactly_on_plain_pytorch(reference_plain, tmp_path):
+    assert_killed_run_resumes_exactly(reference_plain, tmp_path, ["kernels=reference"])
+
+
+def assert_killed_run_resumes_exactly(reference, tmp_path: Path, overrides: list[str]) -> None:
     _, ref_ckpt, ref_metrics = reference
     killed = tmp_path / "killed"
     budget = "trainer.max_time=00:01:00:00"  # a budget: Lightning's timer keeps the training time
-    proc = start(command(tmp_path, killed, "+callbacks.slow._target_=tests.test_reliability.Slow", budget), tmp_path / "killed.log")
+    proc = start(command(tmp_path, killed, "+callbacks.slow._target_=tests.test_reliability.Slow", budget, *overrides),
+                 tmp_path / "killed.log")
     ckpt = killed / "checkpoints" / "last.ckpt"
     try:
         wait_for_step(ckpt, proc, 10)
@@ -137,7 +155,7 @@ def test_killed_run_resumes_to_the_same_weights_and_bleu(reference, tmp_path):
     assert (Path(found[1]) / "manifest.json").is_file()
 
     # a new run folder: tmp_path/run; testing the best checkpoint restores that checkpoint's timer
-    _, metrics = in_process(tmp_path, [f"ckpt_path={ckpt}", budget, "test=true"])
+    _, metrics = in_process(tmp_path, [f"ckpt_path={ckpt}", budget, "test=true", *overrides])
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 30 and summary["resumed_from"] == str(ckpt)
     timer = next(state for key, state in load(ckpt)["callbacks"].items() if key.startswith("Timer"))

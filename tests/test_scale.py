@@ -14,7 +14,7 @@ from pytorch_lightning import Callback
 
 import nmt.train
 from nmt.train import train
-from tests.conftest import ROOT, TINY, heads
+from tests.conftest import KERNELS, ROOT, TINY, heads
 from tests.test_models import batch, build
 
 SMALL_TF = ["model=transformer", "model.hidden_size=32", *heads("transformer")]
@@ -29,7 +29,7 @@ def run(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
 def cli_overrides(tmp_path: Path) -> list[str]:
     """The tiny-run overrides for a command line (Hydra's own run dir, a shared cache)."""
     keep = [o for o in TINY if not o.startswith("model.")]
-    return [*keep, "model.emb_size=32", f"paths.cache_dir={tmp_path.parent / 'nmt-cache'}"]
+    return [*keep, "model.emb_size=32", f"kernels={KERNELS[0]}", f"paths.cache_dir={tmp_path.parent / 'nmt-cache'}"]
 
 
 def test_ddp_on_two_cpu_processes_matches_single_process_bleu(tmp_path):

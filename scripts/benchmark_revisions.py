@@ -1,0 +1,142 @@
+"""Training speed of this tree's models against another revision's, in one process:
+
+    python scripts/benchmark_revisions.py --before 1a3d409 [--precision bf16] [--models lstm transformer]
+
+Separate benchmark processes on a shared machine drift by more than the few percent a change
+is judged by; here both versions train in turns inside one process. The other revision's
+``nmt/`` is extracted with ``git archive`` as the package ``nmt_before`` (its imports and config
+targets renamed), both models get the same initial weights, and they train with their own
+``TranslationModule.loss`` and optimizer on the same Multi30k batches, in interleaved rounds
+(old-new, then new-old). Prints, per preset, the ratio of the median round times (before / after:
+above 1, this tree is faster) and writes the round times as JSON to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from hydra.utils import instantiate  # noqa: E402
+from omegaconf import OmegaConf, open_dict  # noqa: E402
+
+import nmt  # noqa: E402
+from nmt.kernels.malloc import keep_freed_memory  # noqa: E402
+from nmt.train import build_model, build_module  # noqa: E402
+
+
+def extract(revision: str, into: Path) -> None:
+    """``revision``'s ``nmt/`` as the package ``nmt_before`` under ``into``."""
+    archive = subprocess.run(["git", "archive", revision, "nmt"], cwd=ROOT, check=True, capture_output=True).stdout
+    with tempfile.TemporaryFile() as f:
+        f.write(archive)
+        f.seek(0)
+        tarfile.open(fileobj=f).extractall(into, filter="data")
+    (into / "nmt").rename(into / "nmt_before")
+    for path in (into / "nmt_before").rglob("*.py"):
+        path.write_text(re.sub(r"\b(from|import) nmt\b", r"\1 nmt_before", path.read_text()))
+
+
+def before_targets(node):
+    """A config with every ``_target_: nmt.*`` pointing into ``nmt_before``."""
+    if isinstance(node, dict):
+        return {k: ("nmt_before" + v[3:] if k == "_target_" and isinstance(v, str) and v.startswith("nmt.") else before_targets(v))
+                for k, v in node.items()}
+    return [before_targets(v) for v in node] if isinstance(node, list) else node
+
+
+def train_config(preset: str, data_dir: str):
+    cfg = compose("train", overrides=[f"model={preset}", "data=multi30k", f"paths.data_dir={data_dir}"], return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = tempfile.mkdtemp()
+        cfg.hydra.job.num = 0
+    HydraConfig().set_config(cfg)  # the optimizer's per-preset rate reads the chosen model
+    with open_dict(cfg):
+        del cfg["hydra"], cfg.module["report_dir"], cfg.module["report_name"]
+    return cfg
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", required=True, help="a git revision")
+    parser.add_argument("--models", nargs="*", default=["lstm", "lstm_bahdanau", "lstm_luong", "transformer"])
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--steps", type=int, default=16, help="batches per round")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=3000)
+    parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "benchmark_revisions.json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    keep_freed_memory()  # for both versions (train.py sets it on CPUs)
+    work = Path(tempfile.mkdtemp())
+    extract(args.before, work)
+    sys.path.insert(0, str(work))
+    import nmt_before.lit_module
+
+    for package in (nmt, sys.modules["nmt_before"]):  # older revisions register resolvers at import
+        if hasattr(package, "register_resolvers"):
+            package.register_resolvers()
+    autocast = partial(torch.autocast, "cpu", dtype=torch.bfloat16) if args.precision == "bf16" else contextlib.nullcontext
+    results = {}
+    with initialize_config_dir(config_dir=str(ROOT / "nmt" / "conf"), version_base="1.3"):
+        data_cfg = train_config(args.models[0], args.data_dir).data
+        with open_dict(data_cfg):
+            data_cfg.max_tokens = args.max_tokens
+        dm = instantiate(data_cfg)
+        dm.setup("fit")
+        loader = iter(dm.train_dataloader())
+        batches = [next(loader) for _ in range(args.steps)]
+        for preset in args.models:
+            cfg = train_config(preset, args.data_dir)
+            torch.manual_seed(0)
+            model = build_model(cfg, dm.src_vocab.vocab_size, dm.tgt_vocab.vocab_size)
+            old_model = instantiate(OmegaConf.create(before_targets(OmegaConf.to_container(cfg.model, resolve=True))))
+            old_model.load_state_dict(model.state_dict())
+            kwargs = {k: v for k, v in OmegaConf.to_container(cfg.module, resolve=True).items() if k != "_target_"}
+            sides = {"before": nmt_before.lit_module.TranslationModule(old_model, optimizer=instantiate(cfg.optimizer), **kwargs),
+                     "after": build_module(cfg, model)}
+            optimizers = {name: instantiate(cfg.optimizer)(params=module.parameters()) for name, module in sides.items()}
+
+            def run(name: str, n: int) -> float:
+                module, optimizer = sides[name].train(), optimizers[name]
+                start = time.perf_counter()
+                for batch in batches[:n]:
+                    with autocast():
+                        loss, _ = module.loss(batch)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    optimizer.step()
+                return time.perf_counter() - start
+
+            times = {"before": [], "after": []}
+            run("before", 2), run("after", 2)  # warm-up
+            for r in range(args.rounds):
+                for name in ("before", "after") if r % 2 == 0 else ("after", "before"):
+                    times[name].append(run(name, args.steps))
+            ratio = statistics.median(times["before"]) / statistics.median(times["after"])
+            results[preset] = {"seconds": times, "before_over_after": ratio}
+            print(f"{preset} {args.precision}: after is {ratio:.3f}x the speed of {args.before} "
+                  f"(round seconds before {[round(t, 2) for t in times['before']]}, after {[round(t, 2) for t in times['after']]})", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"before": args.before, "precision": args.precision, "results": results}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
