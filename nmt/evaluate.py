@@ -24,7 +24,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from nmt import CONF_DIR
+from nmt import CONF_DIR, register_resolvers
 from nmt.checkpoint import check_targets, load_checkpoint
 from nmt.length_report import length_report, markdown_table, plot_bleu_by_length, write_report
 from nmt.significance import significance, significance_table
@@ -80,8 +80,14 @@ def compare(reports: dict[str, dict[str, Any]], out_dir: Path, title: str = "") 
     return paths
 
 
+def main() -> None:
+    """``nmt-evaluate``, ``python evaluate.py``: the config resolvers, then Hydra composes and runs ``run``."""
+    register_resolvers()
+    run()
+
+
 @hydra.main(config_path=CONF_DIR, config_name="evaluate", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> None:
     out_dir = Path(cfg.paths.output_dir)
     logging.getLogger("sacrebleu").setLevel(logging.WARNING)  # PairedTest logs each step of each bucket at INFO
     device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))

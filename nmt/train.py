@@ -36,7 +36,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint, Timer
 from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from nmt import CONF_DIR
+from nmt import CONF_DIR, register_resolvers
 from nmt.callbacks import AtomicCheckpointIO, LastCheckpoint
 from nmt.checkpoint import check_resume, tokenizer_protos
 from nmt.length_report import markdown_table
@@ -265,8 +265,15 @@ def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: t
     path.write_text(json.dumps(summary, indent=2) + "\n")
 
 
+def main() -> None:
+    """``nmt-train``, ``python train.py``: the config resolvers, then Hydra composes and runs ``run``."""
+    register_resolvers()
+    run()
+
+
 @hydra.main(config_path=CONF_DIR, config_name="train", version_base="1.3")
-def main(cfg: DictConfig) -> float | None:
+def run(cfg: DictConfig) -> float | None:
+    register_resolvers()  # again: a launcher (submitit) may run this in a process of its own
     metrics = train(cfg)
     value = metrics.get(cfg.get("optimized_metric") or "")
     return None if value is None or math.isnan(value) else value

@@ -39,7 +39,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from nmt import CONF_DIR
+from nmt import CONF_DIR, register_resolvers
 from nmt.checkpoint import load_checkpoint
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.tokenizer import EOS, PAD, Tokenizer
@@ -355,8 +355,14 @@ def attention_folder(cfg: DictConfig) -> Path | None:
     return Path(cfg.paths.log_dir) / cfg.task_name / time.strftime("%Y-%m-%d_%H-%M-%S") / "attention"
 
 
+def main() -> None:
+    """``nmt-translate``, ``python translate.py``: the config resolvers, then Hydra composes and runs ``run``."""
+    register_resolvers()
+    run()
+
+
 @hydra.main(config_path=CONF_DIR, config_name="translate", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> None:
     if cfg.mode not in ("translate", "score"):
         raise ValueError(f"mode={cfg.mode}: choose translate or score")
     gpu = torch.cuda.is_available() and str(cfg.precision) != "int8"  # int8 decodes on CPUs

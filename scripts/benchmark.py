@@ -50,7 +50,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from nmt import CONF_DIR  # noqa: E402
+from nmt import CONF_DIR, register_resolvers  # noqa: E402
 from nmt.data.tokenizer import PAD  # noqa: E402
 from nmt.decoding import beam_search, greedy_search  # noqa: E402
 from nmt.malloc import keep_freed_memory, release_freed_memory  # noqa: E402
@@ -286,8 +286,13 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def main() -> None:
+    register_resolvers()  # the train configs composed below use them
+    run()
+
+
 @hydra.main(config_path=CONF_DIR, config_name="benchmark", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> None:
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if cfg.device == "auto" else cfg.device))
     if cfg.threads:

@@ -31,7 +31,7 @@ from omegaconf import open_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from nmt import CONF_DIR  # noqa: E402
+from nmt import CONF_DIR, register_resolvers  # noqa: E402
 
 log = logging.getLogger("compare_opennmt")
 
@@ -123,6 +123,7 @@ def our_speed(model: str, steps: int, precision: str, data: str, out: Path, thre
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    register_resolvers()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--onmt-bin", type=Path, required=True, help="bin/ of the environment with OpenNMT-py")
     parser.add_argument("--models", nargs="+", default=list(ONMT_MODELS), choices=list(ONMT_MODELS))

@@ -402,7 +402,7 @@ def main() -> None:
     from hydra.utils import instantiate
     from omegaconf import DictConfig
 
-    from nmt import CONF_DIR
+    from nmt import CONF_DIR, register_resolvers
 
     @hydra.main(config_path=CONF_DIR, config_name="prepare", version_base="1.3")
     def run(cfg: DictConfig) -> None:
@@ -411,6 +411,7 @@ def main() -> None:
         manifest = read_manifest(dm.prepared_dir)
         log.info("prepared data in %s\n%s", dm.prepared_dir, json.dumps(manifest["splits"], indent=1))
 
+    register_resolvers()
     run()
 
 
