@@ -38,11 +38,17 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from nmt import CONF_DIR, register_resolvers
 from nmt.callbacks import AtomicCheckpointIO, LastCheckpoint
-from nmt.checkpoint import check_resume, tokenizer_protos
+from nmt.checkpoint import check_resume, saved_vocabularies, tokenizer_protos
 from nmt.length_report import markdown_table
 from nmt.malloc import keep_freed_memory, release_freed_memory
 
 log = logging.getLogger(__name__)
+
+
+def build_datamodule(data_cfg: DictConfig | dict[str, Any]) -> L.LightningDataModule:
+    """Instantiate a data config; ``data.vocab_from`` is read with ``nmt.checkpoint.saved_vocabularies``."""
+    return instantiate(OmegaConf.create(data_cfg) if isinstance(data_cfg, dict) else data_cfg,
+                       vocab_loader=saved_vocabularies)
 
 
 def build_model(cfg: DictConfig, src_vocab_size: int, tgt_vocab_size: int) -> torch.nn.Module:
@@ -128,7 +134,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     keep_freed_memory()
     L.seed_everything(cfg.seed, workers=True)
     ckpt_path = resolve_ckpt_path(cfg)
-    datamodule = instantiate(cfg.data)
+    datamodule = build_datamodule(cfg.data)
     datamodule.setup("fit")
     release_freed_memory()  # the data set-up's temporaries (sorting 10M lengths: ~0.5 GB) are not kept
     model = build_model(cfg, datamodule.src_vocab.vocab_size, datamodule.tgt_vocab.vocab_size)

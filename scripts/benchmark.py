@@ -44,7 +44,6 @@ import hydra
 import torch
 from hydra import compose
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +56,7 @@ from nmt.malloc import keep_freed_memory, release_freed_memory  # noqa: E402
 from nmt.models.rnn import RNNDecoder, RNNEncoder  # noqa: E402
 from nmt.models.transformer import TransformerDecoder, TransformerEncoder  # noqa: E402
 from nmt.quantize import quantize_int8  # noqa: E402
-from nmt.train import build_model, build_module, count_parameters  # noqa: E402
+from nmt.train import build_datamodule, build_model, build_module, count_parameters  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -308,7 +307,7 @@ def run(cfg: DictConfig) -> None:
 
     with open_dict(cfg):
         cfg.data.max_tokens = cfg.max_tokens
-    dm = instantiate(cfg.data)
+    dm = build_datamodule(cfg.data)
     dm.setup()
     loader = iter(dm.train_dataloader())
     train_batches = [next(loader) for _ in range(cfg.train.warmup_steps + cfg.train.steps)]

@@ -25,7 +25,6 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
-from nmt.checkpoint import saved_vocabularies
 from nmt.data.batching import TokenBatchSampler, TokenizedSplit, collate
 from nmt.data.prepare import SIDES, TextColumn, prepare, read_manifest, select_train
 from nmt.data.sources import SPLITS, plain
@@ -93,6 +92,8 @@ class TranslationDataModule(L.LightningDataModule):
         (`ckpt_path=<run>/checkpoints/last.ckpt data.vocab_from=<same>`) or fine-tunes it, since a
         resumed run must keep its vocabulary. A run resumed mid-epoch on other data
         starts the new data's epoch as far in as the old one was (those batches are skipped once).
+    vocab_loader: reads `vocab_from` into (source, target) tokenizers; the entry points pass the
+        checkpoint reader `saved_vocabularies` (`nmt.train.build_datamodule`).
     """
 
     def __init__(self, source: Any, tokenizer: dict | DictConfig | None, src_lang: str,
@@ -100,7 +101,8 @@ class TranslationDataModule(L.LightningDataModule):
                  max_src_len: int = 256, max_tgt_len: int = 256, too_long: str = "drop",
                  src_words: str = "words", num_workers: int = 0, cache_dir: str = ".cache",
                  seed: int = 0, eval_max_tokens: int | None = None, train_pairs: int | None = None,
-                 train_max_words: int | None = None, vocab_from: str | None = None) -> None:
+                 train_max_words: int | None = None, vocab_from: str | None = None,
+                 vocab_loader: Callable[[str], tuple[Tokenizer, Tokenizer]] | None = None) -> None:
         super().__init__()
         if too_long not in ("drop", "truncate"):
             raise ValueError(f"too_long must be 'drop' or 'truncate', got {too_long!r}")
@@ -124,7 +126,7 @@ class TranslationDataModule(L.LightningDataModule):
         if train_max_words is not None and train_max_words < 1:
             raise ValueError(f"train_max_words must be a positive number of words or null, got {train_max_words}")
         self.train_max_words = train_max_words
-        self.vocab_from = vocab_from
+        self.vocab_from, self.vocab_loader = vocab_from, vocab_loader
         self.joint_vocab = bool(self.tokenizer_options["joint"])
         self.src_vocab: Tokenizer
         self.tgt_vocab: Tokenizer
@@ -145,7 +147,10 @@ class TranslationDataModule(L.LightningDataModule):
             return
         vocab = None
         if self.vocab_from is not None:
-            vocab = saved_vocabularies(self.vocab_from)
+            if self.vocab_loader is None:
+                raise ValueError(f"data.vocab_from={self.vocab_from}: this data module has no vocab_loader to read "
+                                 "it with (build it with nmt.train.build_datamodule)")
+            vocab = self.vocab_loader(self.vocab_from)
             if self.joint_vocab and vocab[0] is not vocab[1]:  # models share embeddings when joint
                 raise ValueError(f"data.vocab_from={self.vocab_from} has separate source and target "
                                  "vocabularies: set data.tokenizer.joint=false")

@@ -74,7 +74,9 @@ def main() -> None:
 
 @hydra.main(config_path=CONF_DIR, config_name="stats", version_base="1.3")
 def run(cfg: DictConfig) -> None:
-    dm: TranslationDataModule = hydra.utils.instantiate(cfg.data)
+    from nmt.train import build_datamodule  # reads data.vocab_from; nmt.data itself reads no checkpoint
+
+    dm: TranslationDataModule = build_datamodule(cfg.data)
     dm.setup()
     log.info("corpus statistics\n%s", report(dm))
 
