@@ -30,6 +30,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -130,6 +131,18 @@ def prepare_model(model: torch.nn.Module, precision: str) -> torch.nn.Module:
     return quantize_int8(copy.deepcopy(model)) if str(precision) == "int8" else model
 
 
+@contextmanager
+def threads_restored() -> Iterator[None]:
+    """torch's intra-op thread count of the calling thread, set again after the block: a
+    ``torch.set_num_threads`` in any thread (a pool's workers) also sets, process-wide, the count
+    that threads started later begin with."""
+    before = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def run_batches(batches: list[Any], work: Callable[[Any], Any], device: torch.device, precision: str,
                 workers: int | None) -> Iterator[Any]:
     """``work(batch)`` for every batch, results in batch order, under no-grad and (``bf16``)
@@ -146,13 +159,12 @@ def run_batches(batches: list[Any], work: Callable[[Any], Any], device: torch.de
     if workers <= 1:
         yield from map(run, batches)
         return
-    threads = torch.get_num_threads()
-    pool = ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,))
-    try:
-        yield from pool.map(run, batches)
-    finally:
-        pool.shutdown(cancel_futures=True)  # after an error, the batches not started are dropped
-        torch.set_num_threads(threads)  # the workers' setting is process-wide
+    with threads_restored():  # each worker sets its own count to 1
+        pool = ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,))
+        try:
+            yield from pool.map(run, batches)
+        finally:
+            pool.shutdown(cancel_futures=True)  # after an error, the batches not started are dropped
 
 
 def decode_batches(model: torch.nn.Module, src_vocab: Tokenizer, lines: list[str], search: Callable[..., Hypotheses],
