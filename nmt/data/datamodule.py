@@ -6,6 +6,10 @@ tokenizer, a manifest); every later run, and every DDP rank, opens those files m
 start-up does not grow with the corpus and ranks share the pages. The training-pair selection
 (`train_max_words`, `train_pairs`) and the length filter run on arrays. Valid and test are never
 filtered: only the model input is truncated, `raw()` keeps the full references.
+
+Every DataLoader has a `torch.Generator` of its own, seeded from (`seed`, rank): creating an
+iterator draws its workers' base seed from it, never from the global torch RNG, whose state a
+checkpoint saves and a resumed run restores (`nmt.lit_module`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytorch_lightning as L
+import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
@@ -260,10 +265,15 @@ class TranslationDataModule(L.LightningDataModule):
         """Page-locked batches when training on a GPU (copies overlap with compute)."""
         return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
 
-    def _loader(self, dataset: TokenizedSplit, sampler: TokenBatchSampler) -> DataLoader:
+    def _generator(self, rank: int) -> torch.Generator:
+        """A DataLoader's own generator, seeded from (seed, rank): its iterators draw from it, not from
+        the global torch RNG (with batch samplers of their own, nothing else does)."""
+        return torch.Generator().manual_seed(int(np.random.SeedSequence([self.seed, rank]).generate_state(1)[0]))
+
+    def _loader(self, dataset: TokenizedSplit, sampler: TokenBatchSampler, rank: int) -> DataLoader:
         return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate,
                           num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-                          pin_memory=self._pin_memory())
+                          pin_memory=self._pin_memory(), generator=self._generator(rank))
 
     def train_dataloader(self) -> DataLoader:
         self.setup()
@@ -277,7 +287,8 @@ class TranslationDataModule(L.LightningDataModule):
             sampler.set_epoch(self.trainer.current_epoch)
         return ResumableLoader(dataset, batch_sampler=sampler, collate_fn=collate,
                                num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-                               pin_memory=self._pin_memory(), position=self._position if self.trainer is not None else None)
+                               pin_memory=self._pin_memory(), generator=self._generator(rank),
+                               position=self._position if self.trainer is not None else None)
 
     def _eval_loader(self, split: str) -> DataLoader:
         self.setup()
@@ -285,7 +296,7 @@ class TranslationDataModule(L.LightningDataModule):
         dataset = self.datasets[split]
         sampler = TokenBatchSampler(dataset.lengths(), self.eval_max_tokens, self.batch_size,
                                     shuffle=False, num_replicas=world, rank=rank)
-        return self._loader(dataset, sampler)
+        return self._loader(dataset, sampler, rank)
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader("valid")
@@ -302,4 +313,4 @@ class TranslationDataModule(L.LightningDataModule):
         dataset = TokenizedSplit(self.src_vocab.encode_flat(src_texts), None,
                                  max_src_len=self.max_src_len)
         sampler = TokenBatchSampler(dataset.lengths(), max_tokens, batch_size, shuffle=False)
-        return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate)
+        return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, generator=self._generator(0))
