@@ -20,5 +20,8 @@ def pad_to(n: int, multiple: int) -> int:
     return -(-int(n) // int(multiple)) * int(multiple)
 
 
-OmegaConf.register_new_resolver("gpu_precision", gpu_precision, replace=True)
-OmegaConf.register_new_resolver("pad_to", pad_to, replace=True)
+def register_resolvers() -> None:
+    """Make ``${gpu_precision:}`` and ``${pad_to:n,multiple}`` resolvable. Each entry point calls
+    this before Hydra composes (and tests/conftest.py does); importing ``nmt`` registers nothing."""
+    OmegaConf.register_new_resolver("gpu_precision", gpu_precision, replace=True)
+    OmegaConf.register_new_resolver("pad_to", pad_to, replace=True)

@@ -26,7 +26,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from nmt import CONF_DIR
+from nmt import CONF_DIR, register_resolvers
 from nmt.checkpoint import CheckpointError, atomic_save, model_weights, read_checkpoint, release
 
 log = logging.getLogger(__name__)
@@ -121,8 +121,14 @@ def run_average(cfg: DictConfig) -> Path:
     return out
 
 
+def main() -> None:
+    """``nmt-average``: the config resolvers, then Hydra composes and runs ``run``."""
+    register_resolvers()
+    run()
+
+
 @hydra.main(config_path=CONF_DIR, config_name="average", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> None:
     run_average(cfg)
 
 

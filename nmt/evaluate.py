@@ -22,12 +22,13 @@ from typing import Any
 import hydra
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from nmt import CONF_DIR
+from nmt import CONF_DIR, register_resolvers
 from nmt.checkpoint import check_targets, load_checkpoint
 from nmt.length_report import length_report, markdown_table, plot_bleu_by_length, write_report
 from nmt.significance import significance, significance_table
+from nmt.train import build_datamodule
 from nmt.translate import model_max_src_len, translate_lines
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ def system_name(ckpt: Path) -> str:
 
 def load_test_split(data_cfg: DictConfig | dict) -> tuple[list[str], list[str], str]:
     """Raw sources and references of a data config's test split, and its length unit."""
-    datamodule = instantiate(OmegaConf.create(data_cfg) if isinstance(data_cfg, dict) else data_cfg)
+    datamodule = build_datamodule(data_cfg)
     datamodule.setup("test")
     sources, refs = datamodule.raw("test")
     return sources, refs, datamodule.src_words
@@ -80,8 +81,14 @@ def compare(reports: dict[str, dict[str, Any]], out_dir: Path, title: str = "") 
     return paths
 
 
+def main() -> None:
+    """``nmt-evaluate``, ``python evaluate.py``: the config resolvers, then Hydra composes and runs ``run``."""
+    register_resolvers()
+    run()
+
+
 @hydra.main(config_path=CONF_DIR, config_name="evaluate", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> None:
     out_dir = Path(cfg.paths.output_dir)
     logging.getLogger("sacrebleu").setLevel(logging.WARNING)  # PairedTest logs each step of each bucket at INFO
     device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -16,7 +16,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from nmt import CONF_DIR
+from nmt import CONF_DIR, register_resolvers
 from nmt.checkpoint import atomic_save, checkpoint_kind, load_checkpoint, model_weights, read_checkpoint, release
 
 log = logging.getLogger(__name__)
@@ -57,8 +57,14 @@ def export(cfg: DictConfig) -> Path:
     return out
 
 
+def main() -> None:
+    """``nmt-export``: the config resolvers, then Hydra composes and runs ``run``."""
+    register_resolvers()
+    run()
+
+
 @hydra.main(config_path=CONF_DIR, config_name="export", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> None:
     export(cfg)
 
 

@@ -173,14 +173,12 @@ def markdown_table(reports: dict[str, dict[str, Any]]) -> str:
 
 def plot_bleu_by_length(reports: dict[str, dict[str, Any]], path: str | Path, title: str = "") -> Path:
     """BLEU per source-length bucket, one curve per system, CI as error bars, counts on the axis."""
-    import matplotlib.pyplot as plt
-
-    from nmt.plots import save
+    from nmt.plots import figure, save
 
     first = next(iter(reports.values()))
     labels = [f"{b['label']}\n(n={b['count']})" for b in first["buckets"]]
     x = np.arange(len(labels))
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(labels) + 2), 4.2))
+    fig, ax = figure(max(6.0, 0.9 * len(labels) + 2), 4.2)
     for name, report in reports.items():
         ys = np.array([np.nan if b["bleu"] is None else b["bleu"] for b in report["buckets"]])
         lo = np.array([np.nan if b["bleu"] is None else b["bleu"] - b["bleu_ci_low"] for b in report["buckets"]])

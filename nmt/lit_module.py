@@ -7,9 +7,13 @@ with sacreBLEU on detokenized text, once per epoch, over hypotheses gathered fro
 
 Reliability: a step with a non-finite loss is skipped (the update is dropped) with a warning, and
 ``max_nonfinite_steps`` such steps in a row stop training; a model with non-finite weights is never
-scored. Dropout masks are drawn from a seed derived from (seed, rank, epoch, batch), so a resumed
-run draws the same masks as an uninterrupted one; checkpoints also carry the Python, NumPy and
-torch RNG states and the module's counters.
+scored. Checkpoints carry the module's counters and the Python, NumPy and torch RNG states (CPU,
+and CUDA's once initialised; under DDP those of every rank), and nothing draws from the global
+torch RNG between training batches but the model (dropout, position shifts): the data loaders draw
+their iterators' seeds from generators of their own (``nmt.data.datamodule``), validation runs
+the model in eval mode and Lightning's sanity check restores the states it found. So the state a
+checkpoint saves after a batch is the state the next batch starts from, and a resumed run draws
+the same dropout masks as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -53,7 +57,6 @@ class TranslationModule(L.LightningModule):
     length_buckets: upper edges of the source-length buckets of that report.
     sacrebleu_tokenize: sacreBLEU tokenizer for the target language (None = 13a; zh, ja-mecab...).
     max_nonfinite_steps: consecutive steps with a NaN/inf loss (each skipped) that stop training.
-    seed: base of the per-step seeds of the dropout masks.
     """
 
     # Saved in checkpoints and restored on resume, with best_bleu.
@@ -74,7 +77,6 @@ class TranslationModule(L.LightningModule):
         length_buckets: Sequence[int] = DEFAULT_EDGES,
         sacrebleu_tokenize: str | None = None,
         max_nonfinite_steps: int = 10,
-        seed: int = 0,
     ) -> None:
         super().__init__()
         length_buckets = [int(edge) for edge in length_buckets]  # a plain list, not Hydra's ListConfig
@@ -179,12 +181,6 @@ class TranslationModule(L.LightningModule):
                 torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
             return
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
-
-    def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
-        """Seed torch from (seed, rank, epoch, batch): the dropout masks of a step do not depend on
-        what drew random numbers before it (data loader iterators do), so resuming is exact."""
-        entropy = [self.hparams.seed, self.global_rank, self.current_epoch, batch_idx]
-        torch.manual_seed(int(np.random.SeedSequence(entropy).generate_state(1)[0]))
 
     def on_train_epoch_start(self) -> None:
         self._tick = None
@@ -322,12 +318,13 @@ class TranslationModule(L.LightningModule):
         checkpoint["counters"] = {name: getattr(self, name) for name in self.COUNTERS}
         numpy_state = np.random.get_state(legacy=False)
         numpy_state["state"]["key"] = torch.from_numpy(numpy_state["state"]["key"].astype(np.int64))
-        checkpoint["rng"] = {
-            "python": random.getstate(),
-            "numpy": numpy_state,
-            "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
-        }
+        torch_states = torch_rng_states()
+        checkpoint["rng"] = {"python": random.getstate(), "numpy": numpy_state, **torch_states}
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            # Every rank saves (Lightning calls this hook on all of them); rank 0 writes the file.
+            ranks: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(ranks, torch_states)
+            checkpoint["rng"]["ranks"] = ranks
         if self.run_config is not None:
             checkpoint["run_config"] = self.run_config
         if self.tokenizer_protos is not None:
@@ -354,7 +351,19 @@ class TranslationModule(L.LightningModule):
                 numpy_state = {**numpy_state, "state": {**numpy_state["state"],
                                                          "key": numpy_state["state"]["key"].numpy().astype(np.uint32)}}
             np.random.set_state(numpy_state)
+            ranks = rng.get("ranks")
+            world = trainer.world_size if trainer is not None else 1
+            if ranks and len(ranks) == world:
+                rng = ranks[trainer.global_rank]
+            elif ranks or world > 1:
+                log.info("the checkpoint holds the torch RNG states of %d process(es), this run has %d: every "
+                         "rank starts from rank 0's", len(ranks or [rng]), world)
             torch.set_rng_state(rng["torch"])
             if rng["cuda"] is not None and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
                 torch.cuda.set_rng_state_all(rng["cuda"])
 
+
+def torch_rng_states() -> dict[str, Any]:
+    """This process's global torch RNG states: CPU, and every CUDA device's once CUDA is initialised."""
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None}

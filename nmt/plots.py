@@ -1,21 +1,31 @@
-"""Figures: attention heatmaps, and the saving shared with the BLEU-by-length plot."""
+"""Figures: attention heatmaps, and the saving shared with the BLEU-by-length plot.
+
+Drawn with matplotlib's object-oriented API (a ``Figure`` on an Agg canvas): no pyplot state, and
+the process's backend is left as it is.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from torch import Tensor
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from torch import Tensor  # noqa: E402
+
+def figure(width: float, height: float) -> tuple[Figure, Axes]:
+    """A figure of ``width`` x ``height`` inches with one axes, drawn by Agg."""
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot()
 
 
 def plot_attention(attn: Tensor, src_pieces: list[str], tgt_pieces: list[str], path: str | Path, title: str = "") -> Path:
     """Save a heatmap of ``attn`` (T target pieces x S source pieces) as PNG."""
     attn = attn.float().cpu().numpy()
     rows, cols = attn.shape
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.3 * cols + 1.5), max(3.0, 0.3 * rows + 1.2)))
+    fig, ax = figure(max(4.0, 0.3 * cols + 1.5), max(3.0, 0.3 * rows + 1.2))
     ax.imshow(attn, cmap="Greys", aspect="auto", vmin=0.0, vmax=max(float(attn.max()), 1e-6))
     ax.set_xticks(range(cols), src_pieces[:cols], rotation=90, fontsize=7)
     ax.set_yticks(range(rows), tgt_pieces[:rows], fontsize=7)
@@ -24,13 +34,12 @@ def plot_attention(attn: Tensor, src_pieces: list[str], tgt_pieces: list[str], p
     return save(fig, ax, path, title)
 
 
-def save(fig: plt.Figure, ax: plt.Axes, path: str | Path, title: str = "") -> Path:
-    """Title, tighten, write as PNG (folders made as needed) and close the figure."""
+def save(fig: Figure, ax: Axes, path: str | Path, title: str = "") -> Path:
+    """Title, tighten and write as PNG (folders made as needed)."""
     if title:
         ax.set_title(title, fontsize=9)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path

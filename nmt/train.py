@@ -36,9 +36,9 @@ from pytorch_lightning.callbacks import ModelCheckpoint, Timer
 from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from nmt import CONF_DIR
+from nmt import CONF_DIR, register_resolvers
 from nmt.callbacks import AtomicCheckpointIO, LastCheckpoint
-from nmt.checkpoint import check_resume, tokenizer_protos
+from nmt.checkpoint import check_resume, saved_vocabularies, tokenizer_protos
 from nmt.length_report import markdown_table
 from nmt import kernels
 from nmt.kernels.malloc import keep_freed_memory, release_freed_memory
@@ -52,6 +52,12 @@ def training_device(cfg: DictConfig) -> str:
     if accelerator == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return "cuda" if accelerator in ("gpu", "cuda") else accelerator
+
+
+def build_datamodule(data_cfg: DictConfig | dict[str, Any]) -> L.LightningDataModule:
+    """Instantiate a data config; ``data.vocab_from`` is read with ``nmt.checkpoint.saved_vocabularies``."""
+    return instantiate(OmegaConf.create(data_cfg) if isinstance(data_cfg, dict) else data_cfg,
+                       vocab_loader=saved_vocabularies)
 
 
 def build_model(cfg: DictConfig, src_vocab_size: int, tgt_vocab_size: int) -> torch.nn.Module:
@@ -136,7 +142,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """Fit and test one model; returns the metrics logged last (``val/bleu``, ``test/bleu``, ...)."""
     L.seed_everything(cfg.seed, workers=True)
     ckpt_path = resolve_ckpt_path(cfg)
-    datamodule = instantiate(cfg.data)
+    datamodule = build_datamodule(cfg.data)
     datamodule.setup("fit")
     release_freed_memory()  # the data set-up's temporaries (sorting 10M lengths: ~0.5 GB) are not kept
     model = build_model(cfg, datamodule.src_vocab.vocab_size, datamodule.tgt_vocab.vocab_size)
@@ -273,8 +279,15 @@ def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: t
     path.write_text(json.dumps(summary, indent=2) + "\n")
 
 
+def main() -> None:
+    """``nmt-train``, ``python train.py``: the config resolvers, then Hydra composes and runs ``run``."""
+    register_resolvers()
+    run()
+
+
 @hydra.main(config_path=CONF_DIR, config_name="train", version_base="1.3")
-def main(cfg: DictConfig) -> float | None:
+def run(cfg: DictConfig) -> float | None:
+    register_resolvers()  # again: a launcher (submitit) may run this in a process of its own
     if kernels.on_cpu(cfg.kernels, training_device(cfg)):
         keep_freed_memory()  # the CPU kernels' allocator setting, for the whole process
     metrics = train(cfg)

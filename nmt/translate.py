@@ -30,6 +30,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -39,7 +40,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from nmt import CONF_DIR
+from nmt import CONF_DIR, register_resolvers
 from nmt.checkpoint import load_checkpoint
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.tokenizer import EOS, PAD, Tokenizer
@@ -130,6 +131,18 @@ def prepare_model(model: torch.nn.Module, precision: str) -> torch.nn.Module:
     return copy.deepcopy(model).quantize_int8() if str(precision) == "int8" else model
 
 
+@contextmanager
+def threads_restored() -> Iterator[None]:
+    """torch's intra-op thread count of the calling thread, set again after the block: a
+    ``torch.set_num_threads`` in any thread (a pool's workers) also sets, process-wide, the count
+    that threads started later begin with."""
+    before = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def run_batches(batches: list[Any], work: Callable[[Any], Any], device: torch.device, precision: str,
                 workers: int | None) -> Iterator[Any]:
     """``work(batch)`` for every batch, results in batch order, under no-grad and (``bf16``)
@@ -146,13 +159,12 @@ def run_batches(batches: list[Any], work: Callable[[Any], Any], device: torch.de
     if workers <= 1:
         yield from map(run, batches)
         return
-    threads = torch.get_num_threads()
-    pool = ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,))
-    try:
-        yield from pool.map(run, batches)
-    finally:
-        pool.shutdown(cancel_futures=True)  # after an error, the batches not started are dropped
-        torch.set_num_threads(threads)  # the workers' setting is process-wide
+    with threads_restored():  # each worker sets its own count to 1
+        pool = ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,))
+        try:
+            yield from pool.map(run, batches)
+        finally:
+            pool.shutdown(cancel_futures=True)  # after an error, the batches not started are dropped
 
 
 def decode_batches(model: torch.nn.Module, src_vocab: Tokenizer, lines: list[str], search: Callable[..., Hypotheses],
@@ -355,8 +367,14 @@ def attention_folder(cfg: DictConfig) -> Path | None:
     return Path(cfg.paths.log_dir) / cfg.task_name / time.strftime("%Y-%m-%d_%H-%M-%S") / "attention"
 
 
+def main() -> None:
+    """``nmt-translate``, ``python translate.py``: the config resolvers, then Hydra composes and runs ``run``."""
+    register_resolvers()
+    run()
+
+
 @hydra.main(config_path=CONF_DIR, config_name="translate", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> None:
     if cfg.mode not in ("translate", "score"):
         raise ValueError(f"mode={cfg.mode}: choose translate or score")
     gpu = torch.cuda.is_available() and str(cfg.precision) != "int8"  # int8 decodes on CPUs

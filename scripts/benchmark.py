@@ -44,20 +44,19 @@ import hydra
 import torch
 from hydra import compose
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from nmt import CONF_DIR  # noqa: E402
+from nmt import CONF_DIR, register_resolvers  # noqa: E402
 from nmt.data.tokenizer import PAD  # noqa: E402
 from nmt.decoding import beam_search, greedy_search  # noqa: E402
 from nmt import kernels  # noqa: E402
 from nmt.kernels.malloc import keep_freed_memory, release_freed_memory  # noqa: E402
 from nmt.models.rnn import RNNDecoder, RNNEncoder  # noqa: E402
 from nmt.models.transformer import TransformerDecoder, TransformerEncoder  # noqa: E402
-from nmt.train import build_model, build_module, count_parameters  # noqa: E402
+from nmt.train import build_datamodule, build_model, build_module, count_parameters  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -286,8 +285,13 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def main() -> None:
+    register_resolvers()  # the train configs composed below use them
+    run()
+
+
 @hydra.main(config_path=CONF_DIR, config_name="benchmark", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> None:
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if cfg.device == "auto" else cfg.device))
     if cfg.threads:
@@ -304,7 +308,7 @@ def main(cfg: DictConfig) -> None:
 
     with open_dict(cfg):
         cfg.data.max_tokens = cfg.max_tokens
-    dm = instantiate(cfg.data)
+    dm = build_datamodule(cfg.data)
     dm.setup()
     loader = iter(dm.train_dataloader())
     train_batches = [next(loader) for _ in range(cfg.train.warmup_steps + cfg.train.steps)]

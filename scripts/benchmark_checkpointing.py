@@ -32,7 +32,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
 from omegaconf import open_dict  # noqa: E402
 
-from nmt import CONF_DIR  # noqa: E402
+from nmt import CONF_DIR, register_resolvers  # noqa: E402
 
 
 def build(model: str, vocab: int, overrides: list[str]) -> torch.nn.Module:
@@ -90,6 +90,7 @@ def measure(model: torch.nn.Module, batch: tuple[torch.Tensor, ...], enabled: bo
 
 
 def main() -> None:
+    register_resolvers()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="transformer")
     parser.add_argument("--length", type=int, default=200, help="source and target tokens per sentence")

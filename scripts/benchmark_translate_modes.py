@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from nmt import register_resolvers  # noqa: E402
 from nmt.checkpoint import load_checkpoint  # noqa: E402
 from nmt.decoding import beam_search, greedy_search, sample_search  # noqa: E402
 from nmt.scoring import model_max_tgt_len, score_lines  # noqa: E402
@@ -34,6 +35,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--precision", default="32")
     args = parser.parse_args()
+    register_resolvers()  # checkpoint configs may use them
     loaded = load_checkpoint(args.ckpt)
     model = prepare_model(loaded.model, args.precision)
     sources = args.src.read_text(encoding="utf-8").splitlines()

@@ -37,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from nmt import register_resolvers  # noqa: E402
 from nmt.checkpoint import load_checkpoint  # noqa: E402
 from nmt.decoding import beam_search  # noqa: E402
 from nmt.evaluate import compare  # noqa: E402
@@ -132,6 +133,7 @@ def main() -> None:
     parser.add_argument("--then", default=None, metavar="OVERRIDES",
                         help="a second stage: go on from each model's last.ckpt with these overrides")
     args, overrides = parser.parse_known_args()
+    register_resolvers()  # checkpoint configs may use them
     if args.collect is not None and args.then is not None:
         parser.error("--then trains a second stage; --collect only collects: give one of them")
     if args.collect is not None:

@@ -54,8 +54,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "docs/results/benchmark_cpu")
     args = parser.parse_args()
 
+    from nmt import register_resolvers
     from nmt.checkpoint import load_checkpoint
     from nmt.export_ctranslate2 import to_ctranslate2
+
+    register_resolvers()  # checkpoint configs may use them
 
     args.work.mkdir(parents=True, exist_ok=True)
     ct2 = args.work / "ct2_int8"

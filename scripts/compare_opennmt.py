@@ -26,12 +26,11 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
 from omegaconf import open_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from nmt import CONF_DIR  # noqa: E402
+from nmt import CONF_DIR, register_resolvers  # noqa: E402
 
 log = logging.getLogger("compare_opennmt")
 
@@ -58,12 +57,14 @@ REPORT = re.compile(r"Step (\d+)/.*?(\d+)/\s*(\d+) tok/s")
 def write_pieces(data: str, work: Path) -> dict[str, Path]:
     """Train (or load from the cache) this project's tokenizer for ``data`` and write every split
     as space-separated pieces, which OpenNMT-py reads as its tokens."""
+    from nmt.train import build_datamodule
+
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[f"data={data}"], return_hydra_config=True)
     with open_dict(cfg):  # what @hydra.main would set
         cfg.hydra.runtime.output_dir, cfg.hydra.runtime.cwd, cfg.hydra.job.num = str(work), str(ROOT), 0
     HydraConfig().set_config(cfg)
-    dm = instantiate(cfg.data)
+    dm = build_datamodule(cfg.data)
     dm.setup()
     paths = {}
     for split in ("train", "valid"):
@@ -123,6 +124,7 @@ def our_speed(model: str, steps: int, precision: str, data: str, out: Path, thre
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    register_resolvers()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--onmt-bin", type=Path, required=True, help="bin/ of the environment with OpenNMT-py")
     parser.add_argument("--models", nargs="+", default=list(ONMT_MODELS), choices=list(ONMT_MODELS))

@@ -90,7 +90,7 @@ from omegaconf import DictConfig, open_dict  # noqa: E402
 
 import benchmark  # noqa: E402  scripts/benchmark.py: FLOP counts, matmul peak, decoding speed, NoCache
 from benchmark_checkpointing import SavedBytes  # noqa: E402
-from nmt import CONF_DIR  # noqa: E402
+from nmt import CONF_DIR, register_resolvers  # noqa: E402
 from nmt.decoding import beam_search  # noqa: E402
 from nmt.specials import PAD  # noqa: E402
 from nmt.train import build_model, build_module, count_parameters, train  # noqa: E402
@@ -924,6 +924,7 @@ def main() -> int:
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda, or cpu for --dry-run")
     parser.add_argument("--parts", default=",".join(BUDGET), help=f"comma-separated subset of {','.join(BUDGET)}")
     args = parser.parse_args()
+    register_resolvers()
     parts = args.parts.split(",")
     unknown = set(parts) - set(BUDGET)
     if unknown:

@@ -41,11 +41,12 @@ def reference(ckpt: str, lines: list[str], decoding: str, threads: int) -> tuple
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from nmt import CONF_DIR
+    from nmt import CONF_DIR, register_resolvers
     from nmt.checkpoint import load_checkpoint
     from nmt.translate import model_max_src_len, translate_lines
 
     torch.set_num_threads(threads)
+    register_resolvers()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("translate", overrides=[f"ckpt={ckpt}", f"decoding={decoding}"])
     loaded = load_checkpoint(ckpt)

@@ -12,7 +12,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
-import nmt  # noqa: F401  registers the config resolvers (pad_to, gpu_precision) the configs use
+from nmt import register_resolvers
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "nmt" / "conf"
@@ -26,6 +26,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+register_resolvers()  # as every entry point does: the configs the tests compose use pad_to and gpu_precision
 
 # Small enough for a CPU test, big enough to exercise every layer.
 TINY = [

@@ -9,6 +9,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from pytorch_lightning.callbacks import ModelCheckpoint
 
+from nmt.checkpoint import saved_vocabularies
 from nmt.data.datamodule import TranslationDataModule
 from nmt.data.sources import DataError, FileSource, read_lines
 from nmt.data.stats import histogram, report
@@ -23,7 +24,8 @@ TOKENIZER = {"vocab_size": 100, "hard_vocab_limit": False}
 
 
 def tiny(cache_dir: Path, **kwargs) -> TranslationDataModule:
-    options = {"max_tokens": 512, "cache_dir": str(cache_dir)} | kwargs
+    """The data module on tests/data/tiny; ``vocab_from`` is read as train.py reads it."""
+    options = {"max_tokens": 512, "cache_dir": str(cache_dir), "vocab_loader": saved_vocabularies} | kwargs
     return TranslationDataModule(FileSource(str(TINY), "src", "tgt"), TOKENIZER, "src", "tgt", **options)
 
 
@@ -275,11 +277,13 @@ def test_vocab_from_a_model_file_or_a_checkpoint(tmp_path):
                                          r"vocabularies: set data.tokenizer.joint=false"):
         tiny(tmp_path / "c", vocab_from=str(ckpt)).setup()
     from_ckpt = TranslationDataModule(FileSource(str(TINY), "src", "tgt"), TOKENIZER | {"joint": False}, "src", "tgt",
-                                      cache_dir=str(tmp_path / "c"), vocab_from=str(ckpt))
+                                      cache_dir=str(tmp_path / "c"), vocab_from=str(ckpt), vocab_loader=saved_vocabularies)
     from_ckpt.setup()
     assert pieces(from_ckpt.src_vocab) == pieces(first.src_vocab)
     assert pieces(from_ckpt.tgt_vocab) == pieces(other.tgt_vocab) and not from_ckpt.joint_vocab
 
+    with pytest.raises(ValueError, match=r"data.vocab_from=.*run.ckpt: this data module has no vocab_loader"):
+        tiny(tmp_path / "c", vocab_from=str(ckpt), vocab_loader=None).setup()  # nmt.data reads no checkpoint itself
     with pytest.raises(FileNotFoundError, match=r"data.vocab_from=.*missing.ckpt: no such file"):
         tiny(tmp_path, vocab_from=str(tmp_path / "missing.ckpt")).setup()
     (tmp_path / "notes.model").write_text("not a model")

@@ -6,6 +6,10 @@ tokenizer, a manifest); every later run, and every DDP rank, opens those files m
 start-up does not grow with the corpus and ranks share the pages. The training-pair selection
 (`train_max_words`, `train_pairs`) and the length filter run on arrays. Valid and test are never
 filtered: only the model input is truncated, `raw()` keeps the full references.
+
+Every DataLoader has a `torch.Generator` of its own, seeded from (`seed`, rank): creating an
+iterator draws its workers' base seed from it, never from the global torch RNG, whose state a
+checkpoint saves and a resumed run restores (`nmt.lit_module`).
 """
 
 from __future__ import annotations
@@ -21,11 +25,11 @@ from typing import Any
 
 import numpy as np
 import pytorch_lightning as L
+import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
-from nmt.checkpoint import saved_vocabularies
 from nmt.data.batching import TokenBatchSampler, TokenizedSplit, collate
 from nmt.data.prepare import SIDES, TextColumn, prepare, read_manifest, select_train
 from nmt.data.sources import SPLITS, plain
@@ -93,6 +97,8 @@ class TranslationDataModule(L.LightningDataModule):
         (`ckpt_path=<run>/checkpoints/last.ckpt data.vocab_from=<same>`) or fine-tunes it, since a
         resumed run must keep its vocabulary. A run resumed mid-epoch on other data
         starts the new data's epoch as far in as the old one was (those batches are skipped once).
+    vocab_loader: reads `vocab_from` into (source, target) tokenizers; the entry points pass the
+        checkpoint reader `saved_vocabularies` (`nmt.train.build_datamodule`).
     """
 
     def __init__(self, source: Any, tokenizer: dict | DictConfig | None, src_lang: str,
@@ -100,7 +106,8 @@ class TranslationDataModule(L.LightningDataModule):
                  max_src_len: int = 256, max_tgt_len: int = 256, too_long: str = "drop",
                  src_words: str = "words", num_workers: int = 0, cache_dir: str = ".cache",
                  seed: int = 0, eval_max_tokens: int | None = None, train_pairs: int | None = None,
-                 train_max_words: int | None = None, vocab_from: str | None = None) -> None:
+                 train_max_words: int | None = None, vocab_from: str | None = None,
+                 vocab_loader: Callable[[str], tuple[Tokenizer, Tokenizer]] | None = None) -> None:
         super().__init__()
         if too_long not in ("drop", "truncate"):
             raise ValueError(f"too_long must be 'drop' or 'truncate', got {too_long!r}")
@@ -124,7 +131,7 @@ class TranslationDataModule(L.LightningDataModule):
         if train_max_words is not None and train_max_words < 1:
             raise ValueError(f"train_max_words must be a positive number of words or null, got {train_max_words}")
         self.train_max_words = train_max_words
-        self.vocab_from = vocab_from
+        self.vocab_from, self.vocab_loader = vocab_from, vocab_loader
         self.joint_vocab = bool(self.tokenizer_options["joint"])
         self.src_vocab: Tokenizer
         self.tgt_vocab: Tokenizer
@@ -145,7 +152,10 @@ class TranslationDataModule(L.LightningDataModule):
             return
         vocab = None
         if self.vocab_from is not None:
-            vocab = saved_vocabularies(self.vocab_from)
+            if self.vocab_loader is None:
+                raise ValueError(f"data.vocab_from={self.vocab_from}: this data module has no vocab_loader to read "
+                                 "it with (build it with nmt.train.build_datamodule)")
+            vocab = self.vocab_loader(self.vocab_from)
             if self.joint_vocab and vocab[0] is not vocab[1]:  # models share embeddings when joint
                 raise ValueError(f"data.vocab_from={self.vocab_from} has separate source and target "
                                  "vocabularies: set data.tokenizer.joint=false")
@@ -255,10 +265,15 @@ class TranslationDataModule(L.LightningDataModule):
         """Page-locked batches when training on a GPU (copies overlap with compute)."""
         return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
 
-    def _loader(self, dataset: TokenizedSplit, sampler: TokenBatchSampler) -> DataLoader:
+    def _generator(self, rank: int) -> torch.Generator:
+        """A DataLoader's own generator, seeded from (seed, rank): its iterators draw from it, not from
+        the global torch RNG (with batch samplers of their own, nothing else does)."""
+        return torch.Generator().manual_seed(int(np.random.SeedSequence([self.seed, rank]).generate_state(1)[0]))
+
+    def _loader(self, dataset: TokenizedSplit, sampler: TokenBatchSampler, rank: int) -> DataLoader:
         return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate,
                           num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-                          pin_memory=self._pin_memory())
+                          pin_memory=self._pin_memory(), generator=self._generator(rank))
 
     def train_dataloader(self) -> DataLoader:
         self.setup()
@@ -272,7 +287,8 @@ class TranslationDataModule(L.LightningDataModule):
             sampler.set_epoch(self.trainer.current_epoch)
         return ResumableLoader(dataset, batch_sampler=sampler, collate_fn=collate,
                                num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-                               pin_memory=self._pin_memory(), position=self._position if self.trainer is not None else None)
+                               pin_memory=self._pin_memory(), generator=self._generator(rank),
+                               position=self._position if self.trainer is not None else None)
 
     def _eval_loader(self, split: str) -> DataLoader:
         self.setup()
@@ -280,7 +296,7 @@ class TranslationDataModule(L.LightningDataModule):
         dataset = self.datasets[split]
         sampler = TokenBatchSampler(dataset.lengths(), self.eval_max_tokens, self.batch_size,
                                     shuffle=False, num_replicas=world, rank=rank)
-        return self._loader(dataset, sampler)
+        return self._loader(dataset, sampler, rank)
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader("valid")
@@ -297,4 +313,4 @@ class TranslationDataModule(L.LightningDataModule):
         dataset = TokenizedSplit(self.src_vocab.encode_flat(src_texts), None,
                                  max_src_len=self.max_src_len)
         sampler = TokenBatchSampler(dataset.lengths(), max_tokens, batch_size, shuffle=False)
-        return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate)
+        return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, generator=self._generator(0))

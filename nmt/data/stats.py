@@ -12,6 +12,7 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig
 
+from nmt import CONF_DIR, register_resolvers
 from nmt.data.datamodule import TranslationDataModule
 from nmt.data.sources import SPLITS
 
@@ -65,9 +66,17 @@ def report(dm: TranslationDataModule) -> str:
     return "\n".join(lines)
 
 
-@hydra.main(config_path="../../conf", config_name="stats", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    dm: TranslationDataModule = hydra.utils.instantiate(cfg.data)
+def main() -> None:
+    """``python -m nmt.data.stats``: the config resolvers, then Hydra composes and runs ``run``."""
+    register_resolvers()
+    run()
+
+
+@hydra.main(config_path=CONF_DIR, config_name="stats", version_base="1.3")
+def run(cfg: DictConfig) -> None:
+    from nmt.train import build_datamodule  # reads data.vocab_from; nmt.data itself reads no checkpoint
+
+    dm: TranslationDataModule = build_datamodule(cfg.data)
     dm.setup()
     log.info("corpus statistics\n%s", report(dm))
 

@@ -31,7 +31,7 @@ from fastapi.staticfiles import StaticFiles
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from nmt import CONF_DIR
+from nmt import CONF_DIR, register_resolvers
 from nmt.checkpoint import Loaded, load_checkpoint
 from nmt.data.tokenizer import EOS
 from nmt.decoding import beam_search, greedy_search
@@ -178,6 +178,7 @@ _worker: Translator | None = None
 
 def _load_worker(cfg: dict[str, Any]) -> None:
     global _worker
+    register_resolvers()  # a spawned process: nothing of the server's set-up is here
     _worker = load(OmegaConf.create(cfg))
     parent = os.getppid()
 
@@ -270,8 +271,14 @@ def load(cfg: DictConfig) -> Translator:
     return Translator(loaded, cfg.decoding, cfg.precision, cfg.max_tokens, cfg.workers, ckpt=cfg.ckpt)
 
 
+def main() -> None:
+    """``nmt-serve``: the config resolvers, then Hydra composes and runs ``run``."""
+    register_resolvers()
+    run()
+
+
 @hydra.main(config_path=CONF_DIR, config_name="serve", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> None:
     import uvicorn
 
     app = create_app(load(cfg), cfg)
