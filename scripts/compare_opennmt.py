@@ -54,9 +54,12 @@ ONMT_MODELS = {
 REPORT = re.compile(r"Step (\d+)/.*?(\d+)/\s*(\d+) tok/s")
 
 
-def write_pieces(data: str, work: Path) -> dict[str, Path]:
-    """Train (or load from the cache) this project's tokenizer for ``data`` and write every split
-    as space-separated pieces, which OpenNMT-py reads as its tokens."""
+def write_pieces(data: str, work: Path, splits: tuple[str, ...] = ("train", "valid"),
+                 raw: tuple[str, ...] = ()) -> dict[str, Path]:
+    """Train (or load from the cache) this project's tokenizer for ``data`` and write each of
+    ``splits`` as space-separated pieces (``{split}.{src,tgt}``), which OpenNMT-py and Eole read as
+    their tokens; the splits in ``raw`` also as text (``{split}.raw.{src,tgt}``). ``paths["spm"]``:
+    the SentencePiece model, to join pieces back into text."""
     from nmt.train import build_datamodule
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -66,13 +69,16 @@ def write_pieces(data: str, work: Path) -> dict[str, Path]:
     HydraConfig().set_config(cfg)
     dm = build_datamodule(cfg.data)
     dm.setup()
-    paths = {}
-    for split in ("train", "valid"):
+    paths = {"spm": Path(dm.tgt_vocab.model_file)}
+    for split in splits:
         src, tgt = dm.raw(split)
         for side, lines, vocab in (("src", src, dm.src_vocab), ("tgt", tgt, dm.tgt_vocab)):
             path = work / f"{split}.{side}"
             path.write_text("".join(" ".join(vocab.pieces(ids)) + "\n" for ids in vocab.encode_batch(lines)), encoding="utf-8")
             paths[f"{split}_{side}"] = path
+            if split in raw:
+                paths[f"{split}_raw_{side}"] = work / f"{split}.raw.{side}"
+                paths[f"{split}_raw_{side}"].write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return paths
 
 
@@ -82,6 +88,8 @@ def yaml_lines(config: dict) -> str:
         if isinstance(value, dict):
             out.append(f"{key}:")
             out += [f"  {line}" for line in yaml_lines(value).splitlines()]
+        elif isinstance(value, float) and "e" in repr(value) and "." not in repr(value):
+            out.append(f"{key}: {repr(value).replace('e', '.0e')}")  # YAML 1.1 reads 1e-09 as a string
         else:
             out.append(f"{key}: {json.dumps(value)}")
     return "\n".join(out) + "\n"
@@ -103,10 +111,17 @@ def onmt_speed(bin_dir: Path, config: Path, warmup: int, threads: int) -> float:
     run = subprocess.run([str(bin_dir / "onmt_train"), "-config", str(config)], env=env, capture_output=True, text=True)
     if run.returncode:
         raise RuntimeError(f"onmt_train -config {config} failed:\n{run.stderr[-3000:]}")
-    rates = [(int(step), int(tgt)) for step, _, tgt in REPORT.findall(run.stderr + run.stdout) if int(step) > warmup]
-    if not rates:
+    speed = report_speed(run.stderr + run.stdout, warmup)
+    if speed is None:
         raise RuntimeError(f"no report line after step {warmup} in the log of onmt_train -config {config}")
-    return statistics.harmonic_mean([tgt for _, tgt in rates])  # tokens over time, for windows of similar tokens
+    return speed
+
+
+def report_speed(log: str, warmup: int) -> float | None:
+    """Target tokens/s of the report lines (``Step N/...; ... src/tgt tok/s``, OpenNMT-py's and
+    Eole's) after ``warmup`` steps, weighted by time; None without such a line."""
+    rates = [int(tgt) for step, _, tgt in REPORT.findall(log) if int(step) > warmup]
+    return statistics.harmonic_mean(rates) if rates else None  # tokens over time, for windows of similar tokens
 
 
 def our_speed(model: str, steps: int, precision: str, data: str, out: Path, threads: int) -> float:
