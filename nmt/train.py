@@ -32,11 +32,11 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
-from pytorch_lightning.callbacks import ModelCheckpoint, Timer
+from pytorch_lightning.callbacks import ModelCheckpoint, ProgressBar, Timer
 from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from nmt import CONF_DIR, register_resolvers
+from nmt import CONF_DIR, auto_precision, register_resolvers
 from nmt.callbacks import AtomicCheckpointIO, LastCheckpoint
 from nmt.checkpoint import check_resume, saved_vocabularies, tokenizer_protos
 from nmt.length_report import markdown_table
@@ -52,6 +52,16 @@ def training_device(cfg: DictConfig) -> str:
     if accelerator == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return "cuda" if accelerator in ("gpu", "cuda") else accelerator
+
+
+def resolve_precision(cfg: DictConfig) -> None:
+    """``trainer.precision=auto`` becomes what ``nmt.auto_precision`` picks for the training device; logged."""
+    if str(cfg.trainer.get("precision")) != "auto":
+        return
+    precision, why = auto_precision(training_device(cfg))
+    with open_dict(cfg):
+        cfg.trainer.precision = precision
+    log.info("trainer.precision=auto: %s (%s; trainer.precision=32-true trains in fp32)", precision, why)
 
 
 def build_datamodule(data_cfg: DictConfig | dict[str, Any]) -> L.LightningDataModule:
@@ -141,6 +151,7 @@ def count_parameters(model: torch.nn.Module) -> int:
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit and test one model; returns the metrics logged last (``val/bleu``, ``test/bleu``, ...)."""
     L.seed_everything(cfg.seed, workers=True)
+    resolve_precision(cfg)
     ckpt_path = resolve_ckpt_path(cfg)
     datamodule = build_datamodule(cfg.data)
     datamodule.setup("fit")
@@ -155,6 +166,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     log.info("model %s: %s parameters", cfg.model._target_, f"{count_parameters(model):,}")
 
     callbacks = _instantiate_group(cfg.get("callbacks"))
+    if not cfg.trainer.get("enable_progress_bar", True):  # Lightning refuses a progress bar callback then
+        callbacks = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
     check_logger_packages(cfg.get("logger"))
     loggers = _instantiate_group(cfg.get("logger"))
     plugins = [*(instantiate(cfg.trainer.get("plugins")) or []), AtomicCheckpointIO()]

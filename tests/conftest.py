@@ -26,12 +26,13 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-register_resolvers()  # as every entry point does: the configs the tests compose use pad_to and gpu_precision
+register_resolvers()  # as every entry point does: the configs the tests compose use pad_to
 
 # Small enough for a CPU test, big enough to exercise every layer.
 TINY = [
     "data=tiny",
     "trainer=cpu",
+    "trainer.precision=32-true",  # the tolerances below are fp32's; precision=auto: test_precision.py
     "logger=csv",
     "model.emb_size=16",
     "model.hidden_size=16",
