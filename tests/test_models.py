@@ -199,6 +199,31 @@ def test_tied_and_shared_embeddings():
     assert model.encoder.embed.weight is model.decoder.embed.weight
 
 
+def test_transformer_init_is_glorot_uniform_per_projection():
+    """``init: xavier``: every attention and feed-forward weight (keys and values each on its own)
+    is uniform within Glorot's bound, biases zero; ``init: torch`` keeps ``nn.Linear``'s."""
+    from nmt.models.transformer import TransformerDecoder
+
+    torch.manual_seed(0)
+    xavier = TransformerDecoder(VOCAB, hidden_size=64, num_layers=1, num_heads=2, ff_size=256, init="xavier")
+    torch.manual_seed(0)
+    default = TransformerDecoder(VOCAB, hidden_size=64, num_layers=1, num_heads=2, ff_size=256, init="torch")
+    for (name, w), (_, w_default) in zip(xavier.layers.named_parameters(), default.layers.named_parameters()):
+        if "norms" in name:
+            continue
+        parts = w.chunk(2) if "kv_proj.weight" in name else (w,)
+        for part in parts:
+            if part.dim() == 2:
+                bound = (6 / sum(part.shape)) ** 0.5
+                assert part.abs().max() <= bound and part.abs().max() > 0.9 * bound, name
+            else:
+                assert not part.any(), name  # biases
+        if w.dim() == 2:  # nn.Linear's own init: bound 1/sqrt(fan_in)
+            assert w_default.abs().max() <= w_default.size(1) ** -0.5 and not torch.equal(w, w_default), name
+    with pytest.raises(ValueError, match="init must be one of \\('xavier', 'torch'\\), got 'glorot'"):
+        TransformerDecoder(VOCAB, hidden_size=64, num_layers=1, num_heads=2, ff_size=256, init="glorot")
+
+
 def test_luong_dot_needs_equal_sizes():
     from nmt.models.attention import LuongAttention
 

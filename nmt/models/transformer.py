@@ -31,6 +31,7 @@ from nmt.kernels.dropout import Dropout
 from nmt.specials import PAD
 
 POSITIONS = ("sinusoidal", "learned", "rope")
+INITS = ("xavier", "torch")
 
 
 def sinusoids(length: int, size: int) -> Tensor:
@@ -125,6 +126,30 @@ class MultiHeadAttention(Switchable, nn.Module):
 class FeedForward(nn.Sequential):
     def __init__(self, hidden_size: int, ff_size: int, dropout: float) -> None:
         super().__init__(nn.Linear(hidden_size, ff_size), nn.ReLU(), Dropout(dropout), nn.Linear(ff_size, hidden_size))
+
+
+def init_weights(layers: nn.Module, init: str) -> None:
+    """``xavier``: Glorot-uniform weights and zero biases for the attention and feed-forward maps
+    in ``layers``, the key and value maps each on its own (as tensor2tensor and fairseq initialise
+    the Transformer); ``torch``: ``nn.Linear``'s own initialisation."""
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    if init == "torch":
+        return
+    with torch.no_grad():
+        for module in layers.modules():
+            if isinstance(module, MultiHeadAttention):
+                linears = [module.q_proj, module.kv_proj, module.out_proj]
+                weights = [module.q_proj.weight, *module.kv_proj.weight.chunk(2), module.out_proj.weight]
+            elif isinstance(module, FeedForward):
+                linears = [module[0], module[3]]
+                weights = [linear.weight for linear in linears]
+            else:
+                continue
+            for weight in weights:
+                nn.init.xavier_uniform_(weight)
+            for linear in linears:
+                linear.bias.zero_()
 
 
 class _Block(nn.Module):
@@ -273,6 +298,7 @@ class TransformerEncoder(nn.Module):
         attention_dropout: float = 0.0,
         activation_dropout: float = 0.0,
         position_shift: int = 0,
+        init: str = "xavier",
     ) -> None:
         super().__init__()
         if position_shift < 0:
@@ -287,6 +313,7 @@ class TransformerEncoder(nn.Module):
             EncoderLayer(hidden_size, num_heads, ff_size, dropout, norm, rotary, attention_dropout, activation_dropout)
             for _ in range(num_layers)
         )
+        init_weights(self.layers, init)
         self.final_norm = nn.LayerNorm(hidden_size) if norm == "pre" else nn.Identity()
         self.window = window
         self.gradient_checkpointing = False
@@ -329,6 +356,7 @@ class TransformerDecoder(nn.Module):
         memory_size: int | None = None,
         attention_dropout: float = 0.0,
         activation_dropout: float = 0.0,
+        init: str = "xavier",
     ) -> None:
         super().__init__()
         rotary = Rotary(hidden_size // num_heads, max_len) if positions == "rope" else None
@@ -339,6 +367,7 @@ class TransformerDecoder(nn.Module):
                          attention_dropout, activation_dropout)
             for _ in range(num_layers)
         )
+        init_weights(self.layers, init)
         self.final_norm = nn.LayerNorm(hidden_size) if norm == "pre" else nn.Identity()
         self.out = nn.Linear(hidden_size, vocab_size, bias=False)
         self.num_heads = num_heads
