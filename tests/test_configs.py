@@ -51,18 +51,18 @@ def test_every_experiment_composes(experiment, tmp_path):
 
 
 @pytest.mark.parametrize("model", ["lstm", "lstm_luong", "transformer"])
-def test_the_study_shifts_only_transformer_positions(model, tmp_path):
-    """experiment=bleu_vs_length sets the top-level position_shift, which only a Transformer
-    encoder reads; plain runs start positions at 0."""
+def test_only_transformer_encoders_shift_positions(model, tmp_path):
+    """The top-level position_shift (30 by default, as the study's) is read by Transformer
+    encoders only; position_shift=0 starts positions at 0."""
     shifts = {}
-    for experiment in (["experiment=bleu_vs_length"], [], ["position_shift=7"]):
+    for experiment in (["experiment=bleu_vs_length"], [], ["position_shift=7"], ["position_shift=0"]):
         cfg = compose_train(tmp_path, experiment, model=model)
         with open_dict(cfg):
             cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = 1000
         encoder = instantiate(cfg.model).encoder
         assert getattr(encoder, "position_shift", None) == (cfg.position_shift if model == "transformer" else None)
         shifts[tuple(experiment)] = cfg.position_shift
-    assert shifts[("experiment=bleu_vs_length",)] > 0 and shifts[()] == 0 and shifts[("position_shift=7",)] == 7
+    assert shifts == {("experiment=bleu_vs_length",): 30, (): 30, ("position_shift=7",): 7, ("position_shift=0",): 0}
 
 
 @pytest.mark.parametrize("group", ["optimizer", "scheduler", "decoding", "trainer", "callbacks", "logger"])
