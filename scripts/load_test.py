@@ -35,9 +35,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def reference(ckpt: str, lines: list[str], decoding: str, threads: int) -> tuple[list[str], float]:
+def reference(ckpt: str, lines: list[str], decoding: str) -> tuple[list[str], float]:
     """translate.py's translations of ``lines`` and its decoding seconds."""
-    import torch
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
@@ -45,7 +44,6 @@ def reference(ckpt: str, lines: list[str], decoding: str, threads: int) -> tuple
     from nmt.checkpoint import load_checkpoint
     from nmt.translate import model_max_src_len, translate_lines
 
-    torch.set_num_threads(threads)
     register_resolvers()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("translate", overrides=[f"ckpt={ckpt}", f"decoding={decoding}"])
@@ -129,7 +127,10 @@ def main() -> int:
 
     source = [line for line in Path(args.input).read_text(encoding="utf-8").splitlines() if line.strip()]
     lines = (source * (args.sentences // len(source) + 1))[: args.sentences]
-    expected, ref_seconds = reference(args.ckpt, lines, args.decoding, args.threads)
+    import torch
+
+    torch.set_num_threads(args.threads)  # this process's own decoding; the server gets OMP_NUM_THREADS
+    expected, ref_seconds = reference(args.ckpt, lines, args.decoding)
 
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}

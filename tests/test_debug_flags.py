@@ -73,3 +73,10 @@ def test_debug_configs_compose(tmp_path):
     for name in ("default", "fdr", "limit", "overfit", "profiler"):
         cfg = compose_train(tmp_path, [f"debug={name}"], model="lstm")
         assert cfg.task_name == "debug" and cfg.trainer.accelerator == "cpu" and cfg.trainer.max_time is None
+
+
+def test_the_progress_bar_can_be_turned_off_with_lightnings_flag(cfg_train):
+    """``trainer.enable_progress_bar=false`` drops the configured bar, which Lightning would refuse."""
+    cfg = cfg_train(["trainer.enable_progress_bar=false", "test=false", "trainer.max_steps=1",
+                     "+callbacks.bar={_target_: nmt.callbacks.RunProgressBar}"], model="lstm")
+    assert "val/bleu" in train(cfg)
