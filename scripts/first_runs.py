@@ -1,0 +1,89 @@
+"""The first run of each preset, as a new user starts it: ``python train.py model=<m>`` on the
+default data and settings, one after another, each timed from start to exit (start-up, training,
+test), then one table of wall time, steps and test BLEU by source length.
+
+    python scripts/first_runs.py                               # the four presets -> outputs/first_runs/
+    python scripts/first_runs.py --models transformer --out docs/results/first_runs
+    python scripts/first_runs.py --collect outputs/first_runs  # the table of finished runs again
+
+Each run goes to ``<out>/<model>/`` (Hydra's run folder); ``<out>/first_runs.{md,json}`` hold
+the table. Extra arguments are overrides for every run (e.g. ``seed=2``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ("lstm", "lstm_bahdanau", "lstm_luong", "transformer")
+
+
+def run(model: str, out: Path, overrides: list[str]) -> float:
+    """Train ``model`` into ``out/model``; the seconds from start to exit."""
+    command = [sys.executable, "train.py", f"model={model}", *overrides, f"hydra.run.dir={out / model}"]
+    (out / model).mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with (out / f"{model}.log").open("w") as log:
+        subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=True)
+    seconds = time.perf_counter() - start
+    (out / model / "wall_seconds.json").write_text(json.dumps({"command": " ".join(command[1:-1]),
+                                                              "wall_seconds": round(seconds, 1)}) + "\n")
+    return seconds
+
+
+def row(run_dir: Path) -> dict:
+    """One run's numbers from its ``summary.json``, ``bleu_by_length.json`` and wall time."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    report = json.loads((run_dir / "bleu_by_length.json").read_text())
+    wall = json.loads((run_dir / "wall_seconds.json").read_text())
+    buckets = {b["label"]: b["bleu"] for b in report["buckets"] if b["bleu"] is not None}
+    first, last = next(iter(buckets)), list(buckets)[-1]
+    return {"model": run_dir.name, "command": wall["command"], "wall_seconds": wall["wall_seconds"],
+            "precision": summary["hardware"]["precision"], "steps": summary["steps"], "bleu": report["bleu"],
+            "buckets": buckets, "drop": buckets[first] - buckets[last], "first": first, "last": last}
+
+
+def table(rows: list[dict]) -> str:
+    labels = list(rows[0]["buckets"])
+    lines = ["| command | wall time | precision | steps | test BLEU | " + " | ".join(labels) + f" | {labels[0]} -> {labels[-1]} |",
+             "|---|---:|---|---:|---:|" + "---:|" * len(labels) + "---:|"]
+    for r in rows:
+        minutes, seconds = divmod(round(r["wall_seconds"]), 60)
+        cells = " | ".join(f"{r['buckets'][label]:.1f}" for label in labels)
+        lines.append(f"| `python {r['command']}` | {minutes}:{seconds:02d} | {r['precision']} | {r['steps']:,} | "
+                     f"{r['bleu']:.1f} | {cells} | {-r['drop']:+.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def collect(out: Path, models: list[str]) -> str:
+    rows = [row(out / m) for m in models if (out / m / "wall_seconds.json").is_file()]
+    if not rows:
+        raise SystemExit(f"{out}: no finished first run (<model>/wall_seconds.json) to collect")
+    md = table(rows)
+    (out / "first_runs.md").write_text(md)
+    (out / "first_runs.json").write_text(json.dumps(rows, indent=2) + "\n")
+    return md
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--out", type=Path, default=Path("outputs/first_runs"))
+    parser.add_argument("--collect", type=Path, help="only tabulate the finished runs in this folder")
+    parser.add_argument("overrides", nargs="*", help="train.py overrides for every run")
+    args = parser.parse_args()
+    out = (args.collect or args.out).resolve()
+    if not args.collect:
+        for model in args.models:
+            seconds = run(model, out, args.overrides)
+            print(f"{model}: {seconds:.0f} s", flush=True)
+    print(collect(out, args.models), end="")
+
+
+if __name__ == "__main__":
+    main()
