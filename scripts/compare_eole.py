@@ -61,7 +61,7 @@ log = logging.getLogger("compare_eole")
 #   model.input_feed: 1                   <- RNNDecoder input_feeding (attentional / context)
 #   training.batch_type: tokens, batch_size: 3000 <- data.max_tokens=3000 (sentences x longest side)
 #   training.optim: adam, adam_beta1/2, adam_eps <- optimizer: adam, betas [0.9, 0.98], eps 1e-9
-#   training.decay_method: noam, warmup_steps: 400, learning_rate: peak * sqrt(hidden * warmup)
+#   training.decay_method: noam, warmup_steps: 300, learning_rate: peak * sqrt(hidden * warmup)
 #                                         <- scheduler: inverse_sqrt (linear warmup, 1/sqrt decay)
 #   training.max_grad_norm: 1.0           <- trainer.gradient_clip_val: 1.0
 #   training.label_smoothing: 0.1         <- module.label_smoothing: 0.1
@@ -89,9 +89,9 @@ EOLE_MODELS = {
     "lstm_bahdanau": {**LSTM, "decoder": {"decoder_type": "rnn", "rnn_type": "LSTM", "global_attention": "mlp"}},
     "transformer": TRANSFORMER,
 }
-OURS = {"lstm_luong": {"dropout": 0.2, "lr": 0.008}, "lstm_bahdanau": {"dropout": 0.2, "lr": 0.008},
+OURS = {"lstm_luong": {"dropout": 0.1, "lr": 0.008}, "lstm_bahdanau": {"dropout": 0.1, "lr": 0.008},
         "transformer": {"dropout": 0.1, "lr": 0.002}}  # model.dropout, lr_by_model
-WARMUP = 400
+WARMUP = 300  # scheduler.warmup_steps
 BATCH_TOKENS, TRANSLATE_TOKENS = 3000, 2048
 
 

@@ -205,7 +205,7 @@ def test_beam_search_stops_a_sentence_no_live_hypothesis_can_improve_on_without_
     def eos_likely(*args, **kwargs):  # hypotheses end early, some long before the cap
         steps.append(1)
         logits, state, attn = decode_step(*args, **kwargs)
-        return logits.index_add(-1, torch.tensor([EOS]), torch.full((logits.size(0), 1), 2.0)), state, attn
+        return logits.index_add(-1, torch.tensor([EOS]), torch.full((logits.size(0), 1), 1.0)), state, attn
 
     model.decode_step = eos_likely
     kwargs = {"beam_size": 3, "alpha": alpha, "max_len_a": 2.0, "max_len_b": 6}

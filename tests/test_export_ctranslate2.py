@@ -26,7 +26,7 @@ from nmt.data.tokenizer import BOS, EOS, PAD, train_sentencepiece  # noqa: E402
 from nmt.decoding import greedy_search  # noqa: E402
 from nmt.export_ctranslate2 import to_ctranslate2  # noqa: E402
 from nmt.train import train  # noqa: E402
-from tests.conftest import CONF_DIR, ROOT, compose_train  # noqa: E402
+from tests.conftest import CONF_DIR, ROOT, TORCH_INIT, compose_train  # noqa: E402
 
 TINY = ROOT / "tests" / "data" / "tiny"
 spec = importlib.util.spec_from_file_location("translate_ctranslate2", ROOT / "scripts" / "translate_ctranslate2.py")
@@ -104,7 +104,7 @@ def trained(request, tmp_path_factory):
     variant = [] if request.param == "pre_sinusoidal" else [*POST_LEARNED, "model.tie_embeddings=false"]
     cfg = compose_train(tmp, ["trainer.max_epochs=120", "model.hidden_size=64", "module.label_smoothing=0.0",
                               "scheduler.warmup_steps=20", "optimizer.lr=0.003", "test=false",
-                              "trainer.check_val_every_n_epoch=120", *variant], model="transformer")
+                              "trainer.check_val_every_n_epoch=120", *TORCH_INIT, *variant], model="transformer")
     train(cfg)
     GlobalHydra.instance().clear()
     loaded = load_checkpoint(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt")

@@ -50,6 +50,6 @@ def test_a_run_records_the_precision_auto_chose(cfg_train, tmp_path):
     cfg = cfg_train(["trainer.precision=auto", "test=false", "trainer.max_steps=2"])
     train(cfg)
     chosen = nmt.auto_precision("cpu")[0]
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["precision"] == chosen
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["hardware"]["precision"] == chosen
     ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert ckpt["run_config"]["trainer"]["precision"] == chosen

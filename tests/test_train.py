@@ -15,7 +15,7 @@ from nmt.data.tokenizer import PAD
 from nmt.decoding import beam_search, greedy_search
 from nmt.train import build_model, build_module, train
 from nmt.translate import translate_lines
-from tests.conftest import ROOT
+from tests.conftest import ROOT, TORCH_INIT
 
 MODELS = ["lstm", "lstm_bahdanau", "lstm_luong", "transformer"]
 
@@ -58,7 +58,7 @@ def test_train_checkpoint_test_translate(cfg_train, model):
 def test_learns_the_tiny_task(cfg_train):
     """A few hundred steps on 100 pairs: the training loss falls well below its start."""
     cfg = cfg_train(["trainer.max_epochs=80", "module.label_smoothing=0.0", "scheduler.warmup_steps=20",
-                     "model.hidden_size=64", "optimizer.lr=0.003", "test=false"], model="transformer")
+                     "model.hidden_size=64", "optimizer.lr=0.003", "test=false", *TORCH_INIT], model="transformer")
     metrics = train(cfg)
     assert metrics["train/loss"] < 1.0, metrics
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nmt.train import train
-from tests.conftest import ROOT, compose_train
+from tests.conftest import ROOT, TORCH_INIT, compose_train
 
 LINES = (ROOT / "tests/data/tiny/test.src").read_text().splitlines()[:12]
 INPUT = LINES[:4] + ["", "   "] + LINES[4:] + [""]
@@ -20,7 +20,7 @@ INPUT = LINES[:4] + ["", "   "] + LINES[4:] + [""]
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
     tmp_path = tmp_path_factory.mktemp("modes")
-    cfg = compose_train(tmp_path, ["trainer.max_epochs=3", "test=false"], model="transformer")
+    cfg = compose_train(tmp_path, ["trainer.max_epochs=3", "test=false", *TORCH_INIT], model="transformer")
     train(cfg)
     return Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
 

@@ -5,7 +5,7 @@ learned | rope`` (Su et al. 2021, applied to self-attention queries and keys),
 ``position_shift`` (SHAPE, Kiyono et al. 2021: in training, a sentence pair's absolute positions
 start at a random 0..K on both sides, drawn by the encoder and passed to a Transformer decoder in
 the memory; an LSTM decoder ignores it, and a Transformer decoder after an LSTM encoder is not
-shifted; decoding starts at 0), ``window``: local
+shifted; rotary positions, relative already, are never shifted; decoding starts at 0), ``window``: local
 self-attention over the ``window`` nearest positions on each side (the decoder: the last
 ``window``), ``attention_dropout`` and ``activation_dropout`` apart from the residual
 ``dropout`` (0 by default: attention dropout would move SDPA off its fused kernels), and
@@ -303,12 +303,10 @@ class TransformerEncoder(nn.Module):
         super().__init__()
         if position_shift < 0:
             raise ValueError(f"position_shift must be >= 0, got {position_shift}")
-        if position_shift and positions == "rope":
-            raise ValueError("position_shift shifts absolute positions; rotary positions are relative already: set position_shift: 0")
         rotary = Rotary(hidden_size // num_heads, max_len) if positions == "rope" else None
         self.embed_tokens = _Embedding(vocab_size, hidden_size, dropout, positions, max_len)
         self.embed = self.embed_tokens.embed  # for embedding tying
-        self.position_shift = position_shift
+        self.position_shift = 0 if positions == "rope" else position_shift  # rotary positions are relative already
         self.layers = nn.ModuleList(
             EncoderLayer(hidden_size, num_heads, ff_size, dropout, norm, rotary, attention_dropout, activation_dropout)
             for _ in range(num_layers)
