@@ -56,9 +56,11 @@ def test_only_transformer_encoders_shift_positions(model, tmp_path):
     encoders only; position_shift=0 starts positions at 0."""
     shifts = {}
     for experiment in (["experiment=bleu_vs_length"], [], ["position_shift=7"], ["position_shift=0"]):
-        cfg = compose_train(tmp_path, experiment, model=model)
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):  # the defaults, not the tests' TINY
+            cfg = compose("train", overrides=[f"model={model}", *experiment], return_hydra_config=True)
         with open_dict(cfg):
             cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = 1000
+            cfg.hydra.runtime.choices.model = model
         encoder = instantiate(cfg.model).encoder
         assert getattr(encoder, "position_shift", None) == (cfg.position_shift if model == "transformer" else None)
         shifts[tuple(experiment)] = cfg.position_shift
