@@ -17,6 +17,7 @@ from pytorch_lightning.callbacks import Callback, EMAWeightAveraging, RichProgre
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from nmt.checkpoint import atomic_save, nonfinite
+from nmt.schedules import WarmupCosine
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +85,7 @@ class LastCheckpoint(Callback):
         (as Lightning's Timer does after this hook), so every rank saves or none does."""
         step = trainer.global_step
         at_max_steps = 0 < trainer.max_steps <= step
-        timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
-        remaining = timer.time_remaining("train") if timer is not None else None
+        remaining = time_left(trainer)
         time_up = remaining is not None and trainer.strategy.broadcast(remaining <= 0)
         if time_up:
             trainer.should_stop = True  # what the Timer decides next, decided once
@@ -209,25 +209,78 @@ class EMA(EMAWeightAveraging):
             self._raw_final = None
 
 
+def time_left(trainer: L.Trainer) -> float | None:
+    """Seconds of ``max_time`` left for training (Lightning's Timer, resumed runs included); None
+    without a time budget."""
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    return timer.time_remaining("train") if timer is not None else None
+
+
+def last_step(trainer: L.Trainer) -> float | None:
+    """The step training ends at by ``max_steps``, or by ``max_epochs`` of this epoch's length;
+    None when neither is known."""
+    if trainer.max_steps and trainer.max_steps > 0:
+        return trainer.max_steps
+    if trainer.max_epochs and trainer.max_epochs > 0 and math.isfinite(trainer.num_training_batches):
+        return trainer.num_training_batches / trainer.accumulate_grad_batches * trainer.max_epochs
+    return None
+
+
 def run_eta(trainer: L.Trainer, seconds: float, steps: int) -> float | None:
     """Seconds the run has left: the smaller of what ``max_time`` leaves and what the steps left
     (``max_steps``, or ``max_epochs`` of this epoch's length) take at the pace of ``steps`` steps
     in ``seconds``; None when neither is known."""
-    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
-    budget = timer.time_remaining("train") if timer is not None else None
-    left = None
-    if steps > 0:
-        if trainer.max_steps and trainer.max_steps > 0:
-            remaining = trainer.max_steps - trainer.global_step
-        elif trainer.max_epochs and trainer.max_epochs > 0 and math.isfinite(trainer.num_training_batches):
-            per_epoch = trainer.num_training_batches / trainer.accumulate_grad_batches
-            remaining = per_epoch * trainer.max_epochs - trainer.global_step
-        else:
-            remaining = None
-        if remaining is not None:
-            left = max(remaining, 0) * seconds / steps
+    budget = time_left(trainer)
+    end = last_step(trainer)
+    left = max(end - trainer.global_step, 0) * seconds / steps if steps > 0 and end is not None else None
     known = [t for t in (budget, left) if t is not None]
     return min(known) if known else None
+
+
+class ScheduleHorizon(Callback):
+    """Ends a learning-rate decay where the run ends: for a schedule whose horizon is the run's
+    budget (``scheduler=cosine`` with ``trainer.max_steps=-1``: ``WarmupCosine.from_budget``), sets
+    ``total_steps`` to the smaller of the last step of ``max_epochs`` and the step at which
+    ``max_time`` is spent at the pace of the run so far (validation included), re-estimated every
+    ``every_n_steps`` steps; a resumed run starts from the pace its restored time budget and step
+    give. Rank 0's estimate is broadcast, so every rank follows the same schedule. Without a time
+    budget or a step/epoch limit there is no horizon, and training does not start."""
+
+    def __init__(self, every_n_steps: int = 10) -> None:
+        self.every = max(1, every_n_steps)
+        self._schedules: list[WarmupCosine] = []
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._schedules = [fn.__self__ for config in trainer.lr_scheduler_configs
+                           for fn in getattr(config.scheduler, "lr_lambdas", [])
+                           if isinstance(getattr(fn, "__self__", None), WarmupCosine) and fn.__self__.from_budget]
+        if not self._schedules:
+            return
+        end, budget = last_step(trainer), time_left(trainer)
+        if end is None and budget is None:
+            raise ValueError("scheduler.total_steps is not set and the run has no trainer.max_steps, max_epochs "
+                             "or max_time for the learning-rate decay to end at: set one of them")
+        self._started, self._first_step = time.monotonic(), trainer.global_step
+        timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+        spent = timer.time_elapsed("train") if timer is not None else 0.0
+        if budget is None or (trainer.global_step > 0 and spent > 0):  # epochs only, or resumed: the pace so far
+            self._estimate(trainer, trainer.global_step / spent if budget is not None else 0.0)
+        log.info("the learning-rate decay ends with the run's budget (%s), re-estimated every %d steps",
+                 "max_time at the pace so far" if budget is not None else f"step {int(end)}", self.every)
+
+    def _estimate(self, trainer: L.Trainer, pace: float) -> None:
+        """The horizon at ``pace`` steps per second, rank 0's on every rank."""
+        budget = time_left(trainer)
+        ends = [last_step(trainer), trainer.global_step + max(budget, 0.0) * pace if budget is not None else None]
+        horizon = trainer.strategy.broadcast(int(min(e for e in ends if e is not None)), src=0)
+        for schedule in self._schedules:
+            schedule.total_steps = horizon
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        steps = trainer.global_step - getattr(self, "_first_step", trainer.global_step)
+        if self._schedules and time_left(trainer) is not None and steps > 0 and steps % self.every == 0:
+            self._estimate(trainer, steps / max(time.monotonic() - self._started, 1e-9))
 
 
 class RunProgressBar(RichProgressBar):

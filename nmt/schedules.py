@@ -20,16 +20,37 @@ def inverse_sqrt(optimizer: Optimizer, warmup_steps: int = 4000) -> LambdaLR:
     return LambdaLR(optimizer, factor)
 
 
-def warmup_cosine(optimizer: Optimizer, warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> LambdaLR:
-    """Linear warmup, then cosine decay to ``min_ratio * lr`` at ``total_steps`` (then flat)."""
+class WarmupCosine:
+    """Linear warm-up to 1, then a cosine decay to ``min_ratio`` at ``total_steps`` (then flat):
+    ``factor(step)`` multiplies the peak rate. ``total_steps=None`` (``from_budget``): the decay
+    ends with the run's budget, which ``nmt.callbacks.ScheduleHorizon`` sets and re-estimates as
+    training goes; until it is first set, the factor stays at 1 after the warm-up."""
 
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / max(1, warmup_steps)
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    def __init__(self, warmup_steps: int, total_steps: int | None, min_ratio: float) -> None:
+        self.warmup_steps = warmup_steps
+        self.total_steps = total_steps
+        self.min_ratio = min_ratio
+        self.from_budget = total_steps is None
 
-    return LambdaLR(optimizer, factor)
+    def factor(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return (step + 1) / max(1, self.warmup_steps)
+        if self.total_steps is None:
+            return 1.0
+        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
+        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def warmup_cosine(optimizer: Optimizer, warmup_steps: int, total_steps: int | None = None,
+                  min_ratio: float = 0.0) -> LambdaLR:
+    """Linear warmup, then cosine decay to ``min_ratio * lr`` at ``total_steps`` (then flat).
+    ``total_steps`` None or <= 0 (``trainer.max_steps=-1``): the decay ends where the run's budget
+    does, ``max_time`` at the pace so far or the last step of ``max_epochs``
+    (``nmt.callbacks.ScheduleHorizon``)."""
+    horizon = total_steps if total_steps is not None and total_steps > 0 else None
+    # A bound method: LambdaLR saves its (empty) attribute dict in checkpoints, not the schedule's,
+    # so a resumed run decays to its own config's end (or re-estimated budget), not the saved one's.
+    return LambdaLR(optimizer, WarmupCosine(warmup_steps, horizon, min_ratio).factor)
 
 
 def plateau(optimizer: Optimizer, factor: float = 0.5, patience: int = 2, min_lr: float = 1e-6) -> ReduceLROnPlateau:

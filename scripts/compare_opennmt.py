@@ -126,7 +126,7 @@ def report_speed(log: str, warmup: int) -> float | None:
 
 def our_speed(model: str, steps: int, precision: str, data: str, out: Path, threads: int) -> float:
     command = [sys.executable, str(ROOT / "train.py"), f"model={model}", f"data={data}", "data.max_tokens=3000",
-               f"trainer.max_steps={steps}", f"trainer.precision={precision}", "test=false",
+               f"trainer.max_steps={steps}", f"trainer.precision={precision}", "test=false", "scheduler=inverse_sqrt",
                "trainer.num_sanity_val_steps=0", "trainer.val_check_interval=1000000", "trainer.check_val_every_n_epoch=null",
                "trainer.max_time=null", "callbacks.rich_progress_bar=null", "trainer.enable_progress_bar=false",
                f"hydra.run.dir={out}"]

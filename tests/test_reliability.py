@@ -34,6 +34,7 @@ RESUME = [
     "trainer.deterministic=true", "model.dropout=0.3", "trainer.max_epochs=-1", "trainer.max_steps=30",
     "trainer.val_check_interval=30", "trainer.check_val_every_n_epoch=null",
     "callbacks.last_checkpoint.every_n_train_steps=5", "optimizer.lr=0.01", "scheduler.warmup_steps=5", "test=false",
+    "scheduler.total_steps=30",  # the cosine ends at step 30 also in runs stopped earlier and resumed
 ]
 
 
