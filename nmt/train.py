@@ -205,8 +205,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
     tested = None
     if cfg.get("test", False):
         last = next((str(cb.path) for cb in callbacks if isinstance(cb, LastCheckpoint) and cb.step is not None), None)
+        counters = {name: getattr(module, name) for name in module.COUNTERS}
         trainer.test(module, datamodule=datamodule, ckpt_path=test_checkpoint(cfg, trainer, ckpt_path, last),
                      weights_only=not allow_pickle)
+        for name, value in counters.items():  # loading the tested checkpoint restored its counters: the run's again
+            setattr(module, name, value)
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
         tested = module.tested_checkpoint()
         log.info("tested %s (step %s)", tested["path"] or "the in-memory weights", tested["step"])
