@@ -265,8 +265,11 @@ class ScheduleHorizon(Callback):
         spent = timer.time_elapsed("train") if timer is not None else 0.0
         if budget is None or (trainer.global_step > 0 and spent > 0):  # epochs only, or resumed: the pace so far
             self._estimate(trainer, trainer.global_step / spent if budget is not None else 0.0)
-        log.info("the learning-rate decay ends with the run's budget (%s), re-estimated every %d steps",
-                 "max_time at the pace so far" if budget is not None else f"step {int(end)}", self.every)
+        if budget is None:
+            log.info("the learning-rate decay ends at step %d (max_epochs)", int(end))
+        else:
+            log.info("the learning-rate decay ends as max_time runs out, at the pace so far (re-estimated every %d "
+                     "steps)", self.every)
 
     def _estimate(self, trainer: L.Trainer, pace: float) -> None:
         """The horizon at ``pace`` steps per second, rank 0's on every rank."""

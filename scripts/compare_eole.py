@@ -48,7 +48,7 @@ log = logging.getLogger("compare_eole")
 
 # Which Eole key stands for which of ours (nmt/conf; train.yaml's lr_by_model for the peak rate):
 #   model.architecture: transformer / custom (brnn encoder + rnn decoder) <- model=transformer / lstm_*
-#   model.layers                          <- model.{encoder,decoder}.num_layers (3 / 2)
+#   model.layers                          <- model.{encoder,decoder}.num_layers (2)
 #   model.hidden_size, embeddings.word_vec_size <- model.hidden_size (= emb_size), 256
 #   model.heads, model.transformer_ff     <- model.{encoder,decoder}.num_heads (4), .ff_size (1,024)
 #   model.layer_norm: standard (pre-norm, final norm) <- model.*.norm: pre
@@ -76,7 +76,7 @@ log = logging.getLogger("compare_eole")
 #   max_length_ratio: 1.5 (+ 5, per batch) <- max_len_a: 1.5, max_len_b: 10 (per sentence)
 #   batch_type: tokens, batch_size: 2048  <- max_tokens: 2048 (source tokens, padding included)
 #   compute_dtype: fp32 / bf16            <- precision: 32 / bf16 (Eole's bf16 casts the weights)
-TRANSFORMER = {"architecture": "transformer", "layers": 3, "hidden_size": 256, "heads": 4, "transformer_ff": 1024,
+TRANSFORMER = {"architecture": "transformer", "layers": 2, "hidden_size": 256, "heads": 4, "transformer_ff": 1024,
                "layer_norm": "standard", "add_qkvbias": True, "add_final_linear_bias": True, "add_ffnbias": True,
                "generator_bias": False, "share_embeddings": True, "share_decoder_embeddings": True,
                "embeddings": {"word_vec_size": 256, "position_encoding": True,

@@ -43,7 +43,7 @@ ONMT_MODELS = {
     "lstm_luong": {**LSTM, "global_attention": "general"},
     "lstm_bahdanau": {**LSTM, "global_attention": "mlp"},
     "transformer": {"encoder_type": "transformer", "decoder_type": "transformer", "position_encoding": True,
-                    "layers": 3, "heads": 4, "hidden_size": 256, "word_vec_size": 256, "transformer_ff": 1024,
+                    "layers": 2, "heads": 4, "hidden_size": 256, "word_vec_size": 256, "transformer_ff": 1024,
                     "dropout": 0.1, "attention_dropout": 0.0, "share_decoder_embeddings": True,
                     "label_smoothing": 0.1, "adam_beta2": 0.98, "decay_method": "noam", "warmup_steps": 1000,
                     "learning_rate": 2.0, "param_init": 0.0, "param_init_glorot": True,

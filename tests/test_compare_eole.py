@@ -161,7 +161,7 @@ def test_eole_accepts_the_configs(tmp_path, model, eole_python):
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert run.returncode == 0, run.stderr[-3000:]
     fields = run.stdout.split()
-    expected = {"transformer": ["transformer", "3", "256", "3"], "lstm_luong": ["brnn", "2", "256", "2", "general"],
+    expected = {"transformer": ["transformer", "2", "256", "2"], "lstm_luong": ["brnn", "2", "256", "2", "general"],
                 "lstm_bahdanau": ["brnn", "2", "256", "2", "mlp"]}[model]
     assert fields[: len(expected)] == expected
     assert fields[-4:] == ["torch.float32", "5", "wu", "torch.bfloat16"]
