@@ -37,7 +37,7 @@ from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from nmt import CONF_DIR, auto_precision, register_resolvers
-from nmt.callbacks import AtomicCheckpointIO, LastCheckpoint
+from nmt.callbacks import AtomicCheckpointIO, LastCheckpoint, ScheduleHorizon
 from nmt.checkpoint import check_resume, saved_vocabularies, tokenizer_protos
 from nmt.length_report import markdown_table
 from nmt import kernels
@@ -166,6 +166,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     log.info("model %s: %s parameters", cfg.model._target_, f"{count_parameters(model):,}")
 
     callbacks = _instantiate_group(cfg.get("callbacks"))
+    if not any(isinstance(cb, ScheduleHorizon) for cb in callbacks):  # a budget-bound decay needs it (no-op otherwise)
+        callbacks.append(ScheduleHorizon())
     if not cfg.trainer.get("enable_progress_bar", True):  # Lightning refuses a progress bar callback then
         callbacks = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
     check_logger_packages(cfg.get("logger"))

@@ -103,9 +103,11 @@ def test_without_a_budget_the_decay_has_no_end_and_training_does_not_start():
     assert cosine(fixed).total_steps == 100
 
 
-def test_a_run_with_max_epochs_ends_its_decay_at_the_last_step(cfg_train):
+@pytest.mark.parametrize("callbacks", [[], ["~callbacks.schedule_horizon"]], ids=["configured", "not_configured"])
+def test_a_run_with_max_epochs_ends_its_decay_at_the_last_step(cfg_train, callbacks):
+    """Also without the callback in the config: train() adds it."""
     cfg = cfg_train(["scheduler=cosine", "scheduler.warmup_steps=2", "scheduler.min_ratio=0.1", "trainer.max_epochs=2",
-                     "test=false"], model="lstm")
+                     "test=false", *callbacks], model="lstm")
     train(cfg)
     state = read_checkpoint(f"{cfg.paths.output_dir}/checkpoints/last.ckpt")
     assert state["global_step"] == 10  # 2 epochs of 5 batches
