@@ -209,10 +209,14 @@ class EMA(EMAWeightAveraging):
             self._raw_final = None
 
 
+def budget_timer(trainer: L.Trainer) -> Timer | None:
+    """Lightning's Timer, which ``max_time`` adds (its times include the runs a run resumed from)."""
+    return next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+
+
 def time_left(trainer: L.Trainer) -> float | None:
-    """Seconds of ``max_time`` left for training (Lightning's Timer, resumed runs included); None
-    without a time budget."""
-    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    """Seconds of ``max_time`` left for training; None without a time budget."""
+    timer = budget_timer(trainer)
     return timer.time_remaining("train") if timer is not None else None
 
 
@@ -261,10 +265,9 @@ class ScheduleHorizon(Callback):
             raise ValueError("scheduler.total_steps is not set and the run has no trainer.max_steps, max_epochs "
                              "or max_time for the learning-rate decay to end at: set one of them")
         self._started, self._first_step = time.monotonic(), trainer.global_step
-        timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
-        spent = timer.time_elapsed("train") if timer is not None else 0.0
+        spent = budget_timer(trainer).time_elapsed("train") if budget is not None else 0.0
         if budget is None or (trainer.global_step > 0 and spent > 0):  # epochs only, or resumed: the pace so far
-            self._estimate(trainer, trainer.global_step / spent if budget is not None else 0.0)
+            self._estimate(trainer, trainer.global_step / spent if spent > 0 else 0.0)
         if budget is None:
             log.info("the learning-rate decay ends at step %d (max_epochs)", int(end))
         else:

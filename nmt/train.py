@@ -32,12 +32,12 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
-from pytorch_lightning.callbacks import ModelCheckpoint, ProgressBar, Timer
+from pytorch_lightning.callbacks import ModelCheckpoint, ProgressBar
 from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from nmt import CONF_DIR, auto_precision, register_resolvers
-from nmt.callbacks import AtomicCheckpointIO, LastCheckpoint, ScheduleHorizon
+from nmt.callbacks import AtomicCheckpointIO, LastCheckpoint, ScheduleHorizon, budget_timer
 from nmt.checkpoint import check_resume, saved_vocabularies, tokenizer_protos
 from nmt.length_report import markdown_table
 from nmt import kernels
@@ -256,7 +256,7 @@ def run_summary(cfg: DictConfig, module, trainer: L.Trainer, tested: dict[str, A
 def train_wall_seconds(trainer: L.Trainer, fit_seconds: float) -> float:
     """Wall-clock training time over the whole run: with a ``max_time`` budget, Lightning's timer
     carries the time of the runs it resumed from; without one, this call's ``fit`` time."""
-    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    timer = budget_timer(trainer)
     return timer.time_elapsed(RunningStage.TRAINING) if timer is not None else fit_seconds
 
 
