@@ -309,7 +309,8 @@ class RunProgressBar(RichProgressBar):
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes a checkpoint to a temporary file in the target folder, flushes it to disk and renames
     it over the target, so a crash while saving leaves the previous file intact. Refuses (ValueError)
-    to write a checkpoint whose weights are not finite, so a diverged model never replaces a good one."""
+    to write a checkpoint whose weights are not finite, so a diverged model never replaces a good one
+    (in training, ``TranslationModule.on_save_checkpoint`` refuses first, on every DDP rank)."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None) -> None:
         bad = nonfinite(checkpoint.get("state_dict", {}).items())

@@ -307,7 +307,19 @@ class TranslationModule(L.LightningModule):
         return {"path": str(path) if path else None, "step": self.loaded_step if path else self.global_step}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Everything added here is a tensor or a plain container (weights-only loading)."""
+        """Everything added here is a tensor or a plain container (weights-only loading).
+
+        Refuses (ValueError) to save non-finite weights. Lightning calls this hook on every rank
+        and DDP keeps the ranks' weights equal, so under DDP all ranks stop together; the file
+        writer (``AtomicCheckpointIO``, rank 0 only) would stop rank 0 alone and leave the others
+        waiting at their next collective."""
+        bad = nonfinite(self.named_parameters())
+        if bad:
+            raise ValueError(
+                f"refusing to save a checkpoint after step {self.global_step}: non-finite weights in "
+                f"{', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}; the checkpoints already written are kept. "
+                f"Resume from the last one with a lower optimizer.lr"
+            )
         checkpoint["nmt_format"] = FORMAT
         checkpoint["kind"] = "training"
         checkpoint["best_bleu"] = self.best_bleu

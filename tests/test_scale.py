@@ -52,6 +52,23 @@ def test_ddp_on_two_cpu_processes_matches_single_process_bleu(tmp_path):
     assert report[name]["bleu"] == pytest.approx(summary["metrics"]["test/bleu"], abs=1e-6)
 
 
+@pytest.mark.slow
+def test_ddp_ranks_stop_together_on_nonfinite_weights(tmp_path):
+    """A NaN weight at a checkpoint: each rank stops with the same clear error. The file writer
+    (rank 0 only) alone stopped rank 0, and rank 1 failed at its next collective with gloo's
+    "Connection closed by peer" (NCCL may wait there until its timeout)."""
+    out = tmp_path / "ddp"
+    command = [sys.executable, "train.py", *cli_overrides(tmp_path), *SMALL_TF, "trainer=ddp", "trainer.accelerator=cpu",
+               "trainer.devices=2", "trainer.precision=32-true", "trainer.max_steps=6", "test=false",
+               "callbacks.last_checkpoint.every_n_train_steps=3", "+callbacks.poison._target_=tests.callbacks.PoisonAt",
+               "+callbacks.poison.step=2", f"hydra.run.dir={out}"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode != 0
+    assert result.stderr.count("ValueError: refusing to save a checkpoint after step 3: non-finite weights in model.") == 2
+    assert "Connection closed by peer" not in result.stderr
+    assert not list((out / "checkpoints").glob("*.ckpt"))
+
+
 def _grad_norm(module) -> float | None:
     grads = [p.grad.detach().float() for p in module.parameters() if p.grad is not None]
     return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else None
