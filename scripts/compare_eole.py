@@ -211,10 +211,14 @@ def translations(args, paths: dict[str, Path], work: Path) -> dict[str, dict[str
     for model in args.translate_models:
         log.info("%s: training the checkpoints (%d steps, fp32)", model, args.translate_steps)
         eole_dir = work / f"ckpt_{model}"
-        eole(args.eole_python, "train", eole_config(model, paths, work, args.translate_steps, "fp32", args.eole_workers,
-                                                    eole_dir), args.threads)
         ours_dir = args.out / f"ckpt_{model}"
-        our_speed(model, args.translate_steps, "32", args.data, ours_dir, args.threads)
+        if args.reuse_checkpoints and (eole_dir / f"step_{args.translate_steps}").is_dir() \
+                and trained_steps(ours_dir) == args.translate_steps:
+            log.info("%s: reusing the checkpoints in %s and %s", model, eole_dir, ours_dir)
+        else:
+            eole(args.eole_python, "train", eole_config(model, paths, work, args.translate_steps, "fp32", args.eole_workers,
+                                                        eole_dir), args.threads)
+            our_speed(model, args.translate_steps, "32", args.data, ours_dir, args.threads)
         commands: dict[str, tuple[list[str], Path]] = {}
         for precision in args.eole_translate_precisions:
             output = work / "translate" / f"{model}_eole_{precision}.pieces"
@@ -238,6 +242,12 @@ def translations(args, paths: dict[str, Path], work: Path) -> dict[str, dict[str
             log.info("round %d %s: %s", round_ + 1, model,
                      {k: f"{v['seconds'][-1]:.2f} s, BLEU {v['bleu']}" for k, v in results[model].items()})
     return results
+
+
+def trained_steps(run_dir: Path) -> int | None:
+    """The steps of the run ``train.py`` left in ``run_dir`` (None if there is none)."""
+    summary = run_dir / "summary.json"
+    return json.loads(summary.read_text())["steps"] if summary.is_file() else None
 
 
 def eole_version(python: Path) -> str:
@@ -265,6 +275,8 @@ def main() -> None:
     parser.add_argument("--translate-steps", type=int, default=1000, help="training steps of the checkpoints (0: no translation)")
     parser.add_argument("--translate-models", nargs="+", default=["transformer", "lstm_luong"], choices=list(EOLE_MODELS))
     parser.add_argument("--translate-rounds", type=int, default=3)
+    parser.add_argument("--reuse-checkpoints", action="store_true",
+                        help="translate with the checkpoints an earlier run of the same --out and --translate-steps trained")
     parser.add_argument("--translate-lines", type=int, default=0, help="the test split's first N lines (0: all)")
     parser.add_argument("--eole-translate-precisions", nargs="+", default=["fp32", "bf16"],
                         help="Eole 0.6.4's int8 stops at a check of a removed option (config.gpu)")
