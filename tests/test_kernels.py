@@ -71,6 +71,61 @@ def test_fast_tanh_equals_torch_tanh_to_rounding(dtype):
     torch.testing.assert_close(grad.double(), exact, atol=2 * tol["atol"], rtol=2 * tol["rtol"])
 
 
+@pytest.mark.parametrize("directions", [None, 2])
+def test_step_weight_gradient_is_the_sum_of_the_steps(directions):
+    """A recurrent weight's gradient from ``StepWeight`` (one matmul after all steps) equals
+    autograd's per-step sum, and so do the inputs' gradients; a 2-D weight (decoder layer) and a
+    per-direction 3-D one (encoder)."""
+    from nmt.kernels.lstm import StepWeight
+
+    gen = torch.Generator().manual_seed(0)
+    lead = () if directions is None else (directions,)
+    weight = torch.randn(*lead, 6, 6, generator=gen, dtype=torch.double).requires_grad_()
+    bias = torch.randn(6, generator=gen, dtype=torch.double).requires_grad_()
+    start = torch.randn(*lead, 3, 6, generator=gen, dtype=torch.double).requires_grad_()
+
+    def run(product):
+        h = start
+        for _ in range(4):
+            h = torch.tanh(product(bias.expand_as(h) if directions else bias, h))
+        return torch.autograd.grad(h.pow(2).sum(), (weight, bias, start))
+
+    step = StepWeight(weight)
+    ours = run(step.product)
+    reference = run(lambda add, x: (torch.baddbmm if directions else torch.addmm)(add, x, weight))
+    for got, want in zip(ours, reference):
+        torch.testing.assert_close(got, want)
+    assert not step.record  # the saved steps are released after the backward pass
+
+
+def test_lstm_cell_node_has_the_gradients_of_its_formula():
+    """The training cell's hand-written backward: gradcheck in fp64 (h and c used, each alone),
+    and bf16 gates against autograd's fp32 graph of the same formula."""
+    from nmt.kernels.lstm import lstm_cell
+
+    gen = torch.Generator().manual_seed(0)
+    gates = (torch.randn(5, 4 * 8, generator=gen, dtype=torch.double) * 3).requires_grad_()
+    c = torch.randn(5, 8, generator=gen, dtype=torch.double).requires_grad_()
+    for pick in (lambda out: out, lambda out: out[0], lambda out: out[1]):
+        assert torch.autograd.gradcheck(lambda g, c: pick(lstm_cell(g, c)), (gates, c))
+
+    gates = (torch.randn(7, 4 * 16, generator=gen) * 3).bfloat16().requires_grad_()
+    c = torch.randn(7, 16, generator=gen).requires_grad_()
+    weights = torch.randn(7, 16, generator=gen), torch.randn(7, 16, generator=gen)
+    h_new, c_new = lstm_cell(gates, c)
+    assert h_new.dtype == torch.bfloat16 and c_new.dtype == torch.float32
+    i, f, g, o = gates.float().chunk(4, dim=-1)
+    c_ref = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    h_ref = torch.sigmoid(o) * torch.tanh(c_ref)
+    torch.testing.assert_close(h_new.float(), h_ref, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(c_new, c_ref, atol=1e-5, rtol=1e-5)
+    grads = torch.autograd.grad((h_new.float() * weights[0]).sum() + (c_new * weights[1]).sum(), (gates, c))
+    refs = torch.autograd.grad((h_ref * weights[0]).sum() + (c_ref * weights[1]).sum(), (gates, c))
+    assert grads[0].dtype == torch.bfloat16 and grads[1].dtype == torch.float32
+    for grad, ref in zip(grads, refs):
+        torch.testing.assert_close(grad.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_lstm_cell_without_gradients_equals_the_training_cell(dtype):
     """Decoding's LSTM cell (sigmoid-based tanh) gives the training cell's h and c to rounding,

@@ -7,7 +7,8 @@ the table, and this package holds what was measured to win there:
 
 - ``lstm``: the LSTM encoder stepped through time on ``nn.LSTM``'s own weights (both directions
   in one batched matmul, no packed-sequence buffers), the decoder's step as one matmul on
-  weights cast once per sequence, and ``tanh`` from ``sigmoid`` (~6x faster on CPU);
+  weights cast once per sequence, the cell as one autograd node, a recurrent weight's gradient
+  as one matmul over all steps, and ``tanh`` from ``sigmoid`` (~6x faster on CPU);
 - ``dropout``: masks from 16-bit uniforms, a quarter of the random draws;
 - ``attention``: Bahdanau's additive score by hand, recomputed in the backward pass;
 - ``sdpa``: attention of decoding steps as plain matmuls, fp32 attention under bf16 autocast;

@@ -6,6 +6,9 @@
   per-step full-size gradient buffers; the input projections of all positions are one matmul.
 - ``step_weights`` / ``decoder_step``: a decoder step costs one matmul per layer,
   ``[h; input] @ [W_hh W_ih]^T``, on weights cast once per sequence under autocast.
+- ``StepWeight``: in training, the gradient of a recurrent weight as one matmul over all
+  steps at the end of the backward pass, not one per step;
+- ``lstm_cell``: the cell as one autograd node with a hand-written backward;
 - ``tanh`` as ``2 sigmoid(2x) - 1``: torch's CPU tanh is ~6x slower than its sigmoid.
 """
 
@@ -61,13 +64,122 @@ def tanh(x: Tensor) -> Tensor:
     return (torch.sigmoid(2 * y) * 2).sub_(1).to(x.dtype)
 
 
+# --- the recurrent weights: one gradient matmul for all steps ------------------------------------
+class _SummedOverSteps(torch.autograd.Function):
+    """The identity on a weight that every step of a sequence multiplies by; its backward, which
+    runs after every step's, computes the weight's gradient from the steps' saved inputs and
+    output gradients (``record``) as one matmul."""
+
+    @staticmethod
+    def forward(ctx, weight: Tensor, record: list) -> Tensor:
+        ctx.record = record
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx, _zero: Tensor) -> tuple[Tensor | None, None]:
+        if not ctx.record:
+            return None, None
+        inputs, grads = zip(*ctx.record)
+        ctx.record.clear()
+        dim = inputs[0].dim() - 2  # the rows: (N, in) or (D, N, in)
+        return torch.cat(inputs, dim).transpose(-2, -1) @ torch.cat(grads, dim), None
+
+
+class _StepProduct(torch.autograd.Function):
+    """``add + x @ weight`` (or per direction, ``baddbmm``) in the weight's dtype; its backward
+    gives ``add`` and ``x`` their gradients and leaves the weight's to ``_SummedOverSteps``."""
+
+    @staticmethod
+    def forward(ctx, add: Tensor, x: Tensor, weight: Tensor, record: list) -> Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            x_in = x.to(weight.dtype)
+            out = (torch.addmm if x.dim() == 2 else torch.baddbmm)(add.to(weight.dtype), x_in, weight)
+        ctx.save_for_backward(x_in, weight)
+        ctx.record, ctx.add_shape, ctx.dtypes = record, add.shape, (add.dtype, x.dtype)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None, None]:
+        x, weight = ctx.saved_tensors
+        grad = grad.to(weight.dtype)
+        ctx.record.append((x, grad))
+        grad_add = grad if grad.shape == ctx.add_shape else grad.sum_to_size(ctx.add_shape)
+        return grad_add.to(ctx.dtypes[0]), (grad @ weight.transpose(-2, -1)).to(ctx.dtypes[1]), None, None
+
+
+class StepWeight:
+    """A recurrent weight (in, out), or one per direction (D, in, out), that every time step
+    multiplies by: ``product(add, x) = add + x @ weight``. Autograd would compute its gradient
+    as one small matmul per step (over the batch's rows) summed in the weight's dtype; here the
+    steps save their inputs and output gradients and the gradient is one matmul over steps x rows
+    at the end of the backward pass, accumulated in fp32 inside it."""
+
+    def __init__(self, weight: Tensor) -> None:
+        self.record: list[tuple[Tensor, Tensor]] = []
+        self.tracked = torch.is_grad_enabled() and weight.requires_grad
+        self.weight = _SummedOverSteps.apply(weight, self.record) if self.tracked else weight
+
+    def product(self, add: Tensor, x: Tensor) -> Tensor:
+        if self.tracked:
+            return _StepProduct.apply(add, x, self.weight, self.record)
+        return (torch.addmm if x.dim() == 2 else torch.baddbmm)(add, x, self.weight)
+
+
 def affine(add: Tensor, x: Tensor, w: Any) -> Tensor:
-    """``add + x @ w`` for x (..., in) and a (in, out) matrix ``w``, or an int8 one
-    (``nmt.kernels.int8.Int8Linear`` of the transposed matrix); ``add`` is a bias, or per row
+    """``add + x @ w`` for x (..., in) and a (in, out) matrix ``w``, a ``StepWeight``, or an int8
+    one (``nmt.kernels.int8.Int8Linear`` of the transposed matrix); ``add`` is a bias, or per row
     for a 2-D ``x``."""
+    if isinstance(w, StepWeight):
+        return w.product(add, x)
     if not isinstance(w, Tensor):
         return w(x).add_(add)
     return torch.addmm(add, x, w) if x.dim() == 2 else F.linear(x, w.t(), add)
+
+
+class _Cell(torch.autograd.Function):
+    """The LSTM cell as one autograd node, in at least fp32 whatever the gates' dtype:
+
+    - forward: one sigmoid over all four gates, the cell input's tanh from it
+      (``tanh x = 2 sigmoid(2x) - 1``: its columns are doubled first), then
+      ``c' = f c + i g`` and ``h = o tanh c'``;
+    - backward by hand from the saved activations, ``d sigmoid = s (1 - s)`` over all four gates
+      at once (``1 - g^2`` for the cell input): about half the small ops autograd's graph of the
+      same formula runs per time step, which is what a stepped LSTM spends its non-matmul time on.
+    """
+
+    @staticmethod
+    def forward(ctx, gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+        size = c.size(-1)
+        s = gates.to(cell_dtype(gates.dtype), copy=True)
+        s[..., 2 * size : 3 * size].mul_(2)
+        s.sigmoid_()
+        i, f, g, o = s.split(size, dim=-1)
+        g.mul_(2).sub_(1)  # tanh of the cell input, in place
+        c_new = (f * c).addcmul_(i, g)
+        tanh_c = tanh(c_new)
+        ctx.save_for_backward(s, c, tanh_c)
+        ctx.dtypes = (gates.dtype, c.dtype)
+        return (o * tanh_c).to(gates.dtype), c_new
+
+    @staticmethod
+    def backward(ctx, grad_h: Tensor | None, grad_c: Tensor | None) -> tuple[Tensor, Tensor]:
+        s, c, tanh_c = ctx.saved_tensors
+        size = c.size(-1)
+        i, f, g, o = s.split(size, dim=-1)
+        grad_h = torch.zeros_like(tanh_c) if grad_h is None else grad_h.to(tanh_c.dtype)
+        # dL/dc' = dL/dh o (1 - tanh^2 c') + dL/dc'
+        dc = (1 - tanh_c * tanh_c).mul_(o).mul_(grad_h)
+        if grad_c is not None:
+            dc.add_(grad_c)
+        grad = s * (1 - s)  # d sigmoid of each gate ...
+        grad_g = grad[..., 2 * size : 3 * size]
+        torch.addcmul(torch.ones_like(g), g, g, value=-1, out=grad_g)  # ... and d tanh of the cell input
+        gi, gf, gg, go = grad.split(size, dim=-1)
+        gi.mul_(dc).mul_(g)
+        gf.mul_(dc).mul_(c)
+        gg.mul_(dc).mul_(i)
+        go.mul_(grad_h).mul_(tanh_c)
+        return grad.to(ctx.dtypes[0]), (dc * f).to(ctx.dtypes[1])
 
 
 def lstm_cell(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
@@ -75,13 +187,13 @@ def lstm_cell(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
     cell ``c`` keeps its own (fp32) precision; ``h`` comes out in the gates' dtype, the one its
     consumers (the next step's matmuls, attention) compute in, so it is cast once, not by each.
 
-    Without gradients (decoding) the two tanh are the sigmoid-based ``tanh``: the cell takes half
-    the time at a beam search's 500 rows. Training keeps ``torch.tanh``: with the backward pass
-    and the casts of bf16 gates, the extra ops measured 5-15% slower per step at 2 threads."""
+    Both tanh are the sigmoid-based ``tanh``. In training the cell is one autograd node
+    (``_Cell``); without gradients (decoding) the same ops run unrecorded."""
+    if torch.is_grad_enabled() and (gates.requires_grad or c.requires_grad):
+        return _Cell.apply(gates, c)
     i, f, g, o = gates.chunk(4, dim=-1)
-    act = torch.tanh if torch.is_grad_enabled() else tanh
-    c = torch.sigmoid(f) * c + torch.sigmoid(i) * act(g)
-    return (torch.sigmoid(o) * act(c)).to(gates.dtype), c
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * tanh(g)
+    return (torch.sigmoid(o) * tanh(c)).to(gates.dtype), c
 
 
 # --- encoder -----------------------------------------------------------------------------------
@@ -115,13 +227,18 @@ def encoder_layer(rnn: nn.LSTM, x: Tensor, mask: Tensor, layer: int, int8_input:
     x_proj = x_proj.view(length, batch, dirs, -1).transpose(1, 2)  # (S, D, B, 4h)
     if dirs == 2:  # the backward direction reads the positions last to first
         x_proj = torch.stack([x_proj[:, 0], x_proj[:, 1].flip(0)], dim=1)
-    w_hh = in_autocast_dtype(torch.stack(_params(rnn, "weight_hh", layer)).transpose(1, 2))  # (D, h, 4h)
-    h = x.new_zeros(dirs, batch, w_hh.size(1), dtype=w_hh.dtype)  # (D, B, h), the matmuls' dtype
-    c = x.new_zeros(dirs, batch, w_hh.size(1), dtype=cell_dtype(x.dtype))
+    w_hh = StepWeight(in_autocast_dtype(torch.stack(_params(rnn, "weight_hh", layer)).transpose(1, 2)))  # (D, h, 4h)
+    size, dtype = w_hh.weight.size(1), w_hh.weight.dtype
+    h = x.new_zeros(dirs, batch, size, dtype=dtype)  # (D, B, h), the matmuls' dtype
+    c = x.new_zeros(dirs, batch, size, dtype=cell_dtype(x.dtype))
     outputs = []
-    for x_t, m_t in zip(x_proj.unbind(0), mask.unbind(0)):
-        h_new, c_new = lstm_cell(torch.baddbmm(x_t, h, w_hh), c)
-        h, c = torch.where(m_t, h_new, h), torch.where(m_t, c_new, c)  # padding keeps the state
+    full = mask.flatten(1).all(1).tolist()  # steps where no sentence of either direction is padding
+    for x_t, m_t, no_padding in zip(x_proj.unbind(0), mask.unbind(0), full):
+        h_new, c_new = lstm_cell(w_hh.product(x_t, h), c)
+        if no_padding:
+            h, c = h_new, c_new
+        else:  # padding keeps the state
+            h, c = torch.where(m_t, h_new, h), torch.where(m_t, c_new, c)
         outputs.append(h)
     out = torch.stack(outputs) * mask  # (S, D, B, h), zero on padding
     if dirs == 2:
@@ -154,7 +271,7 @@ def step_weights(rnn: nn.LSTM, emb_size: int) -> StepWeights:
         if layer == 0:
             w_emb, w_ih = w_ih[:, :emb_size], w_ih[:, emb_size:]
         w = torch.cat([w_hh, w_ih], dim=1) if w_ih.size(1) else w_hh  # (4H, H + I)
-        layers.append((in_autocast_dtype(w.t()), in_autocast_dtype(sum_biases(b_ih, b_hh))))
+        layers.append((StepWeight(in_autocast_dtype(w.t())), in_autocast_dtype(sum_biases(b_ih, b_hh))))
     return StepWeights(w_emb.t(), layers[0][1], layers)
 
 
@@ -162,7 +279,7 @@ def quantized(weights: StepWeights) -> StepWeights:
     """The same step weights as int8 matmuls (inference)."""
     from nmt.kernels.int8 import Int8Linear
 
-    return StepWeights(Int8Linear(weights.emb.t()), weights.bias, [(Int8Linear(w.t()), b) for w, b in weights.layers])
+    return StepWeights(Int8Linear(weights.emb.t()), weights.bias, [(Int8Linear(w.weight.t()), b) for w, b in weights.layers])
 
 
 def decoder_step(x_proj: Tensor, feed: Tensor | None, h: list[Tensor], c: list[Tensor], weights: StepWeights,
