@@ -165,3 +165,11 @@ def test_eole_accepts_the_configs(tmp_path, model, eole_python):
                 "lstm_bahdanau": ["brnn", "2", "256", "2", "mlp"]}[model]
     assert fields[: len(expected)] == expected
     assert fields[-4:] == ["torch.float32", "5", "wu", "torch.bfloat16"]
+
+
+def test_reused_checkpoints_must_have_the_asked_steps(tmp_path):
+    """``--reuse-checkpoints`` translates with an earlier run's checkpoint only if it trained
+    the asked number of steps (its summary.json says so)."""
+    assert compare.trained_steps(tmp_path) is None
+    (tmp_path / "summary.json").write_text('{"steps": 300}')
+    assert compare.trained_steps(tmp_path) == 300
