@@ -312,7 +312,7 @@ class TranslationModule(L.LightningModule):
         Refuses (ValueError) to save non-finite weights. Lightning calls this hook on every rank
         and DDP keeps the ranks' weights equal, so under DDP all ranks stop together; the file
         writer (``AtomicCheckpointIO``, rank 0 only) would stop rank 0 alone and leave the others
-        waiting at their next collective."""
+        to fail or wait at their next collective."""
         bad = nonfinite(self.named_parameters())
         if bad:
             raise ValueError(
