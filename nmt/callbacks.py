@@ -16,7 +16,7 @@ from lightning_fabric.plugins import TorchCheckpointIO
 from pytorch_lightning.callbacks import Callback, EMAWeightAveraging, RichProgressBar, Timer
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from nmt.checkpoint import atomic_save, nonfinite
+from nmt.checkpoint import atomic_save
 from nmt.schedules import WarmupCosine
 
 log = logging.getLogger(__name__)
@@ -308,17 +308,10 @@ class RunProgressBar(RichProgressBar):
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes a checkpoint to a temporary file in the target folder, flushes it to disk and renames
-    it over the target, so a crash while saving leaves the previous file intact. Refuses (ValueError)
-    to write a checkpoint whose weights are not finite, so a diverged model never replaces a good one
-    (in training, ``TranslationModule.on_save_checkpoint`` refuses first, on every DDP rank)."""
+    it over the target, so a crash while saving leaves the previous file intact. (Non-finite weights
+    never reach it: ``TranslationModule.on_save_checkpoint`` refuses them first, on every DDP rank.)"""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None) -> None:
-        bad = nonfinite(checkpoint.get("state_dict", {}).items())
-        if bad:
-            raise ValueError(
-                f"refusing to write {path}: non-finite weights in {', '.join(bad[:5])}"
-                f"{' ...' if len(bad) > 5 else ''}; the checkpoints already written are kept"
-            )
         if "://" in str(path):  # remote storage: Lightning's fsspec writer
             return super().save_checkpoint(checkpoint, path, storage_options)
         atomic_save(checkpoint, path)

@@ -309,10 +309,10 @@ class TranslationModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Everything added here is a tensor or a plain container (weights-only loading).
 
-        Refuses (ValueError) to save non-finite weights. Lightning calls this hook on every rank
-        and DDP keeps the ranks' weights equal, so under DDP all ranks stop together; the file
-        writer (``AtomicCheckpointIO``, rank 0 only) would stop rank 0 alone and leave the others
-        to fail or wait at their next collective."""
+        Refuses (ValueError) to save non-finite weights, so a diverged model never replaces a good
+        checkpoint. Lightning calls this hook on every rank and DDP keeps the ranks' weights equal,
+        so under DDP all ranks stop together; a check in the file writer (rank 0 only) would stop
+        rank 0 alone and leave the others to fail or wait at their next collective."""
         bad = nonfinite(self.named_parameters())
         if bad:
             raise ValueError(

@@ -162,15 +162,14 @@ class _Cell(torch.autograd.Function):
         return (o * tanh_c).to(gates.dtype), c_new
 
     @staticmethod
-    def backward(ctx, grad_h: Tensor | None, grad_c: Tensor | None) -> tuple[Tensor, Tensor]:
+    def backward(ctx, grad_h: Tensor, grad_c: Tensor) -> tuple[Tensor, Tensor]:
+        # an unused output's gradient arrives as zeros (autograd materialises it)
         s, c, tanh_c = ctx.saved_tensors
         size = c.size(-1)
         i, f, g, o = s.split(size, dim=-1)
-        grad_h = torch.zeros_like(tanh_c) if grad_h is None else grad_h.to(tanh_c.dtype)
+        grad_h = grad_h.to(tanh_c.dtype)
         # dL/dc' = dL/dh o (1 - tanh^2 c') + dL/dc'
-        dc = (1 - tanh_c * tanh_c).mul_(o).mul_(grad_h)
-        if grad_c is not None:
-            dc.add_(grad_c)
+        dc = (1 - tanh_c * tanh_c).mul_(o).mul_(grad_h).add_(grad_c)
         grad = s * (1 - s)  # d sigmoid of each gate ...
         grad_g = grad[..., 2 * size : 3 * size]
         torch.addcmul(torch.ones_like(g), g, g, value=-1, out=grad_g)  # ... and d tanh of the cell input
