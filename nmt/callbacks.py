@@ -75,7 +75,7 @@ class LastCheckpoint(Callback):
         self._previous = {}
 
     def _save(self, trainer: L.Trainer) -> None:
-        trainer.save_checkpoint(self.path)
+        trainer.save_checkpoint(self.path, weights_only=False)  # optimizer and loops too: a run resumes from it
         self.step = trainer.global_step
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
