@@ -65,6 +65,11 @@ def tanh(x: Tensor) -> Tensor:
 
 
 # --- the recurrent weights: one gradient matmul for all steps ------------------------------------
+def _addmm(add: Tensor, x: Tensor, weight: Tensor) -> Tensor:
+    """``add + x @ weight``: (N, in) rows, or per direction (D, N, in) with (D, in, out)."""
+    return (torch.addmm if x.dim() == 2 else torch.baddbmm)(add, x, weight)
+
+
 class _SummedOverSteps(torch.autograd.Function):
     """The identity on a weight that every step of a sequence multiplies by; its backward, which
     runs after every step's, computes the weight's gradient from the steps' saved inputs and
@@ -93,7 +98,7 @@ class _StepProduct(torch.autograd.Function):
     def forward(ctx, add: Tensor, x: Tensor, weight: Tensor, record: list) -> Tensor:
         with torch.autocast(x.device.type, enabled=False):
             x_in = x.to(weight.dtype)
-            out = (torch.addmm if x.dim() == 2 else torch.baddbmm)(add.to(weight.dtype), x_in, weight)
+            out = _addmm(add.to(weight.dtype), x_in, weight)
         ctx.save_for_backward(x_in, weight)
         ctx.record, ctx.add_shape, ctx.dtypes = record, add.shape, (add.dtype, x.dtype)
         return out
@@ -122,7 +127,7 @@ class StepWeight:
     def product(self, add: Tensor, x: Tensor) -> Tensor:
         if self.tracked:
             return _StepProduct.apply(add, x, self.weight, self.record)
-        return (torch.addmm if x.dim() == 2 else torch.baddbmm)(add, x, self.weight)
+        return _addmm(add, x, self.weight)
 
 
 def affine(add: Tensor, x: Tensor, w: Any) -> Tensor:
