@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import platform
 import signal
 import time
 from pathlib import Path
@@ -142,6 +143,23 @@ def test_checkpoint(cfg: DictConfig, trainer: L.Trainer, ckpt_path: str | None, 
     if not best:
         log.warning("no best checkpoint was saved; testing the final weights")
     return best or last
+
+
+def cpu_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name, with its family and model number where Linux gives them (one
+    name, e.g. ``AMD EPYC``, covers several generations whose speeds differ)."""
+    try:
+        lines = cpuinfo.read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields: dict[str, str] = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in fields and "model" in fields:
+        return f"{name} (family {fields['cpu family']}, model {fields['model']})"
+    return name
 
 
 def count_parameters(model: torch.nn.Module) -> int:
@@ -287,7 +305,7 @@ def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: t
         "hardware": {  # what the wall-clock numbers were measured on
             "accelerator": type(trainer.accelerator).__name__, "devices": trainer.num_devices,
             "num_nodes": trainer.num_nodes, "precision": str(trainer.precision),
-            "cpu_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+            "cpu": cpu_name(), "cpu_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         },
         "metrics": metrics,

@@ -31,7 +31,6 @@ import copy
 import json
 import logging
 import os
-import platform
 import resource
 import sys
 import time
@@ -56,7 +55,7 @@ from nmt import kernels  # noqa: E402
 from nmt.kernels.malloc import keep_freed_memory, release_freed_memory  # noqa: E402
 from nmt.models.rnn import RNNDecoder, RNNEncoder  # noqa: E402
 from nmt.models.transformer import TransformerDecoder, TransformerEncoder  # noqa: E402
-from nmt.train import build_datamodule, build_model, build_module, count_parameters  # noqa: E402
+from nmt.train import build_datamodule, build_model, build_module, count_parameters, cpu_name  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +256,7 @@ def train_config(cfg: DictConfig, preset: str) -> DictConfig:
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [
-        f"Device: {report['device']}, {report['threads']} threads; matmul peak "
+        f"Device: {report['device']}; CPU {report['cpu']}, {report['threads']} threads; matmul peak "
         f"{report['matmul_peak_gflops']:.0f} GFLOP/s ({report['dtype']}); data {report['data']} "
         f"(padding over an epoch of training batches {100 * report['epoch_padding']:.1f}%); "
         f"load average {report['load_average_start']:.1f} at the start, {report['load_average_end']:.1f} at the end.",
@@ -321,7 +320,7 @@ def run(cfg: DictConfig) -> None:
     report: dict[str, Any] = {
         "device": str(device), "threads": torch.get_num_threads(), "dtype": str(dtype).replace("torch.", ""),
         "matmul_peak_gflops": peak / 1e9, "data": HydraConfig.get().runtime.choices.get("data"),
-        "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
+        "torch": torch.__version__, "cpu": cpu_name(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "load_average_start": os.getloadavg()[0],
         "epoch_padding": dm.train_padding, "config": OmegaConf.to_container(cfg, resolve=True), "lengths": asdict(lengths), "models": [],
     }

@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare_opennmt import (ONMT_MODELS, ROOT, onmt_config, onmt_speed, our_speed, report_speed,  # noqa: E402
                              write_pieces, yaml_lines)
 from nmt import register_resolvers  # noqa: E402  (compare_opennmt puts the checkout on sys.path)
+from nmt.train import cpu_name  # noqa: E402
 
 log = logging.getLogger("compare_eole")
 
@@ -301,13 +302,14 @@ def main() -> None:
 
     speeds = train_speeds(args, paths, work) if args.rounds else {}
     translated = translations(args, paths, work) if args.translate_steps else {}
-    report = {"eole_torch": versions, "data": args.data, "steps": args.steps, "rounds": args.rounds, "threads": args.threads,
+    cpu = cpu_name()
+    report = {"eole_torch": versions, "cpu": cpu, "data": args.data, "steps": args.steps, "rounds": args.rounds, "threads": args.threads,
               "translate_steps": args.translate_steps, "translate_rounds": args.translate_rounds,
               "translate_lines": args.translate_lines, "speeds": speeds, "translation": translated}
     lines = []
     if speeds:
         lines += median_table(f"Target tokens/s, {args.data}, {BATCH_TOKENS:,}-token batches, {args.steps} steps, "
-                              f"{args.threads} threads; median of {args.rounds} alternating rounds (eole, torch: {versions})",
+                              f"{args.threads} threads of {cpu}; median of {args.rounds} alternating rounds (eole, torch: {versions})",
                               speeds, ",.0f") + [""]
     if translated:
         seconds = {m: {s: r["seconds"] for s, r in by.items()} for m, by in translated.items()}

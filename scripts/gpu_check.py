@@ -93,7 +93,7 @@ from benchmark_checkpointing import SavedBytes  # noqa: E402
 from nmt import CONF_DIR, register_resolvers  # noqa: E402
 from nmt.decoding import beam_search  # noqa: E402
 from nmt.specials import PAD  # noqa: E402
-from nmt.train import build_model, build_module, count_parameters, train  # noqa: E402
+from nmt.train import build_model, build_module, count_parameters, cpu_name, train  # noqa: E402
 
 PRESETS = ["lstm", "transformer", "lstm_luong", "lstm_bahdanau"]  # the slowest last: it gets the time the others left
 PRECISIONS = ["bf16-mixed", "16-mixed"]
@@ -399,7 +399,7 @@ class Check:
             "device": str(self.device), "torch": torch.__version__, "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
             "lightning": L.__version__, "python": platform.python_version(), "cpu_count": os.cpu_count(),
-            "cpu_threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
+            "cpu_threads": torch.get_num_threads(), "cpu": cpu_name(),
         })
         if self.mode.cuda:
             props = torch.cuda.get_device_properties(0)

@@ -13,7 +13,7 @@ import torch
 from nmt.checkpoint import load_checkpoint
 from nmt.data.tokenizer import PAD
 from nmt.decoding import beam_search, greedy_search
-from nmt.train import build_model, build_module, train
+from nmt.train import build_model, build_module, cpu_name, train
 from nmt.translate import translate_lines
 from tests.conftest import ROOT, TORCH_INIT
 
@@ -37,6 +37,7 @@ def test_train_checkpoint_test_translate(cfg_train, model):
     assert summary["parameters"] > 0 and summary["steps"] > 0
     assert 0 < summary["train_tgt_tokens_per_sec"] < summary["train_tokens_per_sec"]
     assert summary["hardware"]["accelerator"] == "CPUAccelerator" and summary["hardware"]["cpu_threads"] == torch.get_num_threads()
+    assert summary["hardware"]["cpu"] == cpu_name()
     for name in ("bleu_by_length.csv", "bleu_by_length.json", "bleu_by_length.md", "bleu_by_length.png", "test_hyps.txt"):
         assert (Path(cfg.paths.output_dir) / name).is_file()
     assert f"| {model} BLEU [95% CI] |" in (Path(cfg.paths.output_dir) / "bleu_by_length.md").read_text()
@@ -66,6 +67,16 @@ def test_the_summary_describes_the_run_not_the_tested_checkpoint(cfg_train):
     assert summary["tested_checkpoint"]["step"] < summary["steps"] == last["global_step"]
     counters = last["counters"]
     assert summary["train_tokens_per_sec"] == round(counters["train_tokens"] / counters["train_seconds"], 1)
+
+
+def test_cpu_name_gives_the_family_and_model_where_linux_lists_them(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n\n"
+                       "processor\t: 1\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n")
+    assert cpu_name(cpuinfo) == "AMD EPYC (family 26, model 2)"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Some CPU\n")
+    assert cpu_name(cpuinfo) == "Some CPU"
+    assert cpu_name(tmp_path / "missing")  # no /proc: the platform's name
 
 
 def test_learns_the_tiny_task(cfg_train):
