@@ -6,16 +6,21 @@ Separate benchmark processes on a shared machine drift by more than the few perc
 is judged by; here both versions train in turns inside one process. The other revision's
 ``nmt/`` is extracted with ``git archive`` as the package ``nmt_before`` (its imports and config
 targets renamed), both models get the same initial weights, and they train with their own
-``TranslationModule.loss`` and optimizer on the same Multi30k batches, in interleaved rounds
-(old-new, then new-old). Prints, per preset, the ratio of the median round times (before / after:
-above 1, this tree is faster) and writes the round times as JSON to ``--out``.
+``TranslationModule.loss`` and optimizer on the same Multi30k batches. In each round every batch
+trains both, one right after the other (old-new, then new-old for the next batch), so the
+machine's drift hits the two alike. Prints, per preset, before / after (above 1: this tree is
+faster) as the ratio of the median round times and as the geometric mean of the paired steps'
+ratios with a 95% bootstrap interval; writes the times as JSON to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
+import math
+import random
 import re
 import statistics
 import subprocess
@@ -32,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from hydra.utils import instantiate  # noqa: E402
+from hydra.utils import get_object, instantiate  # noqa: E402
 from omegaconf import OmegaConf, open_dict  # noqa: E402
 
 import nmt  # noqa: E402
@@ -52,12 +57,32 @@ def extract(revision: str, into: Path) -> None:
         path.write_text(re.sub(r"\b(from|import) nmt\b", r"\1 nmt_before", path.read_text()))
 
 
-def before_targets(node):
-    """A config with every ``_target_: nmt.*`` pointing into ``nmt_before``."""
-    if isinstance(node, dict):
-        return {k: ("nmt_before" + v[3:] if k == "_target_" and isinstance(v, str) and v.startswith("nmt.") else before_targets(v))
-                for k, v in node.items()}
-    return [before_targets(v) for v in node] if isinstance(node, list) else node
+def before_targets(node, dropped: list[str], path: str = "model"):
+    """A config with every ``_target_: nmt.*`` pointing into ``nmt_before``, without the keys its
+    constructor does not take (options added since; their names go to ``dropped``). Both models
+    get the same weights, so a key that only sets the initialisation changes nothing."""
+    if isinstance(node, list):
+        return [before_targets(v, dropped, f"{path}[{i}]") for i, v in enumerate(node)]
+    if not isinstance(node, dict):
+        return node
+    target = node.get("_target_")
+    if isinstance(target, str) and target.startswith("nmt."):
+        target = "nmt_before" + target[3:]
+        params = inspect.signature(get_object(target)).parameters
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            keep = [k for k in node if k in params or (k.startswith("_") and k.endswith("_"))]  # and _partial_ etc.
+            dropped += [f"{path}.{k}={node[k]}" for k in node if k not in keep]
+            node = {k: node[k] for k in keep}
+        node = {**node, "_target_": target}
+    return {k: v if k.startswith("_") else before_targets(v, dropped, f"{path}.{k}") for k, v in node.items()}
+
+
+def paired_ratio(ratios: list[float], resamples: int = 2000) -> tuple[float, float, float]:
+    """The geometric mean of per-step before/after time ratios and its 95% bootstrap interval."""
+    logs = [math.log(r) for r in ratios]
+    rng = random.Random(0)
+    means = sorted(statistics.fmean(rng.choices(logs, k=len(logs))) for _ in range(resamples))
+    return math.exp(statistics.fmean(logs)), math.exp(means[int(0.025 * resamples)]), math.exp(means[int(0.975 * resamples) - 1])
 
 
 def train_config(preset: str, data_dir: str):
@@ -107,33 +132,49 @@ def main() -> None:
             cfg = train_config(preset, args.data_dir)
             torch.manual_seed(0)
             model = build_model(cfg, dm.src_vocab.vocab_size, dm.tgt_vocab.vocab_size)
-            old_model = instantiate(OmegaConf.create(before_targets(OmegaConf.to_container(cfg.model, resolve=True))))
+            dropped: list[str] = []
+            old_model = instantiate(OmegaConf.create(before_targets(OmegaConf.to_container(cfg.model, resolve=True), dropped)))
+            if dropped:
+                print(f"{preset}: {args.before} takes no {', '.join(dropped)}; built without them")
             old_model.load_state_dict(model.state_dict())
             kwargs = {k: v for k, v in OmegaConf.to_container(cfg.module, resolve=True).items() if k != "_target_"}
             sides = {"before": nmt_before.lit_module.TranslationModule(old_model, optimizer=instantiate(cfg.optimizer), **kwargs),
                      "after": build_module(cfg, model)}
             optimizers = {name: instantiate(cfg.optimizer)(params=module.parameters()) for name, module in sides.items()}
 
-            def run(name: str, n: int) -> float:
-                module, optimizer = sides[name].train(), optimizers[name]
+            def step(name: str, batch: dict) -> float:
+                module, optimizer = sides[name], optimizers[name]
                 start = time.perf_counter()
-                for batch in batches[:n]:
-                    with autocast():
-                        loss, _ = module.loss(batch)
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    optimizer.step()
+                with autocast():
+                    loss, _ = module.loss(batch)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
                 return time.perf_counter() - start
 
-            times = {"before": [], "after": []}
-            run("before", 2), run("after", 2)  # warm-up
+            for module in sides.values():
+                module.train()
+            for batch in batches[:2]:  # warm-up
+                step("before", batch), step("after", batch)
+            times = {"before": [], "after": []}  # per round, the seconds of its steps
+            pairs = []  # before / after on the same batch, one right after the other
             for r in range(args.rounds):
-                for name in ("before", "after") if r % 2 == 0 else ("after", "before"):
-                    times[name].append(run(name, args.steps))
+                spent = {"before": 0.0, "after": 0.0}
+                for i, batch in enumerate(batches):
+                    seconds = {name: step(name, batch) for name in (("before", "after") if (r + i) % 2 == 0 else ("after", "before"))}
+                    pairs.append(seconds["before"] / seconds["after"])
+                    for name in spent:
+                        spent[name] += seconds[name]
+                for name in spent:
+                    times[name].append(spent[name])
             ratio = statistics.median(times["before"]) / statistics.median(times["after"])
-            results[preset] = {"seconds": times, "before_over_after": ratio}
-            print(f"{preset} {args.precision}: after is {ratio:.3f}x the speed of {args.before} "
-                  f"(round seconds before {[round(t, 2) for t in times['before']]}, after {[round(t, 2) for t in times['after']]})", flush=True)
+            paired, low, high = paired_ratio(pairs)
+            results[preset] = {"seconds": times, "before_over_after": ratio, "step_ratios": pairs,
+                               "paired": {"geometric_mean": paired, "ci95": [low, high]}}
+            print(f"{preset} {args.precision}: after is {ratio:.3f}x the speed of {args.before} by the median rounds, "
+                  f"{paired:.3f}x (95% CI {low:.3f}-{high:.3f}) by {len(pairs)} paired steps "
+                  f"(round seconds before {[round(t, 2) for t in times['before']]}, after {[round(t, 2) for t in times['after']]})",
+                  flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"before": args.before, "precision": args.precision, "results": results}, indent=1) + "\n")
 
