@@ -348,6 +348,7 @@ def prepare(source: Any, cache_dir: str | Path, tokenizer: Mapping[str, Any] | N
     key = folder_key(source.describe(), spec, src_words)
     folder = folder_for(Path(cache_dir), key)
     if (folder / "manifest.json").is_file():
+        mark_used(folder)
         return folder, False
     start = time.perf_counter()
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -387,6 +388,15 @@ def prepare(source: Any, cache_dir: str | Path, tokenizer: Mapping[str, Any] | N
     log.info("prepared %s in %.1fs: %s", folder, time.perf_counter() - start,
              ", ".join(f"{s} {splits[s]['pairs']}" for s in SPLITS))
     return folder, True
+
+
+def mark_used(folder: Path) -> None:
+    """Set the manifest's modification time to now: when the folder was last used
+    (`nmt.data.cache` prunes by it). A read-only cache is left as it is."""
+    try:
+        os.utime(folder / "manifest.json")
+    except OSError:
+        pass
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
