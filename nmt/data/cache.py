@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nmt.data.prepare import FORMAT
+from nmt.data.prepare import FORMAT, TMP_PREFIX
 
 log = logging.getLogger(__name__)
 DAY = 86400.0
@@ -44,10 +44,6 @@ class Entry:
     reason: str  # why stale or partial; what the source is otherwise
     size: int  # bytes
     last_used: float  # seconds since the epoch: the manifest's mtime, or a partial folder's newest file
-
-
-def _files(folder: Path) -> list[Path]:
-    return [p for p in folder.rglob("*") if p.is_file()]
 
 
 def _changed_file(files: dict[str, list[Any]]) -> str | None:
@@ -65,8 +61,7 @@ def _changed_file(files: dict[str, list[Any]]) -> str | None:
 
 def _describe(source: dict[str, Any]) -> str:
     if source.get("type") == "files":
-        train = source["files"].get("train", [None])
-        return "files: " + ", ".join(stamp[0] for stamp in train[1:])
+        return "files: " + ", ".join(stamp[0] for stamp in source["files"].get("train", [])[1:])
     if source.get("type") == "hub":
         return f"hub: {source['hub']}"
     return source.get("type", "unknown source")
@@ -74,10 +69,10 @@ def _describe(source: dict[str, Any]) -> str:
 
 def entry_for(folder: Path) -> Entry:
     """The state of one folder under `<cache_dir>/prepared/`."""
-    files = _files(folder)
-    size = sum(p.stat().st_size for p in files)
-    if folder.name.startswith(".tmp-"):
-        newest = max((p.stat().st_mtime for p in files), default=folder.stat().st_mtime)
+    stats = [p.stat() for p in folder.rglob("*") if p.is_file()]
+    size = sum(st.st_size for st in stats)
+    if folder.name.startswith(TMP_PREFIX):
+        newest = max((st.st_mtime for st in stats), default=folder.stat().st_mtime)
         return Entry(folder, "partial", "a preparation that did not finish", size, newest)
     manifest = folder / "manifest.json"
     try:
@@ -103,11 +98,10 @@ def entries(cache_dir: Path) -> list[Entry]:
     return [entry_for(p) for p in sorted(prepared.iterdir()) if p.is_dir()]
 
 
-def to_delete(found: list[Entry], unused_days: float | None = None, partial_hours: float = 24.0,
-              now: float | None = None) -> list[Entry]:
+def to_delete(found: list[Entry], unused_days: float | None = None, partial_hours: float = 24.0) -> list[Entry]:
     """The entries `prune` removes: stale ones, partial ones untouched for `partial_hours`, and
     with `unused_days` any folder not used for that long."""
-    now = time.time() if now is None else now
+    now = time.time()
     gone = []
     for entry in found:
         idle = now - entry.last_used
@@ -121,8 +115,8 @@ def _mb(size: int) -> str:
     return f"{size / 2**20:,.1f} MB"
 
 
-def table(found: list[Entry], now: float | None = None) -> str:
-    now = time.time() if now is None else now
+def table(found: list[Entry]) -> str:
+    now = time.time()
     lines = ["| folder | state | size | last used | source, or why |", "|---|---|---:|---|---|"]
     for e in found:
         used = datetime.datetime.fromtimestamp(e.last_used).strftime("%Y-%m-%d %H:%M")

@@ -46,6 +46,7 @@ from nmt.data.tokenizer import Tokenizer, options_with_defaults, text_hash, trai
 log = logging.getLogger(__name__)
 
 FORMAT = 1             # bump when the folder's layout or content changes
+TMP_PREFIX = ".tmp-"   # a folder being written, renamed when complete
 UINT16_VOCAB = 65536   # vocabularies up to this size store ids as uint16
 ENCODE_CHUNK = 20000   # sentences a worker encodes at a time
 SIDES = ("src", "tgt")
@@ -352,7 +353,7 @@ def prepare(source: Any, cache_dir: str | Path, tokenizer: Mapping[str, Any] | N
         return folder, False
     start = time.perf_counter()
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".tmp-{folder.name}-"))
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f"{TMP_PREFIX}{folder.name}-"))
     try:
         log.info("preparing %s in %s", json.dumps(key["source"])[:300], folder)
         splits = {split: _read_split(source, split, tmp, src_words) for split in SPLITS}
