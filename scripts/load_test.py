@@ -134,6 +134,7 @@ def main() -> int:
 
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
+    env.pop("NMT_SERVE_API_KEY", None)  # the clients send no key to this private server
     server = subprocess.Popen([sys.executable, "-m", "nmt.serve.app", f"ckpt={args.ckpt}", "host=127.0.0.1",
                                f"port={port}", f"decoding={args.decoding}", f"limits.max_queue={args.clients * 2}",
                                *args.overrides],

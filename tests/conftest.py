@@ -24,6 +24,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.pop("NMT_SERVE_API_KEY", None)  # nmt-serve's key (serve.yaml api_key): set only by the tests of it
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 register_resolvers()  # as every entry point does: the configs the tests compose use pad_to
@@ -102,3 +103,22 @@ def cfg_train(tmp_path: Path):
 
     yield make
     GlobalHydra.instance().clear()
+
+
+@pytest.fixture(scope="session")
+def serve_ckpt(tmp_path_factory) -> Path:
+    """A tiny Transformer and its run's BLEU-by-length report (test=true writes it): the model the
+    nmt-serve tests serve."""
+    from nmt.train import train
+
+    tmp_path = tmp_path_factory.mktemp("serve")
+    cfg = compose_train(tmp_path, ["trainer.max_epochs=3"], model="transformer")
+    train(cfg)
+    return Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+
+
+def serve_cfg(ckpt: Path, *overrides: str) -> DictConfig:
+    """``nmt/conf/serve.yaml`` for ``ckpt`` with ``overrides``."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("serve", overrides=[f"ckpt={ckpt}", *overrides])

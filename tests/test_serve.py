@@ -24,27 +24,17 @@ from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 
 from nmt.checkpoint import load_checkpoint  # noqa: E402
 from nmt.serve.app import create_app, load  # noqa: E402
-from nmt.train import train  # noqa: E402
 from nmt.translate import translate_lines  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
-from tests.conftest import CONF_DIR, ROOT, compose_train  # noqa: E402
+from tests.conftest import CONF_DIR, ROOT, serve_cfg  # noqa: E402
 
 LINES = (ROOT / "tests/data/tiny/test.src").read_text().splitlines()[:24]
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> Path:
-    """A tiny Transformer and its run's BLEU-by-length report (test=true writes it)."""
-    tmp_path = tmp_path_factory.mktemp("serve")
-    cfg = compose_train(tmp_path, ["trainer.max_epochs=3"], model="transformer")
-    train(cfg)
-    return Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
-
-
-def serve_cfg(ckpt: Path, *overrides: str):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("serve", overrides=[f"ckpt={ckpt}", *overrides])
+def ckpt(serve_ckpt: Path) -> Path:
+    """The tiny Transformer of tests/conftest.py (trained once for every nmt-serve test file)."""
+    return serve_ckpt
 
 
 @pytest.fixture(scope="module")

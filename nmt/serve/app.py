@@ -7,11 +7,13 @@ requests are decoded together (``nmt.serve.batching``) with ``nmt.translate``'s 
 sentence gets the translation ``translate.py`` gives it with the same decoding. ``GET /health``,
 ``GET /info`` (model, languages, vocabularies, training summary), ``GET /`` (a page to try the
 model), ``GET /report.png`` (the run's BLEU-by-length chart, when the checkpoint's run has one).
-Bad input is a 400 naming what is wrong; over a limit (``limits.*``) a 413 or 429 naming the limit.
+Bad input is a 400 naming what is wrong; over a limit (``limits.*``) a 413 or 429 naming the limit;
+what a request must be before it is read (API key, content type, size, time) is ``nmt.serve.guard``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import multiprocessing
@@ -26,6 +28,7 @@ from typing import Any
 import hydra
 import torch
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from hydra.utils import instantiate
@@ -36,12 +39,13 @@ from nmt.checkpoint import Loaded, load_checkpoint
 from nmt.data.tokenizer import EOS
 from nmt.decoding import beam_search, greedy_search
 from nmt.serve.batching import Batcher, QueueFull
+from nmt.serve.guard import (ApiKeyMiddleware, HeaderTimeoutH11Protocol, content_type_error, error, parse_request,
+                             read_body)
 from nmt.translate import decode_batches, model_max_src_len, prepare_model
 
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).resolve().parent / "static"
-OPTIONS = {"text", "beam_size", "nbest", "attention"}
 
 
 class Translator:
@@ -122,56 +126,6 @@ def find_report(ckpt: str | Path | None, run_config: dict[str, Any]) -> Path | N
     return next((f / "bleu_by_length.json" for f in folders if (f / "bleu_by_length.json").is_file()), None)
 
 
-def error(status: int, message: str, limit: str | None = None, value: Any = None) -> JSONResponse:
-    body: dict[str, Any] = {"error": message}
-    if limit is not None:
-        body.update(limit=limit, value=value)
-    return JSONResponse(body, status_code=status)
-
-
-def parse_request(body: bytes, limits: DictConfig, default_beam: int) -> tuple[list[str], tuple[int, int, bool]] | JSONResponse:
-    """The sentences and (beam_size, nbest, attention) of a request body, or the error response."""
-    try:
-        request = json.loads(body.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        return error(400, f"the request body is not valid UTF-8 ({e.reason} at byte {e.start})")
-    except json.JSONDecodeError as e:
-        return error(400, f"malformed JSON: {e.msg} (line {e.lineno}, column {e.colno})")
-    except RecursionError:
-        return error(400, "malformed JSON: nested too deeply")
-    if not isinstance(request, dict):
-        return error(400, 'the request must be a JSON object: {"text": ["a sentence", ...]}')
-    if unknown := sorted(set(request) - OPTIONS):
-        return error(400, f"unknown field(s) {', '.join(unknown)}: the fields are {', '.join(sorted(OPTIONS))}")
-    texts = request.get("text")
-    if isinstance(texts, str):
-        texts = [texts]
-    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-        return error(400, '"text" must be a string or a list of strings')
-    if len(texts) > limits.max_sentences:
-        return error(413, f"{len(texts)} sentences in one request; the limit is max_sentences={limits.max_sentences}",
-                     "max_sentences", limits.max_sentences)
-    for i, text in enumerate(texts):
-        if len(text) > limits.max_chars:
-            return error(413, f"sentence {i} has {len(text)} characters; the limit is max_chars={limits.max_chars}",
-                         "max_chars", limits.max_chars)
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            return error(400, f"sentence {i} is not valid Unicode (a lone surrogate escape such as \\ud800)")
-    values = {}
-    for key, default, top in (("beam_size", default_beam, limits.max_beam_size), ("nbest", 1, None)):
-        value = request.get(key, default)
-        top = values.get("beam_size") if top is None else top
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
-            return error(400, f'"{key}" must be an integer from 1 to {top}' + (" (the beam size)" if key == "nbest" else ""))
-        values[key] = value
-    attention = request.get("attention", False)
-    if not isinstance(attention, bool):
-        return error(400, '"attention" must be true or false')
-    return texts, (values["beam_size"], values["nbest"], attention)
-
-
 # --- the decoding process (batching.process=true) -------------------------------------------------
 _worker: Translator | None = None
 
@@ -217,17 +171,22 @@ def create_app(translator: Translator, cfg: DictConfig) -> FastAPI:
         yield
         await batcher.stop()
 
-    app = FastAPI(title="nmt", lifespan=lifespan)
+    docs = {} if cfg.docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}  # Swagger UI: a CDN's scripts
+    app = FastAPI(title="nmt", lifespan=lifespan, **docs)
     app.state.batcher, app.state.translator = batcher, translator
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    if (key := api_key(cfg)) is not None:
+        app.add_middleware(ApiKeyMiddleware, key=key)
+    if cfg.cors_origins:  # added last, so it runs first: preflights and 401s carry its headers
+        app.add_middleware(CORSMiddleware, allow_origins=list(cfg.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", "X-API-Key"])
     max_body = limits.max_sentences * (limits.max_chars * 6 + 8) + 1024  # JSON escapes: at most 6 bytes a character
 
     @app.post("/translate")
     async def translate(request: Request):
-        body = await request.body()
-        if len(body) > max_body:
-            return error(413, f"the request has {len(body)} bytes; the limit is {max_body} "
-                              f"(max_sentences={limits.max_sentences} x max_chars={limits.max_chars})", "max_request_bytes", max_body)
+        body = content_type_error(request) or await read_body(request, max_body, float(limits.read_timeout_s))
+        if isinstance(body, JSONResponse):
+            return body
         parsed = parse_request(body, limits, translator.default_beam)
         if isinstance(parsed, JSONResponse):
             return parsed
@@ -263,6 +222,18 @@ def create_app(translator: Translator, cfg: DictConfig) -> FastAPI:
     return app
 
 
+def api_key(cfg: DictConfig) -> str | None:
+    """``api_key`` (``NMT_SERVE_API_KEY`` by default), checked: printable ASCII, not empty."""
+    key = cfg.get("api_key")
+    if key is None:
+        return None
+    key = str(key)
+    if not key or not key.isascii() or not key.isprintable() or key != key.strip():
+        raise ValueError("api_key (or NMT_SERVE_API_KEY) must be printable ASCII without spaces at its ends; "
+                         "leave it null to serve without a key")
+    return key
+
+
 def load(cfg: DictConfig) -> Translator:
     gpu = torch.cuda.is_available() and str(cfg.precision) != "int8"
     device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if gpu else "cpu"))
@@ -282,8 +253,12 @@ def run(cfg: DictConfig) -> None:
     import uvicorn
 
     app = create_app(load(cfg), cfg)
+    limits = cfg.limits
     log.info("serving %s on http://%s:%d", cfg.ckpt, cfg.host, cfg.port)
-    uvicorn.run(app, host=cfg.host, port=int(cfg.port), log_level=cfg.log_level)
+    uvicorn.run(app, host=cfg.host, port=int(cfg.port), log_level=cfg.log_level,
+                http=functools.partial(HeaderTimeoutH11Protocol, header_timeout_s=float(limits.header_timeout_s)),
+                h11_max_incomplete_event_size=int(limits.max_header_bytes), timeout_keep_alive=int(limits.keep_alive_s),
+                limit_concurrency=int(limits.max_connections), timeout_graceful_shutdown=int(cfg.shutdown_timeout_s))
 
 
 if __name__ == "__main__":

@@ -1,12 +1,25 @@
 // The try-the-model page: POST /translate, show the best translations (n-best if asked) and, for
-// attention models, one heatmap per sentence (source pieces across, output pieces down).
+// attention models, one heatmap per sentence (source pieces across, output pieces down). A server
+// started with an API key answers 401: the page then asks for the key and keeps it in memory only.
 "use strict";
 const $ = (id) => document.getElementById(id);
 let info = null;
 let pending = 0;
+let apiKey = "";
+
+const withKey = (headers) => (apiKey ? { ...headers, Authorization: `Bearer ${apiKey}` } : headers);
+
+async function askForKey(response) {
+  $("key-form").hidden = false;
+  $("key").focus();
+  return (await response.json()).error;
+}
 
 async function loadInfo() {
-  info = await (await fetch("/info")).json();
+  const response = await fetch("/info", { headers: withKey({}) });
+  if (response.status === 401) { $("model").textContent = await askForKey(response); return; }
+  info = await response.json();
+  $("key-form").hidden = true;
   $("model").textContent = `${info.preset.encoder} → ${info.preset.decoder}, ` +
     `${info.parameters.toLocaleString("en")} parameters, ${info.training.run || ""}` +
     (info.training.test_bleu != null ? `, test BLEU ${info.training.test_bleu.toFixed(1)}` : "");
@@ -15,7 +28,11 @@ async function loadInfo() {
   $("beam").value = info.decoding.beam_size || 1;
   $("beam").max = $("nbest").max = info.limits.max_beam_size;
   if (!info.attention) { $("attention").checked = false; $("attention-label").hidden = true; }
-  if (info.report) { $("report-img").src = "/report.png"; $("report").hidden = false; }
+  if (info.report && !apiKey) { $("report-img").src = "/report.png"; $("report").hidden = false; }
+  if (info.report && apiKey) {  // an <img> cannot send the key: fetch the chart and show the bytes
+    const chart = await fetch("/report.png", { headers: withKey({}) });
+    if (chart.ok) { $("report-img").src = URL.createObjectURL(await chart.blob()); $("report").hidden = false; }
+  }
 }
 
 function el(tag, cls, text) {
@@ -63,8 +80,9 @@ async function translate() {
                     attention: $("attention").checked };
   const mine = ++pending;
   $("status").textContent = "";
-  const response = await fetch("/translate", { method: "POST", headers: { "Content-Type": "application/json" },
+  const response = await fetch("/translate", { method: "POST", headers: withKey({ "Content-Type": "application/json" }),
                                                body: JSON.stringify(request) });
+  if (response.status === 401) { $("status").textContent = await askForKey(response); return; }
   const body = await response.json();
   if (mine !== pending) return;  // a newer request was sent while this one ran
   if (!response.ok) { $("status").textContent = body.error; return; }
@@ -93,4 +111,9 @@ $("source").addEventListener("input", () => {
   timer = setTimeout(translate, 400);
 });
 $("source").addEventListener("keydown", (e) => { if (e.key === "Enter" && e.ctrlKey) translate(); });
+$("key-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  apiKey = $("key").value.trim();
+  loadInfo().catch((err) => { $("model").textContent = `cannot reach the server: ${err}`; });
+});
 loadInfo().catch((e) => { $("model").textContent = `cannot reach the server: ${e}`; });
