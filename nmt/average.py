@@ -113,7 +113,7 @@ def run_average(cfg: DictConfig) -> Path:
         raise CheckpointError("averaging needs at least two checkpoints")
     state = average(chosen, cfg.weights)
     newest_path, newest = chosen[-1]
-    result = release(newest, newest_path, cfg.weights,
+    result = release(newest, newest_path, cfg.weights, report=None,  # the run's test report is not of the average
                      averaged_from=[{"path": str(p), "step": c.get("global_step")} for p, c in chosen])
     result["state_dict"] = state
     atomic_save(result, out)

@@ -15,6 +15,7 @@ trust, since unpickling runs whatever code the file names.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
@@ -28,9 +29,7 @@ from typing import Any
 
 import sentencepiece as spm
 import torch
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
-
+from nmt import file_config
 from nmt.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -50,6 +49,7 @@ class Loaded:
     tgt_vocab: Tokenizer
     run_config: dict[str, Any]
     step: int | None = None  # the global step of the weights
+    report: dict[str, Any] | None = None  # the run's test report: {"summary": dict, "png": bytes | None}
 
 
 def _refused_global(error: Exception) -> str:
@@ -92,24 +92,28 @@ def read_checkpoint(path: str | Path, allow_pickle: bool = False, what: str = "c
                               f"{FORMAT}); upgrade nmt to use it")
     if "run_config" not in checkpoint or "tokenizers" not in checkpoint:
         raise CheckpointError(f"{path}: no saved run config/tokenizers: it was not written by nmt")
+    state, protos = checkpoint["state_dict"], checkpoint["tokenizers"]
+    if not isinstance(checkpoint["run_config"], dict):
+        raise CheckpointError(f"{path}: its run config is not a mapping: it was not written by nmt")
+    if not isinstance(state, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in state.items()):
+        raise CheckpointError(f"{path}: its state_dict is not a mapping of names to tensors: it was not written by nmt")
+    if not isinstance(protos, dict) or not all(isinstance(protos.get(side), bytes) for side in ("src", "tgt")):
+        raise CheckpointError(f"{path}: its tokenizers are not two SentencePiece models: it was not written by nmt")
     return checkpoint
 
 
-def check_targets(config: Any, allowed: tuple[str, ...], source: str) -> None:
-    """Refuse (``CheckpointError``) a config from a file that would build anything but classes
-    under ``allowed`` (module prefixes): ``hydra.utils.instantiate`` imports and calls whatever a
-    ``_target_`` names, so a crafted checkpoint could otherwise run code through its config."""
-    stack = [config]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            target = node.get("_target_")
-            if target is not None and not (isinstance(target, str) and target.startswith(allowed)):
-                raise CheckpointError(f"{source}: refused, its config would build {target!r} (only "
-                                      f"{', '.join(a + '*' for a in allowed)} are built from a checkpoint's config)")
-            stack.extend(node.values())
-        elif isinstance(node, (list, tuple)):
-            stack.extend(node)
+def check_run_config(checkpoint: dict[str, Any], source: str | Path) -> None:
+    """Refuse (``CheckpointError``) a checkpoint whose model or data config would build anything but
+    nmt's own classes or read the environment (``nmt.file_config.check``)."""
+    run_config = checkpoint["run_config"]
+    if not isinstance(run_config, dict):
+        raise CheckpointError(f"{source}: its run config is a {type(run_config).__name__}, not a mapping")
+    for section in ("model", "data"):
+        if section in run_config:
+            try:
+                file_config.check(run_config[section], section, str(source))
+            except file_config.ConfigRefused as e:
+                raise CheckpointError(str(e)) from None
 
 
 def checkpoint_kind(checkpoint: dict[str, Any]) -> str:
@@ -125,7 +129,10 @@ def tokenizer_protos(src_vocab: Tokenizer, tgt_vocab: Tokenizer) -> dict[str, by
 def tokenizer_from_proto(proto: bytes, name: str) -> Tokenizer:
     tok = Tokenizer.__new__(Tokenizer)
     tok.model_file, tok.trained = f"<checkpoint:{name}>", False
-    tok.sp = spm.SentencePieceProcessor(model_proto=proto)
+    try:
+        tok.sp = spm.SentencePieceProcessor(model_proto=proto)
+    except (RuntimeError, TypeError) as e:
+        raise CheckpointError(f"the {name} tokenizer saved in the checkpoint is not a SentencePiece model ({e})") from None
     return tok
 
 
@@ -159,25 +166,59 @@ def model_state(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
     return {k[len("model."):]: v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
 
 
-def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", model_config: dict | None = None,
-                    allow_pickle: bool = False) -> Loaded:
-    """Model (in eval mode), tokenizers and run config of a training or release checkpoint.
-    ``model_config`` replaces the saved model config (it must fit the weights)."""
+def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", allow_pickle: bool = False) -> Loaded:
+    """Model (in eval mode), tokenizers and run config of a training or release checkpoint. The
+    model is built from the checkpoint's config by ``nmt.file_config``: nmt's model classes only,
+    and weights that fit the config before any memory is spent on them."""
     path = Path(path)
     checkpoint = read_checkpoint(path, allow_pickle)
     run_config = checkpoint["run_config"]
-    if model_config is None:
-        check_targets(run_config["model"], ("nmt.models.",), str(path))
-    model_cfg = OmegaConf.create(model_config if model_config is not None else run_config["model"])
-    model = instantiate(model_cfg)
-    state = model_state(checkpoint)
-    check_weights(model, state, str(path))
-    model.load_state_dict(state)
+    if not isinstance(run_config, dict) or not isinstance(run_config.get("model"), dict):
+        raise CheckpointError(f"{path}: its run config has no model section; give a .ckpt written by nmt")
+    try:
+        model_cfg = file_config.check(run_config["model"], "model", str(path))
+        model = file_config.build_model(model_cfg, model_state(checkpoint), str(path), check_weights)
+    except file_config.ConfigRefused as e:
+        raise CheckpointError(str(e)) from None
     model.to(device).eval()
     protos = checkpoint["tokenizers"]
     log.info("loaded %s (%s, step %s)", path, checkpoint_kind(checkpoint), checkpoint.get("global_step"))
     return Loaded(model, tokenizer_from_proto(protos["src"], "src"), tokenizer_from_proto(protos["tgt"], "tgt"), run_config,
-                  checkpoint.get("global_step"))
+                  checkpoint.get("global_step"), run_report(checkpoint, path))
+
+
+REPORT = "bleu_by_length"  # <run>/bleu_by_length.json and .png, written by the run's test
+MAX_REPORT_BYTES = {"json": 4 << 20, "png": 16 << 20}
+
+
+def _report(summary: Any, png: Any) -> dict[str, Any] | None:
+    """A report of plain data, or None when ``summary`` is not a JSON object or ``png`` not a PNG."""
+    if isinstance(summary, (str, bytes)):
+        try:
+            summary = json.loads(summary)
+        except (ValueError, RecursionError):
+            return None
+    if not isinstance(summary, dict):
+        return None
+    if not (isinstance(png, bytes) and png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) <= MAX_REPORT_BYTES["png"]):
+        png = None
+    return {"summary": summary, "png": png}
+
+
+def run_report(checkpoint: dict[str, Any], path: str | Path) -> dict[str, Any] | None:
+    """The test report of the checkpoint's run: embedded in a release file, or, for a file in a
+    run's ``checkpoints/`` folder, ``bleu_by_length.json``/``.png`` of that run folder. Never read
+    from a path the checkpoint's config names; files over ``MAX_REPORT_BYTES`` are left out."""
+    if checkpoint_kind(checkpoint) == "release":
+        embedded = checkpoint.get("report")
+        return _report(embedded.get("summary"), embedded.get("png")) if isinstance(embedded, dict) else None
+    folder = Path(path).resolve().parent
+    if folder.name != "checkpoints":
+        return None
+    files = {kind: folder.parent / f"{REPORT}.{kind}" for kind in ("json", "png")}
+    found = {kind: f.read_bytes() if f.is_file() and f.stat().st_size <= MAX_REPORT_BYTES[kind] else None
+             for kind, f in files.items()}
+    return _report(found["json"], found["png"]) if found["json"] is not None else None
 
 
 def saved_vocabularies(path: str | Path) -> tuple[Tokenizer, Tokenizer]:
@@ -280,12 +321,16 @@ def model_weights(checkpoint: dict[str, Any], weights: str = "stored") -> dict[s
 
 
 def release(checkpoint: dict[str, Any], source: str | Path, weights: str = "stored", **extra: Any) -> dict[str, Any]:
-    """A release checkpoint: the Seq2Seq weights, run config and vocabularies of ``checkpoint``,
-    without optimizer, loop, callback or RNG state (loadable by translate and evaluate)."""
+    """A release checkpoint: the Seq2Seq weights, run config, vocabularies and test report (if the
+    run has one) of ``checkpoint``, without optimizer, loop, callback or RNG state (loadable by
+    translate, evaluate and serve). Its config is checked first (``check_run_config``): a crafted
+    file is not repackaged."""
+    check_run_config(checkpoint, source)
     state = {k: v for k, v in model_weights(checkpoint, weights).items() if k.startswith("model.")}
     return {
         "nmt_format": FORMAT, "kind": "release", "state_dict": state,
         "run_config": checkpoint["run_config"], "tokenizers": checkpoint["tokenizers"],
         "global_step": checkpoint.get("global_step"), "epoch": checkpoint.get("epoch"),
-        "monitor": checkpoint.get("monitor"), "source": {"path": str(source), "weights": weights}, **extra,
+        "monitor": checkpoint.get("monitor"), "source": {"path": str(source), "weights": weights},
+        "report": run_report(checkpoint, source), **extra,
     }

@@ -25,7 +25,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from nmt import CONF_DIR, register_resolvers
-from nmt.checkpoint import check_targets, load_checkpoint
+from nmt import file_config
+from nmt.checkpoint import CheckpointError, load_checkpoint, saved_vocabularies
 from nmt.length_report import length_report, markdown_table, plot_bleu_by_length, write_report
 from nmt.significance import significance, significance_table
 from nmt.train import build_datamodule
@@ -40,9 +41,17 @@ def system_name(ckpt: Path) -> str:
     return run.parent.parent.name if run.parent.name in ("runs", "multiruns") else run.name
 
 
-def load_test_split(data_cfg: DictConfig | dict) -> tuple[list[str], list[str], str]:
-    """Raw sources and references of a data config's test split, and its length unit."""
-    datamodule = build_datamodule(data_cfg)
+def load_test_split(data_cfg: DictConfig | dict, source: str | None = None) -> tuple[list[str], list[str], str]:
+    """Raw sources and references of a data config's test split, and its length unit. A config read
+    from the file ``source`` (a checkpoint's) is checked and built by ``nmt.file_config``."""
+    if source is None:
+        datamodule = build_datamodule(data_cfg)
+    else:
+        try:
+            checked = file_config.check(data_cfg, "data", source)
+            datamodule = file_config.build_data(checked, source, vocab_loader=saved_vocabularies)
+        except file_config.ConfigRefused as e:
+            raise CheckpointError(str(e)) from None
     datamodule.setup("test")
     sources, refs = datamodule.raw("test")
     return sources, refs, datamodule.src_words
@@ -101,16 +110,17 @@ def run(cfg: DictConfig) -> None:
     hyp_files = dict(cfg.hyps or {})
     if not ckpts and not hyp_files:
         raise ValueError("nothing to evaluate: set ckpts=[<file>.ckpt, ...] and/or hyps={name: file, ...}")
-    data_cfg = cfg.get("data")
+    data_cfg, data_source = cfg.get("data"), None
     loaded = [load_checkpoint(p, device, allow_pickle=cfg.allow_pickle) for p in ckpts]
     for item in loaded:
         item.model.set_kernels(cfg.get("kernels", "auto"))
     if data_cfg is None:
         if not loaded:
             raise ValueError("hypothesis files need a test split: set data=<name> (e.g. data=europarl_it_en)")
-        data_cfg = loaded[0].run_config["data"]
-        check_targets(data_cfg, ("nmt.data.",), str(ckpts[0]))
-    sources, refs, unit = load_test_split(data_cfg)
+        data_cfg, data_source = loaded[0].run_config.get("data"), str(ckpts[0])
+        if isinstance(data_cfg, dict):  # prepared data goes to this machine's cache, not the one the file names
+            data_cfg = {**data_cfg, "cache_dir": str(cfg.paths.cache_dir)}
+    sources, refs, unit = load_test_split(data_cfg, data_source)
     hyps: dict[str, list[str]] = {}
     search = instantiate(cfg.decoding)
     for name, model in zip(names, loaded):

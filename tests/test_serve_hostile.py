@@ -374,3 +374,33 @@ def test_the_app_translates_any_unicode_text(client):
         assert len(response.json()["translations"]) == len(request["text"])
 
     check("app: valid requests", requests, prop, 25)
+
+
+def test_the_report_is_the_run_folders_or_the_release_files_never_a_path_the_config_names(serve_ckpt, tmp_path):
+    """A checkpoint's module.report_dir once made the server read and serve files from any folder."""
+    import torch
+
+    from nmt.checkpoint import read_checkpoint
+    from nmt.export import export_release
+
+    run = serve_ckpt.parent.parent
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "bleu_by_length.json").write_text('{"bleu": 12.5}')
+    (elsewhere / "bleu_by_length.png").write_bytes(b"\x89PNG\r\n\x1a\n not the run's")
+    checkpoint = read_checkpoint(serve_ckpt)
+    checkpoint["run_config"]["module"]["report_dir"] = str(elsewhere)
+    moved = tmp_path / "moved.ckpt"
+    torch.save(checkpoint, moved)
+    released = export_release(serve_ckpt, tmp_path / "release.ckpt")
+    expected = {moved: (False, 404, None), released: (True, 200, (run / "bleu_by_length.png").read_bytes()),
+                serve_ckpt: (True, 200, (run / "bleu_by_length.png").read_bytes())}
+    for ckpt, (has_report, status, png) in expected.items():
+        cfg = serve_cfg(ckpt, *SMALL)
+        with TestClient(create_app(load(cfg), cfg), raise_server_exceptions=False) as client:
+            info = client.get("/info").json()
+            assert info["report"] is has_report and (info["training"].get("test_bleu") != 12.5)
+            answer = client.get("/report.png")
+            assert answer.status_code == status, ckpt
+            if png is not None:
+                assert answer.content == png and answer.headers["content-type"] == "image/png"

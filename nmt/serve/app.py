@@ -14,7 +14,6 @@ what a request must be before it is read (API key, content type, size, time) is 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import multiprocessing
 import os
@@ -29,7 +28,7 @@ import hydra
 import torch
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -52,7 +51,7 @@ class Translator:
     """A loaded model and its decoding: ``translate(texts, (beam_size, nbest, attention))``."""
 
     def __init__(self, loaded: Loaded, decoding: DictConfig, precision: str = "32", max_tokens: int = 2048,
-                 workers: int | None = None, ckpt: str | None = None) -> None:
+                 workers: int | None = None) -> None:
         self.loaded, self.precision, self.max_tokens, self.workers = loaded, str(precision), int(max_tokens), workers
         self.model = prepare_model(loaded.model, self.precision)
         self.src_vocab, self.tgt_vocab = loaded.src_vocab, loaded.tgt_vocab
@@ -60,7 +59,7 @@ class Translator:
         self.decoding = OmegaConf.to_container(decoding)
         self.default_search = instantiate(decoding)
         self.default_beam = int(self.decoding.get("beam_size", 1)) if "beam_search" in self.decoding["_target_"] else 1
-        self.report = find_report(ckpt, loaded.run_config)
+        self.report = loaded.report  # the run folder's or the release file's, never a path from the config
         self.has_attention = bool(self.translate(["a"], (self.default_beam, 1, True))[0].get("attention"))
 
     def search(self, beam_size: int, nbest: int):
@@ -101,10 +100,7 @@ class Translator:
         data = rc.get("data", {})
         summary: dict[str, Any] = {"run": rc.get("task_name"), "tags": rc.get("tags"), "step": self.loaded.step}
         if self.report is not None:
-            report = json.loads(self.report.read_text())
-            summary.update(test_bleu=report.get("bleu"), test_chrf=report.get("chrf"), test_sentences=report.get("count"),
-                           bleu_by_length=[{"label": b["label"], "count": b["count"], "bleu": b["bleu"]}
-                                           for b in report.get("buckets", [])])
+            summary.update(report_summary(self.report["summary"]))
         return {
             "preset": {part: str(model_cfg.get(part, {}).get("_target_", "")).rsplit(".", 1)[-1]
                        for part in ("encoder", "decoder")},
@@ -118,12 +114,18 @@ class Translator:
         }
 
 
-def find_report(ckpt: str | Path | None, run_config: dict[str, Any]) -> Path | None:
-    """The run's ``bleu_by_length.json``: next to ``<run>/checkpoints/`` or in the run's report_dir."""
-    folders = [Path(ckpt).resolve().parent.parent] if ckpt else []
-    if run_config.get("module", {}).get("report_dir"):
-        folders.append(Path(run_config["module"]["report_dir"]))
-    return next((f / "bleu_by_length.json" for f in folders if (f / "bleu_by_length.json").is_file()), None)
+def report_summary(report: dict[str, Any]) -> dict[str, Any]:
+    """Test BLEU, chrF, sentence count and per-length BLEU of a run's report: values of the
+    expected types only (a release file's report is data someone else wrote)."""
+
+    def number(value: Any) -> float | int | None:
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    buckets = report.get("buckets") if isinstance(report.get("buckets"), list) else []
+    return {"test_bleu": number(report.get("bleu")), "test_chrf": number(report.get("chrf")),
+            "test_sentences": number(report.get("count")),
+            "bleu_by_length": [{"label": str(b.get("label"))[:40], "count": number(b.get("count")),
+                                "bleu": number(b.get("bleu"))} for b in buckets[:100] if isinstance(b, dict)]}
 
 
 # --- the decoding process (batching.process=true) -------------------------------------------------
@@ -210,10 +212,10 @@ def create_app(translator: Translator, cfg: DictConfig) -> FastAPI:
 
     @app.get("/report.png")
     async def report_png():
-        png = translator.report.with_suffix(".png") if translator.report is not None else None
-        if png is None or not png.is_file():
+        png = translator.report["png"] if translator.report is not None else None
+        if png is None:
             return error(404, "no BLEU-by-length chart: the checkpoint's run has no bleu_by_length.png")
-        return FileResponse(png)
+        return Response(png, media_type="image/png", headers={"X-Content-Type-Options": "nosniff"})
 
     @app.get("/")
     async def index():
@@ -239,7 +241,7 @@ def load(cfg: DictConfig) -> Translator:
     device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if gpu else "cpu"))
     loaded = load_checkpoint(cfg.ckpt, device=device, allow_pickle=cfg.allow_pickle)
     loaded.model.set_kernels(cfg.get("kernels", "auto"))
-    return Translator(loaded, cfg.decoding, cfg.precision, cfg.max_tokens, cfg.workers, ckpt=cfg.ckpt)
+    return Translator(loaded, cfg.decoding, cfg.precision, cfg.max_tokens, cfg.workers)
 
 
 def main() -> None:

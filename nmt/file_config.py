@@ -1,0 +1,193 @@
+"""Configs read from files (checkpoints, release files): checked, then built from nmt's own classes only.
+
+A checkpoint stores its run's config, and translating, evaluating, serving or exporting it builds
+the model (and, for ``nmt-evaluate``, the data) from that config. Hydra's ``instantiate`` would
+import and call whatever a ``_target_`` names, and resolve interpolations that read environment
+variables: given a crafted file, that runs code. So a config from a file never reaches
+``instantiate``. ``check`` walks it and refuses, naming the key:
+
+- a ``_target_`` that is not exactly one of the classes in ``BUILDABLE`` (the qualified names of
+  the model, encoder, decoder, attention and data-source classes nmt defines; the name is looked
+  up, never imported or resolved attribute by attribute);
+- any other key starting with ``_`` but ``_partial_`` (``_args_``, ``_recursive_``, ``_convert_``,
+  ...), ``trust_remote_code`` (a hub dataset's own code), and keys that are not strings;
+- values other than None, bools, numbers, strings, lists and dicts, and a tree deeper than
+  ``MAX_DEPTH`` or larger than ``MAX_NODES``;
+- interpolations through any resolver but ``pad_to`` (``${oc.env:...}``, ``${oc.decode:...}``, ...);
+  references to other keys of the same config (``${..hidden_size}``) are resolved.
+
+``build`` then calls the classes itself (``_partial_: true`` gives a ``functools.partial``).
+``build_model`` first builds on the meta device, which allocates nothing, and compares every
+weight's shape with the file's tensors: a config asking for more or larger weights than the file
+holds is refused before any memory is spent on it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from nmt.data.datamodule import TranslationDataModule
+from nmt.data.sources import FileSource, SyntheticSource
+from nmt.models.attention import BahdanauAttention, LuongAttention
+from nmt.models.base import Seq2Seq
+from nmt.models.rnn import RNNDecoder, RNNEncoder
+from nmt.models.transformer import TransformerDecoder, TransformerEncoder
+
+
+def _names(*classes: type) -> dict[str, type]:
+    return {f"{c.__module__}.{c.__qualname__}": c for c in classes}
+
+
+# What a config read from a file may build, by section of the run config.
+BUILDABLE: dict[str, dict[str, type]] = {
+    "model": _names(Seq2Seq, RNNEncoder, RNNDecoder, TransformerEncoder, TransformerDecoder, BahdanauAttention,
+                    LuongAttention),
+    "data": _names(TranslationDataModule, FileSource, SyntheticSource),
+}
+RESOLVERS = ("pad_to",)  # the only resolvers a stored config may call (nmt.register_resolvers)
+MAX_DEPTH = 32
+MAX_NODES = 10_000
+MAX_STRING = 65_536  # characters of one string value
+_RESOLVER = re.compile(r"\$\{\s*([^\s${}:]*)\s*:")  # the resolver name of ``${name:...}``
+
+
+class ConfigRefused(ValueError):
+    """A config from a file that would build or read something nmt does not allow."""
+
+
+def _walk(node: Any, where: str, depth: int, count: list[int]) -> None:
+    count[0] += 1
+    if count[0] > MAX_NODES or depth > MAX_DEPTH:
+        raise ConfigRefused(f"{where}: the config is larger than any nmt config ({MAX_NODES} values, "
+                            f"{MAX_DEPTH} levels)")
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            if not isinstance(key, str):
+                raise ConfigRefused(f"{where}: key {key!r} is not a string")
+            if key.startswith("_") and key not in ("_target_", "_partial_"):
+                raise ConfigRefused(f"{where}.{key}: refused (a config from a file may use _target_ and "
+                                    "_partial_ only)")
+            if key == "trust_remote_code":
+                raise ConfigRefused(f"{where}.{key}: refused (a config from a file never runs a dataset's code)")
+            _walk(value, f"{where}.{key}", depth + 1, count)
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            _walk(value, f"{where}[{i}]", depth + 1, count)
+    elif isinstance(node, str):
+        if len(node) > MAX_STRING:
+            raise ConfigRefused(f"{where}: a string of {len(node)} characters (at most {MAX_STRING})")
+        for name in _RESOLVER.findall(node):
+            if name not in RESOLVERS:
+                raise ConfigRefused(f"{where}: refused, the interpolation {node[:80]!r} calls the resolver "
+                                    f"{name!r} (a config from a file may call {', '.join(RESOLVERS)} only)")
+    elif node is not None and not isinstance(node, (bool, int, float)):
+        raise ConfigRefused(f"{where}: a {type(node).__name__} value (configs hold numbers, strings, lists and dicts)")
+
+
+def _check_targets(node: Any, where: str, allowed: Mapping[str, type]) -> None:
+    if isinstance(node, Mapping):
+        if "_target_" in node:
+            target = node["_target_"]
+            if not isinstance(target, str) or target not in allowed:
+                raise ConfigRefused(f"{where}._target_: refused, {str(target)[:200]!r} is not one of the classes "
+                                    f"a config from a file may build: {', '.join(allowed)}")
+            if not isinstance(node.get("_partial_", False), bool):
+                raise ConfigRefused(f"{where}._partial_: must be true or false")
+        elif "_partial_" in node:
+            raise ConfigRefused(f"{where}._partial_: refused without a _target_")
+        for key, value in node.items():
+            _check_targets(value, f"{where}.{key}", allowed)
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            _check_targets(value, f"{where}[{i}]", allowed)
+
+
+def check(config: Any, section: str, source: str) -> dict[str, Any]:
+    """The ``section`` (``model`` or ``data``) config read from ``source``, interpolations resolved,
+    or ``ConfigRefused`` naming the file, the key and why."""
+    try:
+        if not isinstance(config, Mapping):
+            raise ConfigRefused(f"{section}: not a mapping but a {type(config).__name__}")
+        _walk(config, section, 0, [0])
+        resolved = OmegaConf.to_container(OmegaConf.create(dict(config)), resolve=True)
+        _check_targets(resolved, section, BUILDABLE[section])
+    except ConfigRefused as e:
+        raise ConfigRefused(f"{source}: {e}") from None
+    except Exception as e:  # an interpolation that does not resolve, a key OmegaConf refuses
+        raise ConfigRefused(f"{source}: its {section} config does not resolve ({type(e).__name__}: "
+                            f"{str(e).strip().splitlines()[0]})") from None
+    return resolved
+
+
+def build(config: Any, allowed: Mapping[str, type], **kwargs: Any) -> Any:
+    """The object a checked config describes (``check`` first), built children first; ``kwargs``
+    go to the outermost class."""
+    if isinstance(config, Mapping):
+        values = {k: build(v, allowed) for k, v in config.items() if k not in ("_target_", "_partial_")}
+        if "_target_" not in config:
+            return values
+        cls: Callable[..., Any] = allowed[config["_target_"]]
+        if config.get("_partial_", False):
+            return functools.partial(cls, **values, **kwargs)
+        return cls(**values, **kwargs)
+    if isinstance(config, (list, tuple)):
+        return [build(v, allowed) for v in config]
+    return config
+
+
+def _checked_build(config: dict[str, Any], section: str, source: str, **kwargs: Any) -> Any:
+    try:
+        return build(config, BUILDABLE[section], **kwargs)
+    except (TypeError, ValueError, RuntimeError, AttributeError, KeyError, OverflowError) as e:
+        raise ConfigRefused(f"{source}: its {section} config does not build ({type(e).__name__}: "
+                            f"{str(e).strip().splitlines()[0][:300]})") from None
+
+
+class _CountParameters:
+    """Refuses (``ConfigRefused``) once a module being built registers more than ``limit`` parameters."""
+
+    def __init__(self, stored: int, source: str) -> None:
+        self.stored, self.source, self.count = stored, source, 0
+        self.limit = 2 * stored + 32  # a tied weight registers twice
+
+    def __call__(self, module: torch.nn.Module, name: str, param: Any) -> None:
+        self.count += 1
+        if self.count > self.limit:
+            raise ConfigRefused(f"{self.source}: its model config builds far more weight tensors than the "
+                                f"{self.stored} the file holds")
+
+
+def build_model(config: dict[str, Any], state: Mapping[str, torch.Tensor], source: str,
+                check_weights: Callable[[torch.nn.Module, Mapping[str, torch.Tensor], str], None]) -> torch.nn.Module:
+    """The model a checked ``model`` config describes, with ``state``'s weights loaded. It is built
+    on the meta device first and ``check_weights`` compares it with ``state``; buffers outside the
+    weights (position tables) may not outgrow them. Only then is it built for real."""
+    counter = _CountParameters(len(state), source)
+    hook = torch.nn.modules.module.register_module_parameter_registration_hook(counter)
+    try:
+        with torch.device("meta"):
+            skeleton = _checked_build(config, "model", source)
+    finally:
+        hook.remove()
+    if not isinstance(skeleton, torch.nn.Module):
+        raise ConfigRefused(f"{source}: its model config builds a {type(skeleton).__name__}, not a model")
+    check_weights(skeleton, state, source)
+    weights = sum(t.numel() for t in state.values())
+    extra = sum(b.numel() for name, b in skeleton.named_buffers() if name not in state)
+    if extra > max(weights, 1 << 26):
+        raise ConfigRefused(f"{source}: its model config would allocate {extra:,} values beside its {weights:,} "
+                            "weights (position tables larger than any model needs)")
+    model = _checked_build(config, "model", source)
+    model.load_state_dict(state)
+    return model
+
+
+def build_data(config: dict[str, Any], source: str, **kwargs: Any) -> Any:
+    """The data module a checked ``data`` config describes (``kwargs``: e.g. ``vocab_loader``)."""
+    return _checked_build(config, "data", source, **kwargs)

@@ -1,0 +1,216 @@
+"""A crafted checkpoint never runs code or reads the environment: its model and data configs build
+nmt's own classes only (``nmt.file_config``), through every entry point that opens one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra._internal.utils import _locate
+from omegaconf import OmegaConf
+
+from nmt.checkpoint import CheckpointError, load_checkpoint, read_checkpoint
+from nmt.evaluate import load_test_split
+from nmt.export import export, export_release
+from nmt.train import train
+from tests.conftest import CONF_DIR, ROOT, compose_train
+
+O_TRUNC_WRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A tiny Transformer's checkpoint in its run folder, with the run's test report."""
+    tmp_path = tmp_path_factory.mktemp("security")
+    cfg = compose_train(tmp_path, ["trainer.max_steps=3", "test_decoding.beam_size=2"], model="transformer")
+    train(cfg)
+    return Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture
+def victim(tmp_path) -> Path:
+    path = tmp_path / "precious.txt"
+    path.write_text("the user's data\n")
+    return path
+
+
+def crafted(trained: Path, tmp_path: Path, section: str, edit) -> Path:
+    """A copy of ``trained`` whose ``section`` config is ``edit(config)``."""
+    checkpoint = torch.load(trained, map_location="cpu", weights_only=True)
+    checkpoint["run_config"][section] = edit(json.loads(json.dumps(checkpoint["run_config"][section])))
+    out = tmp_path / "crafted.ckpt"
+    torch.save(checkpoint, out)
+    return out
+
+
+def with_encoder(**changes):
+    return lambda model: {**model, "encoder": {**model["encoder"], **changes}}
+
+
+# Each way a model config once reached code: a _target_ walking from an allowed prefix through
+# attribute access (torch -> os), plain foreign targets, call keys, resolvers.
+def walks_to_os_open(victim: Path):
+    return lambda model: {**model, "_target_": "nmt.models.base.torch.os.open", "_args_": [str(victim), O_TRUNC_WRITE]}
+
+
+MODEL_ATTACKS = {
+    "walk to os.open": (walks_to_os_open, "_args_: refused"),
+    "walk to os.open, no args": (lambda v: lambda m: {**m, "_target_": "nmt.models.base.torch.os.open",
+                                                       "path": str(v), "flags": O_TRUNC_WRITE},
+                                 "'nmt.models.base.torch.os.open' is not one of the classes"),
+    "walk to os.system": (lambda v: lambda m: {**m, "bridge": {"_target_": "nmt.models.base.torch.os.system",
+                                                                "command": f"rm {v}"}},
+                          "is not one of the classes"),
+    "foreign class": (lambda v: lambda m: {**m, "bridge": {"_target_": "os.system", "command": f"rm {v}"}},
+                      "'os.system' is not one of the classes"),
+    "nmt function": (lambda v: lambda m: {**m, "_target_": "nmt.train.train"}, "'nmt.train.train' is not one"),
+    "allowed class, _args_": (lambda v: lambda m: {**m, "_args_": [1]}, "model._args_: refused"),
+    "_recursive_": (lambda v: lambda m: {**m, "_recursive_": False}, "model._recursive_: refused"),
+    "_convert_": (lambda v: lambda m: {**m, "_convert_": "all"}, "model._convert_: refused"),
+    "target not a string": (lambda v: lambda m: {**m, "_target_": 3}, "model._target_: refused, '3'"),
+    "_partial_ not a bool": (lambda v: lambda m: {**m, "_partial_": "yes"}, "model._partial_: must be true or false"),
+    "environment": (lambda v: with_encoder(dropout="${oc.env:HOME}"), "calls the resolver 'oc.env'"),
+    "nested environment": (lambda v: with_encoder(hidden_size="${pad_to:${oc.env:HOME},8}"),
+                           "calls the resolver 'oc.env'"),
+    "decode": (lambda v: with_encoder(dropout="${oc.decode:'1'}"), "calls the resolver 'oc.decode'"),
+    "non-string key": (lambda v: lambda m: {**m, 3: 1}, "key 3 is not a string"),
+    "object value": (lambda v: lambda m: {**m, "dropout": b"x"}, "a bytes value"),
+    "deep": (lambda v: lambda m: {**m, "extra": json.loads("[" * 100 + "]" * 100)}, "larger than any nmt config"),
+    "huge layers": (lambda v: with_encoder(num_layers=10**7), "far more weight tensors than the"),
+    "huge widths": (lambda v: with_encoder(ff_size=2**30), "does not match the model config"),
+    "overflowing widths": (lambda v: with_encoder(hidden_size=2**40), "Storage size calculation overflowed"),
+    "huge position table": (lambda v: with_encoder(max_len=10**10), "position tables larger than any model needs"),
+    "bad value": (lambda v: with_encoder(dropout=-1), "its model config does not build"),
+}
+
+
+@pytest.mark.parametrize("attack", MODEL_ATTACKS)
+def test_a_crafted_model_config_is_refused_and_runs_nothing(trained, tmp_path, victim, attack):
+    edit, message = MODEL_ATTACKS[attack]
+    path = crafted(trained, tmp_path, "model", edit(victim))
+    with pytest.raises(ValueError, match=message):  # CheckpointError, or the shape mismatch (a ValueError)
+        load_checkpoint(path)
+    assert victim.read_text() == "the user's data\n"
+
+
+def test_every_entry_point_refuses_the_os_open_walk(trained, tmp_path, victim):
+    """translate, serve (load_checkpoint), export to a release file and to CTranslate2, evaluate."""
+    path = crafted(trained, tmp_path, "model", walks_to_os_open(victim))
+    with pytest.raises(CheckpointError, match="_args_: refused"):
+        export_release(path, tmp_path / "release.ckpt")
+    assert not (tmp_path / "release.ckpt").exists()
+    base = {"ckpt": str(path), "weights": "stored", "allow_pickle": False}
+    with pytest.raises(CheckpointError, match="_args_: refused"):
+        export(OmegaConf.create({**base, "format": "ctranslate2", "out": str(tmp_path / "ct2")}))
+    for command in (["translate.py", f"ckpt={path}"],
+                    ["evaluate.py", f"ckpts=[{path}]", f"hydra.run.dir={tmp_path / 'eval'}"]):
+        result = subprocess.run([sys.executable, *command], cwd=ROOT, input="a b\n", capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode != 0 and "_args_: refused" in result.stderr, result.stderr[-2000:]
+    assert victim.read_text() == "the user's data\n"
+
+
+def test_a_crafted_data_config_is_refused_by_evaluate(trained, tmp_path):
+    """The data config (built by nmt-evaluate) walked to pathlib.Path.write_text."""
+    written = tmp_path / "written.txt"
+    data = read_checkpoint(trained)["run_config"]["data"]
+    attacks = {
+        "walk": {**data, "source": {"_target_": "nmt.data.sources.Path.write_text",
+                                    "self": {"_target_": "nmt.data.sources.Path", "_args_": [str(written)]},
+                                    "data": "pwned"}},
+        "walk, keywords": {**data, "source": {"_target_": "nmt.data.sources.Path.write_text", "self": str(written),
+                                              "data": "pwned"}},
+        "env": {**data, "source": {**data["source"], "path": "${oc.env:HOME}"}},
+        "remote code": {**data, "source": {**data["source"], "hub": {"path": "x/y", "trust_remote_code": True}}},
+    }
+    messages = {"walk": "source.self._args_: refused", "walk, keywords": "is not one of the classes",
+                "env": "calls the resolver 'oc.env'", "remote code": "trust_remote_code: refused"}
+    for name, config in attacks.items():
+        with pytest.raises(CheckpointError, match=messages[name]):
+            load_test_split(config, "crafted.ckpt")
+    assert not written.exists()
+
+
+def test_evaluate_builds_the_checkpoints_own_data_config(trained, tmp_path):
+    config = {**read_checkpoint(trained)["run_config"]["data"], "cache_dir": str(tmp_path / "cache")}
+    sources, refs, unit = load_test_split(config, str(trained))
+    assert len(sources) == len(refs) > 0 and unit == "words"
+
+
+def test_every_class_a_config_names_is_buildable_by_its_exact_name():
+    """The registry and the shipped configs agree, and each name resolves to the registered class."""
+    from nmt import file_config
+
+    for section, folder in (("model", "model"), ("data", "data")):
+        targets = {line.split("_target_:")[1].split("#")[0].strip()
+                   for f in (CONF_DIR / folder).rglob("*.yaml") for line in f.read_text().splitlines()
+                   if "_target_:" in line}
+        assert targets and targets <= set(file_config.BUILDABLE[section]), targets - set(file_config.BUILDABLE[section])
+    for allowed in file_config.BUILDABLE.values():
+        for name, cls in allowed.items():
+            assert _locate(name) is cls
+
+
+def test_a_stored_config_builds_the_same_model_as_hydra(trained):
+    """The file builder gives the model hydra's instantiate gives from the same (trusted) config."""
+    from hydra.utils import instantiate
+
+    checkpoint = read_checkpoint(trained)
+    loaded = load_checkpoint(trained)
+    reference = instantiate(OmegaConf.create(checkpoint["run_config"]["model"]))
+    assert [(n, p.shape) for n, p in loaded.model.named_parameters()] == \
+           [(n, p.shape) for n, p in reference.named_parameters()]
+    assert repr(loaded.model) == repr(reference)
+
+
+def test_the_report_comes_from_the_run_folder_or_the_release_file(trained, tmp_path):
+    """Never from a folder the checkpoint's config names (module.report_dir)."""
+    from nmt.checkpoint import run_report
+
+    run = trained.parent.parent
+    checkpoint = read_checkpoint(trained)
+    report = run_report(checkpoint, trained)
+    assert report["summary"] == json.loads((run / "bleu_by_length.json").read_text())
+    assert report["png"] == (run / "bleu_by_length.png").read_bytes()
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "bleu_by_length.json").write_text('{"bleu": 99}')
+    moved = tmp_path / "model.ckpt"  # not in a run's checkpoints/ folder
+    checkpoint["run_config"]["module"]["report_dir"] = str(elsewhere)
+    torch.save(checkpoint, moved)
+    assert run_report(read_checkpoint(moved), moved) is None
+    assert load_checkpoint(moved).report is None
+
+    released = export_release(trained, tmp_path / "release.ckpt")  # the report travels inside the file
+    assert load_checkpoint(released).report == report
+    forged = read_checkpoint(released)
+    forged["report"] = {"summary": "[1]", "png": b"<script>"}
+    torch.save(forged, tmp_path / "forged.ckpt")
+    assert run_report(read_checkpoint(tmp_path / "forged.ckpt"), tmp_path / "forged.ckpt") is None
+    forged["report"] = {"summary": {"bleu": 1.0}, "png": b"<script>"}
+    assert run_report(forged, tmp_path / "forged.ckpt") == {"summary": {"bleu": 1.0}, "png": None}
+
+
+MALFORMED = {
+    "run config a list": (lambda c: {**c, "run_config": [1]}, "its run config is not a mapping"),
+    "state_dict of strings": (lambda c: {**c, "state_dict": {"model.x": "y"}}, "its state_dict is not a mapping"),
+    "tokenizers missing": (lambda c: {**c, "tokenizers": {"src": b"abc"}}, "its tokenizers are not two"),
+    "tokenizers not models": (lambda c: {**c, "tokenizers": {"src": b"\x00" * 9, "tgt": b"\x01"}},
+                              "the src tokenizer saved in the checkpoint is not a SentencePiece model"),
+    "no model section": (lambda c: {**c, "run_config": {"data": c["run_config"]["data"]}}, "has no model section"),
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_a_malformed_checkpoint_is_a_one_line_error(trained, tmp_path, case):
+    edit, message = MALFORMED[case]
+    path = tmp_path / "malformed.ckpt"
+    torch.save(edit(torch.load(trained, map_location="cpu", weights_only=True)), path)
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(path)
