@@ -238,7 +238,13 @@ def run_eta(trainer: L.Trainer, seconds: float, steps: int) -> float | None:
     end = last_step(trainer)
     left = max(end - trainer.global_step, 0) * seconds / steps if steps > 0 and end is not None else None
     known = [t for t in (budget, left) if t is not None]
-    return min(known) if known else None
+    return max(min(known), 0.0) if known else None  # a spent budget leaves 0, never a negative time
+
+
+def hms(seconds: float) -> str:
+    """``H:MM:SS`` of a non-negative duration, hours past 24 included (``time.strftime`` wraps them)."""
+    minutes, secs = divmod(int(round(max(seconds, 0.0))), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
 
 
 class ScheduleHorizon(Callback):
@@ -302,7 +308,7 @@ class RunProgressBar(RichProgressBar):
         if trainer.training and hasattr(self, "_started"):
             eta = run_eta(trainer, time.monotonic() - self._started, trainer.global_step - self._first_step)
             if eta is not None:
-                items["run left"] = time.strftime("%H:%M:%S", time.gmtime(eta))
+                items["run left"] = hms(eta)
         return items
 
 

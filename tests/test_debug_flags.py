@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from pytorch_lightning.callbacks import Timer
 
-from nmt.callbacks import run_eta
+from nmt.callbacks import hms, run_eta
 from nmt.train import train
 from tests.conftest import ROOT, compose_train
 
@@ -65,8 +65,11 @@ def test_the_progress_bar_shows_the_time_the_run_has_left():
     trainer.callbacks = [timer]
     timer.time_remaining = lambda stage="train": 12.0  # the budget ends first
     assert run_eta(trainer, seconds=30.0, steps=100) == 12.0
+    timer.time_remaining = lambda stage="train": -0.6  # spent: the bar shows 0, not a wrapped 23:59:59
+    assert run_eta(trainer, seconds=30.0, steps=100) == 0.0
     trainer.callbacks, trainer.max_epochs = [], -1
     assert run_eta(trainer, seconds=30.0, steps=100) is None
+    assert [hms(s) for s in (0.0, 59.6, 3600 * 25 + 61)] == ["0:00:00", "0:01:00", "25:01:01"]
 
 
 def test_debug_configs_compose(tmp_path):
