@@ -67,7 +67,7 @@ def start(cmd: list[str], log: Path) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 
-def wait_for_step(ckpt: Path, proc: subprocess.Popen, step: int, timeout: float = 120) -> None:
+def wait_for_step(ckpt: Path, proc: subprocess.Popen, step: int, timeout: float = 600) -> None:
     """Until ``ckpt`` holds at least ``step`` steps (it is replaced atomically, so always readable)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
