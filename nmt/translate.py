@@ -4,10 +4,13 @@
 A checkpoint carries its run's resolved config and SentencePiece models, so nothing else is
 needed. The input is read in chunks of ``chunk_lines`` lines and each finished line is written
 (and flushed) as soon as every line before it is, so memory does not grow with the input and an
-interrupted run leaves every finished line on disk. Exactly one output line (``nbest``: k lines) is
-written per input line: empty input lines stay empty, over-long lines are truncated to the
-model's limit with a warning, invalid UTF-8 is an error naming the line (or, with
-``errors=replace``, replaced and reported).
+interrupted run leaves every finished line on disk. The output is opened only once the options,
+the input files and the checkpoint are checked, and never when it is one of the inputs
+(``nmt.cli_io``); SIGINT and SIGTERM stop the run between whole lines (exit status 130, 143), a
+closed stdout (``| head``) ends it quietly (141), a user's error is one line ``error: ...`` on
+stderr (status 1). Exactly one output line (``nbest``: k lines) is written per input line: empty
+input lines stay empty, over-long lines are truncated to the model's limit with a warning,
+invalid UTF-8 is an error naming the line (or, with ``errors=replace``, replaced and reported).
 
 Modes (``mode``): ``translate`` with the configured ``decoding`` (``beam``, ``greedy``, ``sample``;
 ``decoding.nbest=k`` writes k ranked hypotheses per line), and ``score``: the log-probability of
@@ -23,9 +26,11 @@ input line gets k rows with empty text and scores 0.
 
 from __future__ import annotations
 
+import codecs
 import copy
 import json
 import logging
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -42,6 +47,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nmt import CONF_DIR, register_resolvers
 from nmt.checkpoint import load_checkpoint
+from nmt.cli_io import StopSignals, Stopped, check_paths, close_output, ending_cleanly, open_output
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.tokenizer import EOS, PAD, Tokenizer
 from nmt.decoding import Hypotheses, length_penalty
@@ -52,14 +58,16 @@ log = logging.getLogger(__name__)
 
 
 def iter_lines(path: str | None, errors: str = "strict", replaced: list[int] | None = None) -> Iterator[str]:
-    """Lines of a file (stdin when ``path`` is None) without their newline, read lazily; invalid
-    UTF-8 raises with the line number, or is replaced (U+FFFD) when ``errors="replace"`` and its
-    line number appended to ``replaced``."""
+    """Lines of a file (stdin when ``path`` is None) without their newline (nor a UTF-8 byte-order
+    mark at the start), read lazily; invalid UTF-8 raises with the line number, or is replaced
+    (U+FFFD) when ``errors="replace"`` and its line number appended to ``replaced``."""
     stream = sys.stdin.buffer if path is None else open(path, "rb")
     name = "<stdin>" if path is None else path
     with stream:
         for number, raw in enumerate(stream, start=1):
             raw = raw.rstrip(b"\r\n")
+            if number == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)
             try:
                 yield raw.decode("utf-8")
             except UnicodeDecodeError as err:
@@ -248,10 +256,12 @@ def nbest_rows(number: int, ranked: list[tuple[list[int], float]], k: int, tgt_v
 
 class OrderedWriter:
     """Writes each input line's output rows in input order, as soon as every earlier line's
-    are written, flushing after each run of lines; counts lines for the progress bar."""
+    are written, flushing after each run of lines; counts lines for the progress bar, then calls
+    ``after_flush`` (``StopSignals.check``)."""
 
-    def __init__(self, stream: IO[str], on_lines: Callable[[int], None] = lambda n: None) -> None:
-        self.stream, self.on_lines = stream, on_lines
+    def __init__(self, stream: IO[str], on_lines: Callable[[int], None] = lambda n: None,
+                 after_flush: Callable[[], None] = lambda: None) -> None:
+        self.stream, self.on_lines, self.after_flush = stream, on_lines, after_flush
         self.pending: dict[int, list[str]] = {}
         self.next = 0  # the next 0-based input line to write
 
@@ -260,12 +270,19 @@ class OrderedWriter:
 
     def flush(self) -> None:
         start = self.next
-        while self.next in self.pending:
-            self.stream.write("".join(row + "\n" for row in self.pending.pop(self.next)))
-            self.next += 1
+        try:
+            while self.next in self.pending:
+                self.stream.write("".join(row + "\n" for row in self.pending.pop(self.next)))
+                self.next += 1
+            if self.next > start:
+                self.stream.flush()
+        except OSError as e:  # a full disk, say: name the output (a closed pipe stays a BrokenPipeError)
+            if isinstance(e, BrokenPipeError) or e.filename:
+                raise
+            raise OSError(e.errno, e.strerror, f"output={getattr(self.stream, 'name', '?')}") from None
         if self.next > start:
-            self.stream.flush()
             self.on_lines(self.next - start)
+        self.after_flush()  # a stop asked for by a signal happens here, between whole lines
 
 
 def count_lines(path: str) -> int:
@@ -367,26 +384,55 @@ def attention_folder(cfg: DictConfig) -> Path | None:
     return Path(cfg.paths.log_dir) / cfg.task_name / time.strftime("%Y-%m-%d_%H-%M-%S") / "attention"
 
 
+def check_options(cfg: DictConfig) -> None:
+    """A bad ``mode``, ``precision``, ``errors``, ``format`` or ``decoding`` raises here, before
+    the output is opened."""
+    if cfg.mode not in ("translate", "score"):
+        raise ValueError(f"mode={cfg.mode}: choose translate or score")
+    if str(cfg.precision) not in PRECISIONS:
+        raise ValueError(f"precision={cfg.precision!r}: choose one of {', '.join(PRECISIONS)}")
+    if cfg.errors not in ("strict", "replace"):
+        raise ValueError(f"errors={cfg.errors}: choose strict or replace")
+    nbest = int(cfg.decoding.get("nbest", 1) or 1) if cfg.mode == "translate" else 1
+    output_format(cfg, nbest)
+    if cfg.mode == "translate":
+        instantiate(cfg.decoding)
+        beam_size = cfg.decoding.get("beam_size")
+        if beam_size is not None and not 1 <= nbest <= int(beam_size):
+            raise ValueError(f"nbest={nbest}: must be between 1 and the beam size ({beam_size})")
+
+
 def main() -> None:
     """``nmt-translate``, ``python translate.py``: the config resolvers, then Hydra composes and runs ``run``."""
     register_resolvers()
-    run()
+    try:
+        run()
+    except KeyboardInterrupt:  # Ctrl-C while Hydra composes, before run's own handlers
+        raise SystemExit(128 + signal.SIGINT) from None
 
 
 @hydra.main(config_path=CONF_DIR, config_name="translate", version_base="1.3")
 def run(cfg: DictConfig) -> None:
-    if cfg.mode not in ("translate", "score"):
-        raise ValueError(f"mode={cfg.mode}: choose translate or score")
+    with ending_cleanly(), StopSignals() as signals:
+        translate_file(cfg, signals)
+
+
+def translate_file(cfg: DictConfig, signals: StopSignals) -> None:
+    """Check the options, paths and checkpoint, then open the output and stream the lines into
+    it: an error before the first line leaves an existing output file as it was."""
+    check_options(cfg)
+    check_paths({"input": cfg.input, **({"target": cfg.get("target")} if cfg.mode == "score" else {})}, cfg.output)
     gpu = torch.cuda.is_available() and str(cfg.precision) != "int8"  # int8 decodes on CPUs
     device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if gpu else "cpu"))
     if kernels.on_cpu(cfg.kernels, device.type):
         keep_freed_memory()
     loaded = load_checkpoint(cfg.ckpt, device=device, allow_pickle=cfg.allow_pickle)
     loaded.model.set_kernels(cfg.kernels)
-    out: IO[str] = sys.stdout if cfg.output is None else open(cfg.output, "w", encoding="utf-8")
+    out: IO[str] = sys.stdout if cfg.output is None else open_output(cfg.output)
+    signals.defer()  # from here on, a signal stops the run between whole lines
     show = cfg.progress == "auto" and cfg.input is not None and sys.stderr.isatty() or cfg.progress is True
     progress = Progress(count_lines(cfg.input) if show and cfg.input is not None else None, bool(show))
-    writer = OrderedWriter(out, progress.advance)
+    writer = OrderedWriter(out, progress.advance, signals.check)
     try:
         if cfg.mode == "score":
             from nmt.scoring import score_stream
@@ -394,10 +440,13 @@ def run(cfg: DictConfig) -> None:
             lines = score_stream(cfg, loaded, writer, output_format(cfg, 1))
         else:
             lines = translate_stream(cfg, loaded, writer, attention_folder(cfg))
+    except Stopped as stop:
+        stop.note = f"; the first {writer.next} lines are written to {cfg.output or 'stdout'}"
+        raise
     finally:
         progress.close()
         if out is not sys.stdout:
-            out.close()
+            close_output(out)
     what = "scored" if cfg.mode == "score" else f"translated with {OmegaConf.to_container(cfg.decoding)}"
     log.info("%s %d lines", what, lines)
 

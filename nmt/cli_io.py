@@ -1,0 +1,177 @@
+"""What ``translate.py`` (both modes) reads, writes, and how it ends: the output is never one of
+the inputs, it is opened only once everything before the first line is checked, and a run ends
+without a traceback on a user's error, a signal or a closed pipe.
+
+- ``check_paths``: every input opens for reading, the output's folder exists, and the output is
+  not an input (the same device and inode: through symlinks and hard links too, and stdin or
+  stdout redirected from or to it); a one-line ``ValueError`` names the keys.
+- ``open_output``, ``close_output``: the output file, created or truncated only when opened; an
+  error names it.
+- ``StopSignals``: SIGINT and SIGTERM stop the run at once until ``defer()``; after it, at the
+  next ``check()`` (the writer calls it after each batch, when every line that can be written in
+  order is), so the output holds only whole lines. A second signal stops at once.
+- ``ending_cleanly``: exit statuses 128 + signal (130 SIGINT, 143 SIGTERM); 141 (128 + SIGPIPE,
+  what a tool killed by SIGPIPE reports) and nothing on stderr when the reader of stdout went
+  away (``| head``); 1 and one line ``error: ...`` for a ``ValueError`` or ``OSError`` raised in
+  nmt's own code (``HYDRA_FULL_ERROR=1`` re-raises it, with its traceback). Anything else is a bug
+  and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import sys
+import threading
+import traceback
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+PACKAGE = Path(__file__).resolve().parent
+EXIT_ERROR = 1
+
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _stat(path: str | None, fd: int) -> os.stat_result | None:
+    """``path``'s status, or the status of the open file ``fd`` (stdin/stdout) when it is None."""
+    try:
+        return os.stat(path) if path is not None else os.fstat(fd)
+    except (OSError, ValueError):
+        return None
+
+
+def check_output_folder(output: str) -> None:
+    """Raise when ``output`` cannot be written: a folder, a file in a missing or unwritable folder."""
+    folder = os.path.dirname(os.path.abspath(output))
+    if os.path.isdir(output):
+        raise ValueError(f"output={output}: is a folder; give a file name")
+    if not os.path.isdir(folder):
+        what = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
+        raise ValueError(f"output={output}: its folder {folder} {what}; create the folder or write elsewhere")
+    if not os.access(output if os.path.exists(output) else folder, os.W_OK):
+        raise ValueError(f"output={output}: permission denied; write elsewhere")
+
+
+def check_paths(inputs: Mapping[str, str | None], output: str | None) -> None:
+    """Raise a one-line ``ValueError`` naming the key when an input (``{key: path}``, None: stdin)
+    cannot be read, the output cannot be written, or the output is one of the inputs."""
+    for key, path in inputs.items():
+        if path is not None:
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as e:
+                raise ValueError(f"{key}={path}: {e.strerror or e}") from None
+    if output is not None:
+        check_output_folder(output)
+    out = _stat(output, 1)
+    if out is None or not stat.S_ISREG(out.st_mode):  # a new file, a terminal, a pipe, /dev/null
+        return
+    for key, path in inputs.items():
+        st = _stat(path, 0)
+        if st is not None and _same_file(st, out):
+            where_out = f"output={output}" if output is not None else "stdout"
+            where_in = f"{key}={path}" if path is not None else "stdin"
+            raise ValueError(f"{where_out} is the same file as {where_in}: writing it would destroy the input; "
+                             "write the output to another file")
+
+
+def open_output(path: str) -> IO[str]:
+    try:
+        return open(path, "w", encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"output={path}: {e.strerror or e}") from None
+
+
+def close_output(stream: IO[str]) -> None:
+    """Close the output file; an error (its last lines could not be written) names it."""
+    try:
+        stream.close()
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, f"output={stream.name}") from None
+
+
+class Stopped(BaseException):
+    """SIGINT or SIGTERM stopped the run (a BaseException, like KeyboardInterrupt)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.note = ""  # what was written, for the message
+
+
+class StopSignals:
+    """SIGINT and SIGTERM handlers for the block (in the main thread; an ignored signal stays
+    ignored): they raise ``Stopped`` at once, or after ``defer()`` only at the next ``check()``."""
+
+    def __init__(self) -> None:
+        self.pending: int | None = None
+        self.deferred = False
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                if signal.getsignal(signum) is not signal.SIG_IGN:
+                    self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.deferred and self.pending is None:
+            self.pending = signum
+            return
+        raise Stopped(signum)
+
+    def defer(self) -> None:
+        """From now on, a first signal stops the run only at ``check()``."""
+        self.deferred = True
+
+    def check(self) -> None:
+        if self.pending is not None:
+            raise Stopped(self.pending)
+
+
+def raised_in_nmt(error: BaseException) -> bool:
+    """Whether the innermost frame of ``error``'s traceback is nmt's code (not torch's, say)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and Path(frames[-1].filename).resolve().is_relative_to(PACKAGE)
+
+
+def _say(line: str) -> None:
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except OSError:
+        pass
+
+
+@contextmanager
+def ending_cleanly() -> Iterator[None]:
+    """Turn a signal, a closed stdout or a user's error in the block into an exit status (above)."""
+    try:
+        yield
+    except Stopped as stop:
+        _say(f"stopped by {signal.Signals(stop.signum).name}{stop.note}")
+        raise SystemExit(128 + stop.signum) from None
+    except KeyboardInterrupt:
+        raise SystemExit(128 + signal.SIGINT) from None
+    except BrokenPipeError:
+        # The reader went away: later writes (the exit's flush of stdout) go nowhere, quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(128 + signal.SIGPIPE) from None
+    except (ValueError, OSError) as e:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1" or not raised_in_nmt(e):
+            raise
+        message = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else e
+        _say(f"error: {message}")
+        raise SystemExit(EXIT_ERROR) from None

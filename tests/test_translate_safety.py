@@ -1,0 +1,227 @@
+"""translate.py never destroys or hides its input: an output that is an input is refused, an error
+before the first line leaves an existing output as it was, signals and a closed stdout end the run
+with whole lines written, no traceback and a conventional exit status."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from nmt.checkpoint import load_checkpoint
+from nmt.train import train
+from nmt.translate import model_max_src_len, translate_lines
+from tests.conftest import CONF_DIR, ROOT, compose_train
+
+LINES = (ROOT / "tests/data/tiny/train.src").read_text(encoding="utf-8").splitlines()
+OLD = "an earlier translation\nthat must survive\n"
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    """A tiny LSTM after one epoch (its translations run long, so a run is easy to stop midway)."""
+    tmp_path = tmp_path_factory.mktemp("safety")
+    cfg = compose_train(tmp_path, ["test=false"])
+    train(cfg)
+    return Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+
+
+def command(ckpt: Path, *overrides: str) -> list[str]:
+    return [sys.executable, str(ROOT / "translate.py"), f"ckpt={ckpt}", "decoding=greedy", *overrides]
+
+
+def translate(ckpt: Path, cwd: Path, *overrides: str, stdin: Path | None = None) -> tuple[int, str]:
+    """translate.py in a process of its own: (exit status, stderr)."""
+    with open(stdin or os.devnull, "rb") as f:
+        result = subprocess.run(command(ckpt, *overrides), stdin=f, capture_output=True, text=True, cwd=cwd,
+                                timeout=600)
+    return result.returncode, result.stderr
+
+
+def translate_here(ckpt: Path, capsys, *overrides: str) -> tuple[int, str]:
+    """The same run in this process (``nmt.translate.run`` without Hydra's command line): faster,
+    for the errors raised before any line is translated."""
+    from nmt.cli_io import StopSignals, ending_cleanly
+    from nmt.translate import translate_file
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("translate", overrides=[f"ckpt={ckpt}", "decoding=greedy", *overrides])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop, ending_cleanly(), StopSignals() as signals:
+        translate_file(cfg, signals)
+    return stop.value.code, capsys.readouterr().err
+
+
+def assert_one_line_error(result: tuple[int, str], *expected: str) -> None:
+    status, stderr = result
+    assert status == 1, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and all(e in errors[0] for e in expected), stderr[-3000:]
+
+
+@pytest.fixture
+def src(tmp_path) -> Path:
+    path = tmp_path / "in.txt"
+    path.write_text("\n".join(LINES[:5]) + "\n", encoding="utf-8")
+    return path
+
+
+# --- the output is never an input ---------------------------------------------------------------
+@pytest.mark.parametrize("how", ["same_path", "symlink", "hard_link", "stdin", "score_target"])
+def test_an_output_that_is_an_input_is_refused_and_the_file_is_unchanged(ckpt, src, tmp_path, capsys, how):
+    before = src_before = src.read_bytes()
+    output, overrides, stdin, names = src, [f"input={src}"], None, [f"input={src}"]
+    if how == "symlink":
+        output = tmp_path / "link.txt"
+        output.symlink_to(src)
+    elif how == "hard_link":
+        output = tmp_path / "hard.txt"
+        os.link(src, output)
+    elif how == "stdin":
+        overrides, stdin, names = [], src, ["stdin"]
+    elif how == "score_target":
+        target = tmp_path / "hyps.txt"
+        target.write_bytes(before)
+        output, before = target, target.read_bytes()
+        overrides, names = ["mode=score", f"input={src}", f"target={target}"], [f"target={target}"]
+    if how in ("same_path", "stdin"):  # the command line end to end
+        result = translate(ckpt, tmp_path, *overrides, f"output={output}", stdin=stdin)
+    else:
+        result = translate_here(ckpt, capsys, *overrides, f"output={output}")
+    assert_one_line_error(result, f"output={output} is the same file as", *names)
+    assert output.read_bytes() == before and src.read_bytes() == src_before
+
+
+# --- an error before the first line leaves the output as it was ----------------------------------
+@pytest.mark.parametrize("case", ["missing_input", "bad_checkpoint", "bad_format", "nbest_over_beam"])
+def test_an_error_before_the_first_line_leaves_an_existing_output_unchanged(ckpt, src, tmp_path, capsys, case):
+    out = tmp_path / "out.txt"
+    out.write_text(OLD, encoding="utf-8")
+    overrides, expected = [f"input={src}"], []
+    if case == "missing_input":
+        missing = tmp_path / "missing.txt"
+        overrides, expected = [f"input={missing}"], [f"input={missing}", "No such file"]
+    elif case == "bad_checkpoint":
+        bad = tmp_path / "bad.ckpt"
+        bad.write_bytes(b"PK\x03\x04 half a checkpoint")
+        ckpt, expected = bad, [str(bad)]
+    elif case == "bad_format":
+        overrides, expected = [*overrides, "format=tsv"], ["format=tsv"]
+    else:
+        overrides, expected = [*overrides, "decoding=beam", "decoding.beam_size=2", "decoding.nbest=3"], ["nbest=3"]
+    if case == "missing_input":
+        result = translate(ckpt, tmp_path, *overrides, f"output={out}")
+    else:
+        result = translate_here(ckpt, capsys, *overrides, f"output={out}")
+    assert_one_line_error(result, *expected)
+    assert out.read_text(encoding="utf-8") == OLD
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "missing_folder"])
+def test_an_unwritable_output_is_one_line_naming_output(ckpt, src, tmp_path, capsys, where):
+    """As root every folder is writable: a path under a regular file, or in a missing folder."""
+    if where == "under_a_file":
+        output = src / "out.txt"
+        result = translate(ckpt, tmp_path, f"input={src}", f"output={output}")
+    else:
+        output = tmp_path / "nowhere" / "out.txt"
+        result = translate_here(ckpt, capsys, f"input={src}", f"output={output}")
+    assert_one_line_error(result, f"output={output}: its folder {output.parent}")
+    assert not output.parent.is_dir()
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+def test_a_full_disk_is_one_line_naming_output(ckpt, src, capsys):
+    """/dev/full opens, and every write to it fails with ENOSPC."""
+    assert_one_line_error(translate_here(ckpt, capsys, f"input={src}", "output=/dev/full"),
+                          "output=/dev/full: No space left on device")
+
+
+# --- signals and a closed pipe ------------------------------------------------------------------
+def long_input(tmp_path: Path) -> Path:
+    path = tmp_path / "long.txt"
+    path.write_text("".join(line + "\n" for line in LINES * 100), encoding="utf-8")
+    return path
+
+
+def wait_for_lines(path: Path, proc: subprocess.Popen, lines: int, timeout: float = 600) -> None:  # a hang guard
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.is_file() and path.read_bytes().count(b"\n") >= lines:
+            return
+        assert proc.poll() is None, f"translate.py ended (status {proc.returncode}) before {lines} lines"
+        time.sleep(0.05)
+    raise TimeoutError(f"{path} has fewer than {lines} lines")
+
+
+def own_translations(ckpt: Path, lines: list[str]) -> list[str]:
+    """The model's translations of ``lines`` as translate.py decodes them (greedy, kernels=auto)."""
+    loaded = load_checkpoint(ckpt)
+    loaded.model.set_kernels("auto")
+    search = instantiate(OmegaConf.load(CONF_DIR / "decoding" / "greedy.yaml"))
+    return translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, search,
+                           max_src_len=model_max_src_len(loaded.run_config))[0]
+
+
+@pytest.mark.parametrize("signum, workers", [(signal.SIGINT, 2), (signal.SIGTERM, 1)], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_the_run_with_whole_translated_lines_and_no_traceback(ckpt, tmp_path, signum, workers):
+    src, out = long_input(tmp_path), tmp_path / "out.txt"
+    with open(tmp_path / "stderr.txt", "w") as stderr:
+        proc = subprocess.Popen(command(ckpt, f"input={src}", f"output={out}", "chunk_lines=8", f"workers={workers}"),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, cwd=tmp_path)
+        try:
+            wait_for_lines(out, proc, 16)
+            proc.send_signal(signum)
+            status = proc.wait(timeout=600)
+        finally:
+            proc.kill()
+    errors = (tmp_path / "stderr.txt").read_text()
+    assert status == 128 + signum, errors[-3000:]
+    assert "Traceback" not in errors and f"stopped by {signal.Signals(signum).name}" in errors
+    text = out.read_text(encoding="utf-8")
+    assert text.endswith("\n")
+    written = text.split("\n")[:-1]
+    assert 16 <= len(written) < len(LINES) * 100
+    assert written == own_translations(ckpt, (LINES * 100)[: len(written)])
+
+
+def test_a_closed_stdout_ends_the_run_quietly(ckpt, tmp_path):
+    """``translate.py ... | head -3``: the reader goes away after three lines."""
+    src = long_input(tmp_path)
+    with open(tmp_path / "stderr.txt", "w") as stderr:
+        proc = subprocess.Popen(command(ckpt, f"input={src}", "chunk_lines=8"), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=stderr, cwd=tmp_path)
+        try:
+            head = [proc.stdout.readline() for _ in range(3)]
+            proc.stdout.close()
+            status = proc.wait(timeout=600)
+        finally:
+            proc.kill()
+    errors = (tmp_path / "stderr.txt").read_text()
+    assert all(line.endswith(b"\n") for line in head)
+    assert status == 128 + signal.SIGPIPE, errors[-3000:]
+    assert "Traceback" not in errors and "BrokenPipe" not in errors and "Exception ignored" not in errors
+
+
+# --- which errors are one line ------------------------------------------------------------------
+def test_only_errors_raised_by_nmt_become_one_line(capsys):
+    from nmt.cli_io import ending_cleanly
+    from nmt.translate import output_format
+
+    with pytest.raises(SystemExit) as stop, ending_cleanly():
+        output_format(OmegaConf.create({"format": "xml", "mode": "translate"}), 1)
+    assert stop.value.code == 1
+    assert capsys.readouterr().err == "error: format=xml: choose auto or one of text, jsonl for translations\n"
+    with pytest.raises(ValueError, match="a bug elsewhere"), ending_cleanly():
+        raise ValueError("a bug elsewhere")  # raised in this file, not in nmt: keeps its traceback
