@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 
 from nmt.data.batching import TokenBatchSampler, TokenizedSplit, collate
 from nmt.data.prepare import SIDES, TextColumn, prepare, read_manifest, select_train
-from nmt.data.sources import SPLITS, plain
+from nmt.data.sources import SPLITS, DataError, plain
 from nmt.data.tokenizer import Tokenizer, options_with_defaults
 
 log = logging.getLogger(__name__)
@@ -214,6 +214,10 @@ class TranslationDataModule(L.LightningDataModule):
         stats = self.stats[split]
         stats["src_truncated"] = stats["tgt_truncated"] = stats["too_long_dropped"] = 0
         if split == "train" and self.too_long == "drop":
+            if len(long) and long.all():  # training would run 0 steps
+                raise DataError(f"data.max_src_len={self.max_src_len} / data.max_tgt_len={self.max_tgt_len} "
+                                f"(data.too_long=drop) removed all {len(long)} training pairs, each longer in "
+                                "subwords on a side; raise the limits or set data.too_long=truncate")
             if long.any():
                 keep = np.flatnonzero(~long).astype(np.int32 if len(long) < 2**31 else np.int64)
                 index = keep if index is None else index[keep]

@@ -143,8 +143,9 @@ def select_train(src_words: np.ndarray, tgt_words: np.ndarray, max_words: int | 
         stats["over_max_words_dropped"] = len(src_words) - len(index)
         log.info("train: kept %d of %d pairs of at most %d words", len(index), len(src_words), max_words)
         if not len(index):
-            raise DataError(f"no training pair has at most data.train_max_words={max_words} "
-                            "words on both sides; raise the limit or set it to null")
+            raise DataError(f"no training pair has at most data.train_max_words={max_words} words on both sides "
+                            f"(the filter removed all {len(src_words)} training pairs); raise the limit or set it "
+                            "to null")
     n = len(src_words) if index is None else len(index)
     if num_pairs is not None and n > num_pairs:
         pick = np.sort(np.random.default_rng(seed).choice(n, num_pairs, replace=False))

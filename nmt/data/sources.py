@@ -5,23 +5,25 @@ times, generator options, hub arguments; the key of the prepared data) and `pair
 which yields (source sentences, target sentences) chunks for `train`, `valid` and `test`;
 `load()` gives the whole corpus as a `datasets.DatasetDict` for small corpora and inspection.
 Validation, tokenization and filtering happen once, downstream, in `nmt.data.prepare`. Local
-files (plain or gzip) are read here in Python (not with `load_dataset("text")`) so that every
-problem names the file and line; a Hugging Face hub dataset, streamed, is the fallback.
+files (plain or gzip) are read in Python by `nmt.data.readers` (not with `load_dataset("text")`)
+so that every problem names the file and line; a Hugging Face hub dataset, streamed, is the
+fallback.
 """
 
 from __future__ import annotations
 
-import gzip
 import itertools
-import json
 import logging
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import datasets
 import pyarrow as pa
 from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from nmt.data.readers import (BAD_ROWS, CHUNK, DataError, Pairs, iter_jsonl, iter_lines, iter_parallel,  # noqa: F401
+                              iter_tsv, read_lines)
 
 log = logging.getLogger(__name__)
 
@@ -30,18 +32,12 @@ SPLITS = ("train", "valid", "test")
 NOT_LANGUAGES = {"session", "origin", "attribution", "md", "txt", "json", "yaml", "yml", "py",
                  "sh", "gz", "zip", "tar", "tsv", "jsonl", "csv", "log"}
 HUB_SPLIT_ALIASES = {"valid": ("validation", "dev", "val"), "test": ("test",), "train": ("train",)}
-CHUNK = 50_000  # sentence pairs a source yields at a time
 GENERATOR_VERSION = 1  # bump when nmt.data.synthetic generates other pairs for the same options
-Pairs = tuple[list[str], list[str]]  # (source sentences, target sentences) of one chunk
 
 
 def plain(obj: Any) -> Any:
     """A DictConfig/ListConfig as plain dicts and lists; anything else unchanged."""
     return OmegaConf.to_container(obj, resolve=True) if isinstance(obj, (DictConfig, ListConfig)) else obj
-
-
-class DataError(Exception):
-    """A corpus cannot be loaded or is malformed; the message says what to fix."""
 
 
 class _LocalMissing(DataError):
@@ -83,97 +79,6 @@ def drop_empty(src: list[str], tgt: list[str], split: str = "", warn: bool = Tru
     if dropped and warn:
         log.warning("%s: dropped %d of %d pairs with an empty side", split, dropped, len(pairs))
     return [s for s, _ in kept], [t for _, t in kept], dropped
-
-
-def _open(path: Path) -> BinaryIO:
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # type: ignore[return-value]
-
-
-def iter_lines(path: Path, chunk: int = CHUNK) -> Iterator[list[str]]:
-    """Lines of a UTF-8 text file (gzip-compressed when it ends in .gz), stripped, `chunk` at a
-    time; invalid UTF-8 raises `DataError` naming the line."""
-    done = 0
-    with _open(path) as f:
-        while raw := list(itertools.islice(f, chunk)):
-            data = b"".join(raw)
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError as e:
-                line = done + data.count(b"\n", 0, e.start) + 1
-                column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-                raise DataError(
-                    f"{path}, line {line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte column "
-                    f"{column}). Convert the file to UTF-8, e.g. `iconv -f latin1 -t utf-8`."
-                ) from None
-            lines = (text.removeprefix("\ufeff") if done == 0 else text).split("\n")
-            if lines[-1] == "":
-                lines.pop()
-            done += len(raw)
-            yield [line.strip() for line in lines]
-
-
-def read_lines(path: Path) -> list[str]:
-    """Lines of a UTF-8 text file, stripped; invalid UTF-8 raises `DataError` naming the line."""
-    return [line for lines in iter_lines(Path(path)) for line in lines]
-
-
-def iter_parallel(src_path: Path, tgt_path: Path, chunk: int = CHUNK) -> Iterator[Pairs]:
-    """Two line-aligned files, `chunk` lines at a time; when one ends first, `DataError` names both
-    files and their line counts."""
-    src_chunks, tgt_chunks = iter_lines(src_path, chunk), iter_lines(tgt_path, chunk)
-    done = 0
-    for src in src_chunks:
-        tgt = next(tgt_chunks, [])
-        if len(src) != len(tgt):
-            _misaligned(src_path, done + len(src) + sum(map(len, src_chunks)),
-                        tgt_path, done + len(tgt) + sum(map(len, tgt_chunks)))
-        done += len(src)
-        yield src, tgt
-    rest = sum(map(len, tgt_chunks))
-    if rest:
-        _misaligned(src_path, done, tgt_path, done + rest)
-
-
-def _misaligned(src_path: Path, src_lines: int, tgt_path: Path, tgt_lines: int) -> None:
-    raise DataError(f"misaligned parallel files: {src_path} has {src_lines} lines but "
-                    f"{tgt_path} has {tgt_lines} lines; line i of one must translate line i "
-                    "of the other")
-
-
-def iter_tsv(path: Path, chunk: int = CHUNK) -> Iterator[Pairs]:
-    """A two-column (source TAB target) file, `chunk` lines at a time."""
-    i = 0
-    for lines in iter_lines(path, chunk):
-        src, tgt = [], []
-        for line in lines:
-            i += 1
-            cols = line.split("\t") if line else ["", ""]
-            if len(cols) < 2:
-                raise DataError(f"{path}, line {i}: expected 2 tab-separated columns, found {len(cols)}")
-            src.append(cols[0])
-            tgt.append(cols[1])
-        yield src, tgt
-
-
-def iter_jsonl(path: Path, src_lang: str, tgt_lang: str, chunk: int = CHUNK) -> Iterator[Pairs]:
-    """One JSON object a line: {src_lang: .., tgt_lang: ..} or {"translation": {...}}."""
-    i = 0
-    for lines in iter_lines(path, chunk):
-        src, tgt = [], []
-        for line in lines:
-            i += 1
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-                pair = obj.get("translation", obj)
-                s, t = pair[src_lang], pair[tgt_lang]
-            except (json.JSONDecodeError, AttributeError, KeyError, TypeError) as e:
-                raise DataError(f"{path}, line {i}: expected a JSON object with keys {src_lang!r} "
-                                f"and {tgt_lang!r} (or under 'translation'): {e!r}") from None
-            src.append(s)
-            tgt.append(t)
-        yield src, tgt
 
 
 def _file_stamp(path: Path) -> list[Any]:
@@ -227,15 +132,19 @@ class FileSource:
     `splits` maps split -> file stem (Multi30k: valid -> val, test -> test_2016_flickr).
     `files` gives explicit per-split files instead: {train: {src: a.de, tgt: a.en}} or
     {train: train.tsv | train.jsonl}, relative to `path` when set. Any file may be
-    gzip-compressed (`.gz` appended). `hub` holds kwargs for `datasets.load_dataset`, tried only
-    when the local files are absent, and read in `datasets`' streaming mode.
+    gzip-compressed (`.gz` appended). `bad_rows`: a malformed TSV/JSONL row is an `error`
+    (naming file and line), or (`skip`) skipped, counted and logged (`nmt.data.readers`). `hub`
+    holds kwargs for `datasets.load_dataset`, tried only when the local files are absent, and read
+    in `datasets`' streaming mode.
     """
 
     def __init__(self, path: str | None, src_lang: str, tgt_lang: str,
                  splits: Mapping[str, str] | None = None, files: Mapping[str, Any] | None = None,
-                 hub: Mapping[str, Any] | None = None) -> None:
+                 hub: Mapping[str, Any] | None = None, bad_rows: str = "error") -> None:
+        if bad_rows not in BAD_ROWS:
+            raise DataError(f"data.source.bad_rows={bad_rows!r}: choose one of {', '.join(BAD_ROWS)}")
         self.path = Path(path).expanduser() if path else None
-        self.src_lang, self.tgt_lang = src_lang, tgt_lang
+        self.src_lang, self.tgt_lang, self.bad_rows = src_lang, tgt_lang, bad_rows
         self.splits = {s: s for s in SPLITS} | dict(plain(splits) or {})
         self.files = dict(plain(files) or {}) or None
         self.hub = dict(plain(hub) or {}) or None
@@ -249,7 +158,8 @@ class FileSource:
         if self.path is not None or self.files:
             try:
                 self._plan = self._local_plan()
-                return {"type": "files", "langs": [self.src_lang, self.tgt_lang],
+                skip = {"bad_rows": "skip"} if self.bad_rows == "skip" else {}  # pairs that "error" refuses
+                return {"type": "files", "langs": [self.src_lang, self.tgt_lang], **skip,
                         "files": {s: [plan[0], *(_file_stamp(Path(p)) for p in plan[1:])]
                                   for s, plan in self._plan.items()}}
             except _LocalMissing as e:
@@ -271,9 +181,9 @@ class FileSource:
         if reader == "parallel":
             yield from iter_parallel(Path(paths[0]), Path(paths[1]), chunk)
         elif reader == "tsv":
-            yield from iter_tsv(Path(paths[0]), chunk)
+            yield from iter_tsv(Path(paths[0]), chunk, self.bad_rows)
         else:
-            yield from iter_jsonl(Path(paths[0]), self.src_lang, self.tgt_lang, chunk)
+            yield from iter_jsonl(Path(paths[0]), self.src_lang, self.tgt_lang, chunk, self.bad_rows)
 
     def load(self) -> datasets.DatasetDict:
         return in_memory(self)
