@@ -86,6 +86,12 @@ def test_jsonl_other_keys_are_ignored(tmp_path):
     assert columns(jsonl_source(tmp_path, rows).load()["train"]) == (["eins", "zwei"], ["one", "two"])
 
 
+def test_a_blank_jsonl_line_is_an_empty_pair(tmp_path):
+    """Counted with the empty pairs downstream (``drop_empty``), not skipped unseen."""
+    rows = ['{"de": "eins", "en": "one"}', "", '{"de": "zwei", "en": "two"}']
+    assert columns(jsonl_source(tmp_path, rows).load()["train"]) == (["eins", "", "zwei"], ["one", "", "two"])
+
+
 def test_bad_rows_skip_skips_and_counts_malformed_rows(tmp_path, caplog):
     rows = ['{"de": "eins", "en": "one"}', '{"de": 2, "en": "two"}', '[3]', '{"de": "vier", "en": "four"}']
     with caplog.at_level(logging.WARNING):
