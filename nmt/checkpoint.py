@@ -93,8 +93,10 @@ def read_checkpoint(path: str | Path, allow_pickle: bool = False, what: str = "c
     if "run_config" not in checkpoint or "tokenizers" not in checkpoint:
         raise CheckpointError(f"{path}: no saved run config/tokenizers: it was not written by nmt")
     state, protos = checkpoint["state_dict"], checkpoint["tokenizers"]
-    if not isinstance(checkpoint["run_config"], dict):
-        raise CheckpointError(f"{path}: its run config is not a mapping: it was not written by nmt")
+    run_config = checkpoint["run_config"]
+    if not isinstance(run_config, dict) or not all(isinstance(run_config.get(k, {}), dict) for k in ("model", "data")):
+        raise CheckpointError(f"{path}: its run config is not a mapping with model and data sections: it was not "
+                              "written by nmt")
     if not isinstance(state, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in state.items()):
         raise CheckpointError(f"{path}: its state_dict is not a mapping of names to tensors: it was not written by nmt")
     if not isinstance(protos, dict) or not all(isinstance(protos.get(side), bytes) for side in ("src", "tgt")):

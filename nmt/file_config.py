@@ -12,11 +12,15 @@ variables: given a crafted file, that runs code. So a config from a file never r
 - any other key starting with ``_`` but ``_partial_`` (``_args_``, ``_recursive_``, ``_convert_``,
   ...), ``trust_remote_code`` (a hub dataset's own code), and keys that are not strings;
 - values other than None, bools, numbers, strings, lists and dicts, and a tree deeper than
-  ``MAX_DEPTH`` or larger than ``MAX_NODES``;
-- interpolations through any resolver but ``pad_to`` (``${oc.env:...}``, ``${oc.decode:...}``, ...);
-  references to other keys of the same config (``${..hidden_size}``) are resolved.
+  ``MAX_DEPTH`` or larger than ``MAX_NODES``; numbers over ``MAX_COUNTS`` where a class has them;
+- any ``${`` in a string: nmt saves configs resolved, so an interpolation (``${oc.env:...}``, a
+  resolver name built from another key, a key doubling another) can only be an attack. Nothing
+  read from a file is ever given to OmegaConf. The one exception is the vocabulary size older
+  nmt versions saved unresolved, ``${pad_to:${..src_vocab_size},${..vocab_multiple}}``: exactly
+  that form, with two integers, is computed here.
 
-``build`` then calls the classes itself (``_partial_: true`` gives a ``functools.partial``).
+``build`` then calls the classes itself (``_partial_: true`` gives a ``functools.partial``); the
+root must be ``ROOTS[section]`` and a data config's ``source`` a class of its own.
 ``build_model`` first builds on the meta device, which allocates nothing, and compares every
 weight's shape with the file's tensors: a config asking for more or larger weights than the file
 holds is refused before any memory is spent on it.
@@ -30,8 +34,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
+from nmt import pad_to
 from nmt.data.datamodule import TranslationDataModule
 from nmt.data.sources import FileSource, SyntheticSource
 from nmt.models.attention import BahdanauAttention, LuongAttention
@@ -50,11 +54,13 @@ BUILDABLE: dict[str, dict[str, type]] = {
                     LuongAttention),
     "data": _names(TranslationDataModule, FileSource, SyntheticSource),
 }
-RESOLVERS = ("pad_to",)  # the only resolvers a stored config may call (nmt.register_resolvers)
+ROOTS = {"model": "nmt.models.base.Seq2Seq", "data": "nmt.data.datamodule.TranslationDataModule"}
+# Bounds on arguments that set how much work a class does (a file must not ask for 10^12 pairs).
+MAX_COUNTS = {"nmt.data.sources.SyntheticSource": {"num_pairs": 10**8, "valid_pairs": 10**7, "test_pairs": 10**7}}
 MAX_DEPTH = 32
 MAX_NODES = 10_000
 MAX_STRING = 65_536  # characters of one string value
-_RESOLVER = re.compile(r"\$\{\s*([^\s${}:]*)\s*:")  # the resolver name of ``${name:...}``
+_PAD_TO = re.compile(r"\$\{pad_to:\$\{\.\.(\w+)\},\$\{\.\.(\w+)\}\}")  # older nmt's unresolved vocab_size
 
 
 class ConfigRefused(ValueError):
@@ -82,12 +88,29 @@ def _walk(node: Any, where: str, depth: int, count: list[int]) -> None:
     elif isinstance(node, str):
         if len(node) > MAX_STRING:
             raise ConfigRefused(f"{where}: a string of {len(node)} characters (at most {MAX_STRING})")
-        for name in _RESOLVER.findall(node):
-            if name not in RESOLVERS:
-                raise ConfigRefused(f"{where}: refused, the interpolation {node[:80]!r} calls the resolver "
-                                    f"{name!r} (a config from a file may call {', '.join(RESOLVERS)} only)")
     elif node is not None and not isinstance(node, (bool, int, float)):
         raise ConfigRefused(f"{where}: a {type(node).__name__} value (configs hold numbers, strings, lists and dicts)")
+
+
+def _no_interpolation(node: Any, where: str, parent: Mapping[str, Any] | None) -> Any:
+    """``node`` with older nmt's ``${pad_to:${..a},${..b}}`` computed; any other ``${`` refused."""
+    if isinstance(node, Mapping):  # ``${..key}`` in a value of ``node`` is ``key`` of ``parent``
+        return {k: _string(v, f"{where}.{k}", parent) if isinstance(v, str) else _no_interpolation(v, f"{where}.{k}", node)
+                for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_no_interpolation(v, f"{where}[{i}]", None) for i, v in enumerate(node)]
+    return node
+
+
+def _string(value: str, where: str, grandparent: Mapping[str, Any] | None) -> str | int:
+    if "${" not in value:
+        return value
+    found = _PAD_TO.fullmatch(value)
+    numbers = [grandparent.get(key) for key in found.groups()] if found and grandparent is not None else []
+    if len(numbers) == 2 and all(isinstance(n, int) and not isinstance(n, bool) and 0 < n < 2**31 for n in numbers):
+        return pad_to(*numbers)
+    raise ConfigRefused(f"{where}: refused, {value[:80]!r} is an interpolation (nmt saves configs resolved; "
+                        "a config from a file is never resolved)")
 
 
 def _check_targets(node: Any, where: str, allowed: Mapping[str, type]) -> None:
@@ -99,6 +122,10 @@ def _check_targets(node: Any, where: str, allowed: Mapping[str, type]) -> None:
                                     f"a config from a file may build: {', '.join(allowed)}")
             if not isinstance(node.get("_partial_", False), bool):
                 raise ConfigRefused(f"{where}._partial_: must be true or false")
+            for key, top in MAX_COUNTS.get(target, {}).items():
+                value = node.get(key)
+                if value is not None and not (isinstance(value, int) and 0 <= value <= top):
+                    raise ConfigRefused(f"{where}.{key}: {str(value)[:40]} is not a count from 0 to {top:,}")
         elif "_partial_" in node:
             raise ConfigRefused(f"{where}._partial_: refused without a _target_")
         for key, value in node.items():
@@ -115,14 +142,15 @@ def check(config: Any, section: str, source: str) -> dict[str, Any]:
         if not isinstance(config, Mapping):
             raise ConfigRefused(f"{section}: not a mapping but a {type(config).__name__}")
         _walk(config, section, 0, [0])
-        resolved = OmegaConf.to_container(OmegaConf.create(dict(config)), resolve=True)
-        _check_targets(resolved, section, BUILDABLE[section])
+        plain = _no_interpolation(config, section, None)
+        _check_targets(plain, section, BUILDABLE[section])
+        if plain.get("_target_") != ROOTS[section] or plain.get("_partial_", False):
+            raise ConfigRefused(f"{section}._target_: a {section} config from a file builds {ROOTS[section]}")
+        if section == "data" and not (isinstance(plain.get("source"), Mapping) and "_target_" in plain["source"]):
+            raise ConfigRefused("data.source: must name its class (_target_) in a config from a file")
     except ConfigRefused as e:
         raise ConfigRefused(f"{source}: {e}") from None
-    except Exception as e:  # an interpolation that does not resolve, a key OmegaConf refuses
-        raise ConfigRefused(f"{source}: its {section} config does not resolve ({type(e).__name__}: "
-                            f"{str(e).strip().splitlines()[0]})") from None
-    return resolved
+    return plain
 
 
 def build(config: Any, allowed: Mapping[str, type], **kwargs: Any) -> Any:

@@ -351,7 +351,8 @@ class TranslationModule(L.LightningModule):
             log.info("the checkpoint holds an EMA of the weights; resuming without callbacks.ema trains the raw weights")
         self.best_bleu = checkpoint.get("best_bleu", -math.inf)
         for name, value in checkpoint.get("counters", {}).items():
-            setattr(self, name, value)
+            if name in self.COUNTERS:  # a file sets these counters and nothing else of the module
+                setattr(self, name, value)
         if "counters" in checkpoint and "train_tgt_tokens" not in checkpoint["counters"]:
             self.train_tgt_tokens = None  # a checkpoint from before this counter: unknown
         self.loaded_step = checkpoint.get("global_step")

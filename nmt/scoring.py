@@ -28,7 +28,7 @@ from nmt.data.batching import TokenBatchSampler
 from nmt.data.tokenizer import Tokenizer
 from nmt.decoding import score_pairs
 from nmt.translate import (OrderedWriter, chunked, encode_sources, iter_lines, model_max_src_len, pad, prepare_model,
-                           report_replaced, run_batches)
+                           report_replaced, run_batches, tokens)
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def read_pairs(source: str | None, target: str | None, errors: str, replaced: li
 
 
 def model_max_tgt_len(run_config: dict[str, Any], model: torch.nn.Module) -> int:
-    limit = int(run_config.get("data", {}).get("max_tgt_len", 256))
+    limit = tokens(run_config.get("data", {}).get("max_tgt_len", 256), "data.max_tgt_len")
     table = getattr(getattr(model.decoder, "embed_tokens", None), "max_len", None)
     return min(limit, int(table)) if table else limit
 

@@ -232,9 +232,16 @@ def translate_lines(
 def model_max_src_len(run_config: dict[str, Any]) -> int:
     """The longest source the model accepts: the data config's limit, capped by a Transformer
     encoder's position table."""
-    limit = int(run_config.get("data", {}).get("max_src_len", 256))
+    limit = tokens(run_config.get("data", {}).get("max_src_len", 256), "data.max_src_len")
     encoder_max = run_config.get("model", {}).get("encoder", {}).get("max_len")
-    return min(limit, int(encoder_max)) if encoder_max else limit
+    return min(limit, tokens(encoder_max, "model.encoder.max_len")) if encoder_max else limit
+
+
+def tokens(value: Any, key: str) -> int:
+    """A length limit read from a checkpoint's config, or a ValueError naming its key."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"the checkpoint's {key}={str(value)[:40]} is not a number of tokens")
+    return value
 
 
 # --- writing ------------------------------------------------------------------------------------
@@ -421,7 +428,8 @@ def translate_file(cfg: DictConfig, signals: StopSignals) -> None:
     """Check the options, paths and checkpoint, then open the output and stream the lines into
     it: an error before the first line leaves an existing output file as it was."""
     check_options(cfg)
-    check_paths({"input": cfg.input, **({"target": cfg.get("target")} if cfg.mode == "score" else {})}, cfg.output)
+    check_paths({"input": cfg.input, **({"target": cfg.get("target")} if cfg.mode == "score" else {}), "ckpt": cfg.ckpt},
+                cfg.output)
     gpu = torch.cuda.is_available() and str(cfg.precision) != "int8"  # int8 decodes on CPUs
     device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if gpu else "cpu"))
     if kernels.on_cpu(cfg.kernels, device.type):

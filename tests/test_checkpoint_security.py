@@ -74,10 +74,16 @@ MODEL_ATTACKS = {
     "_convert_": (lambda v: lambda m: {**m, "_convert_": "all"}, "model._convert_: refused"),
     "target not a string": (lambda v: lambda m: {**m, "_target_": 3}, "model._target_: refused, '3'"),
     "_partial_ not a bool": (lambda v: lambda m: {**m, "_partial_": "yes"}, "model._partial_: must be true or false"),
-    "environment": (lambda v: with_encoder(dropout="${oc.env:HOME}"), "calls the resolver 'oc.env'"),
-    "nested environment": (lambda v: with_encoder(hidden_size="${pad_to:${oc.env:HOME},8}"),
-                           "calls the resolver 'oc.env'"),
-    "decode": (lambda v: with_encoder(dropout="${oc.decode:'1'}"), "calls the resolver 'oc.decode'"),
+    "environment": (lambda v: with_encoder(dropout="${oc.env:HOME}"), "is an interpolation"),
+    "nested environment": (lambda v: with_encoder(hidden_size="${pad_to:${oc.env:HOME},8}"), "is an interpolation"),
+    "decode": (lambda v: with_encoder(dropout="${oc.decode:'1'}"), "is an interpolation"),
+    "resolver named by a key": (lambda v: with_encoder(n="oc.env", dropout="${${.n}:HOME}"), "is an interpolation"),
+    "resolver name in parts": (lambda v: with_encoder(e="env", dropout="${oc.${.e}:HOME}"), "is an interpolation"),
+    "interpolation built from a key": (lambda v: with_encoder(d="$", dropout="${.d}{oc.env:HOME}"),
+                                       "is an interpolation"),
+    "doubling keys": (lambda v: with_encoder(**{"x0": "ab", **{f"x{i}": f"${{.x{i - 1}}}${{.x{i - 1}}}"
+                                                               for i in range(1, 40)}}), "is an interpolation"),
+    "root not a model": (lambda v: lambda m: m["encoder"], "a model config from a file builds nmt.models.base.Seq2Seq"),
     "non-string key": (lambda v: lambda m: {**m, 3: 1}, "key 3 is not a string"),
     "object value": (lambda v: lambda m: {**m, "dropout": b"x"}, "a bytes value"),
     "deep": (lambda v: lambda m: {**m, "extra": json.loads("[" * 100 + "]" * 100)}, "larger than any nmt config"),
@@ -127,9 +133,16 @@ def test_a_crafted_data_config_is_refused_by_evaluate(trained, tmp_path):
                                               "data": "pwned"}},
         "env": {**data, "source": {**data["source"], "path": "${oc.env:HOME}"}},
         "remote code": {**data, "source": {**data["source"], "hub": {"path": "x/y", "trust_remote_code": True}}},
+        # a source without a class, holding an interpolation Hydra would have resolved when building it
+        "second resolution": {**data, "source": {"d": "$", "x": "${.d}{oc.create:{_target_: os.system, _args_: [id]}}"}},
+        "no source class": {**data, "source": {"path": "x", "src_lang": "de", "tgt_lang": "en"}},
+        "a trillion pairs": {**data, "source": {"_target_": "nmt.data.sources.SyntheticSource", "num_pairs": 10**12}},
+        "partial module": {**data, "_partial_": True},
     }
     messages = {"walk": "source.self._args_: refused", "walk, keywords": "is not one of the classes",
-                "env": "calls the resolver 'oc.env'", "remote code": "trust_remote_code: refused"}
+                "env": "is an interpolation", "remote code": "trust_remote_code: refused",
+                "second resolution": "is an interpolation", "no source class": "data.source: must name its class",
+                "a trillion pairs": "num_pairs: 1000000000000 is not a count", "partial module": "builds nmt.data"}
     for name, config in attacks.items():
         with pytest.raises(CheckpointError, match=messages[name]):
             load_test_split(config, "crafted.ckpt")
@@ -214,3 +227,14 @@ def test_a_malformed_checkpoint_is_a_one_line_error(trained, tmp_path, case):
     torch.save(edit(torch.load(trained, map_location="cpu", weights_only=True)), path)
     with pytest.raises(CheckpointError, match=message):
         load_checkpoint(path)
+
+
+def test_a_resumed_checkpoint_sets_only_the_modules_counters():
+    """``counters`` once set any attribute it named (the run config, the decoding functions...)."""
+    from nmt.lit_module import TranslationModule
+
+    module = TranslationModule.__new__(TranslationModule)
+    torch.nn.Module.__init__(module)
+    module.on_load_checkpoint({"counters": {"skipped_steps": 3, "run_config": {"x": 1}, "val_decoding": print}})
+    assert module.skipped_steps == 3
+    assert not hasattr(module, "run_config") and not hasattr(module, "val_decoding")

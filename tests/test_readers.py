@@ -69,8 +69,12 @@ def test_tsv_blank_rows_and_empty_sides_are_empty_pairs(tmp_path):
     ('{"de": ["ein", "Haus"], "en": "a house"}', "the 'de' value is an array, not a string"),
     ('{"de": "ein\\nHaus", "en": "a house"}', "the 'de' value holds a line break"),
     ('{"de": "ein Haus", "en": "a house"', "not JSON"),
+    ('{"de": "ein Haus", "en": "a house", "id": ' + "9" * 5000 + "}", "not JSON (Exceeds the limit"),
+    ("[" * 100_000 + "]" * 100_000, "not JSON (nested too deeply)"),
+    ('{"de": "\\ud800", "en": "a house"}', "the 'de' value holds a lone surrogate escape"),
+    ('{"de": "erste", "en": "first", "de": "zweite"}', "not JSON (the key 'de' is given twice)"),
 ], ids=["array", "string", "missing_key", "missing_key_in_translation", "translation_not_object", "number", "null",
-        "list_value", "line_break", "not_json"])
+        "list_value", "line_break", "not_json", "huge_integer", "deep", "surrogate", "duplicate_key"])
 def test_a_malformed_jsonl_row_is_an_error_naming_file_and_line(tmp_path, row, error):
     source = jsonl_source(tmp_path, ['{"de": "zwei", "en": "two"}', row])
     with pytest.raises(DataError) as err:
@@ -289,3 +293,15 @@ def test_jsonl_files_read_back_or_name_the_line(tmp_path_factory, pairs, data):
     path = write(folder / "train.jsonl", "".join(r + ("\r\n" if crlf else "\n") for r in rows), zipped)
     line_break = any(c in v.strip() for s, t in pairs for v in (s, t) for c in "\r\n")
     read_or_error(lambda: iter_jsonl(path, "de", "en", chunk=chunk), [path], pairs, (), not line_break)
+
+
+@pytest.mark.parametrize("content", [gzip.compress(b"ein Haus\n" * 1000)[:-20], b"not gzip\n"], ids=["truncated", "not_gzip"])
+def test_a_broken_gzip_file_is_an_error_naming_it(tmp_path, content):
+    path = tmp_path / "train.de.gz"
+    path.write_bytes(content)
+    with pytest.raises(DataError, match=re.escape(f"{path}: not a complete gzip file")):
+        read_lines_of(path)
+
+
+def read_lines_of(path: Path) -> list[str]:
+    return [line for lines in iter_lines(path) for line in lines]

@@ -404,3 +404,28 @@ def test_the_report_is_the_run_folders_or_the_release_files_never_a_path_the_con
             assert answer.status_code == status, ckpt
             if png is not None:
                 assert answer.content == png and answer.headers["content-type"] == "image/png"
+
+
+def test_info_passes_on_only_finite_numbers_and_short_strings_from_a_release_file(serve_ckpt, tmp_path):
+    """NaN in a report or run config, bytes as a run name: once a 500 (JSON has no NaN)."""
+    import math
+
+    import torch
+
+    from nmt.checkpoint import read_checkpoint
+    from nmt.export import export_release
+
+    forged = read_checkpoint(export_release(serve_ckpt, tmp_path / "release.ckpt"))
+    forged["report"]["summary"]["bleu"] = math.nan
+    forged["report"]["summary"]["buckets"][0]["bleu"] = math.inf
+    forged["run_config"].update(tags=[math.nan, "x" * 10_000], task_name=b"\xff")
+    forged["run_config"]["data"]["src_lang"] = math.nan
+    torch.save(forged, tmp_path / "forged.ckpt")
+    cfg = serve_cfg(tmp_path / "forged.ckpt", *SMALL)
+    with TestClient(create_app(load(cfg), cfg), raise_server_exceptions=False) as client:
+        answer = client.get("/info")
+    assert answer.status_code == 200, answer.text
+    info = answer.json()
+    assert info["training"]["test_bleu"] is None and info["training"]["bleu_by_length"][0]["bleu"] is None
+    assert info["training"]["tags"] == [None, "x" * 200] and info["training"]["run"] is None
+    assert info["src_lang"] is None and info["preset"]["encoder"] == "TransformerEncoder"

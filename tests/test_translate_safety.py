@@ -78,7 +78,7 @@ def src(tmp_path) -> Path:
 
 
 # --- the output is never an input ---------------------------------------------------------------
-@pytest.mark.parametrize("how", ["same_path", "symlink", "hard_link", "stdin", "score_target"])
+@pytest.mark.parametrize("how", ["same_path", "symlink", "hard_link", "stdin", "score_target", "checkpoint"])
 def test_an_output_that_is_an_input_is_refused_and_the_file_is_unchanged(ckpt, src, tmp_path, capsys, how):
     before = src_before = src.read_bytes()
     output, overrides, stdin, names = src, [f"input={src}"], None, [f"input={src}"]
@@ -95,6 +95,11 @@ def test_an_output_that_is_an_input_is_refused_and_the_file_is_unchanged(ckpt, s
         target.write_bytes(before)
         output, before = target, target.read_bytes()
         overrides, names = ["mode=score", f"input={src}", f"target={target}"], [f"target={target}"]
+    elif how == "checkpoint":  # the model file itself
+        copy = tmp_path / "model.ckpt"
+        copy.write_bytes(Path(ckpt).read_bytes())
+        ckpt, output, before = copy, copy, copy.read_bytes()
+        names = [f"ckpt={copy}"]
     if how in ("same_path", "stdin"):  # the command line end to end
         result = translate(ckpt, tmp_path, *overrides, f"output={output}", stdin=stdin)
     else:

@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as L
 import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
@@ -113,8 +112,9 @@ class TranslationDataModule(L.LightningDataModule):
             raise ValueError(f"too_long must be 'drop' or 'truncate', got {too_long!r}")
         if src_words not in ("words", "chars"):
             raise ValueError(f"src_words must be 'words' or 'chars', got {src_words!r}")
-        if isinstance(source, (dict, DictConfig)):
-            source = instantiate(source)
+        if isinstance(source, (dict, DictConfig)):  # Hydra builds the source (its _target_) before the module
+            raise TypeError("source: a data source object, not a mapping; give the source config a _target_ "
+                            "(nmt.data.sources.FileSource or SyntheticSource)")
         if isinstance(source, functools.partial):
             source = source()
         self.source = source

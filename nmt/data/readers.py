@@ -27,6 +27,7 @@ import gzip
 import itertools
 import json
 import logging
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -130,6 +131,13 @@ def iter_lines(path: Path, chunk: int = CHUNK, strip: bool = True) -> Iterator[l
     """Lines of a UTF-8 text file (gzip-compressed when it ends in .gz) without their LF or CRLF,
     stripped unless `strip` is false, `chunk` at a time; see the module docstring for errors."""
     path = Path(path)
+    try:
+        yield from _iter_lines(path, chunk, strip)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise DataError(f"{path}: not a complete gzip file ({e}); copy or compress it again") from None
+
+
+def _iter_lines(path: Path, chunk: int, strip: bool) -> Iterator[list[str]]:
     done, utf8_before = 0, False
     with _open(path) as f:
         head = f.read(HEAD)
@@ -219,9 +227,13 @@ def iter_tsv(path: Path, chunk: int = CHUNK, bad_rows: str = "error") -> Iterato
 def _json_pair(line: str, src_lang: str, tgt_lang: str) -> tuple[str, str] | str:
     """The (source, target) of one JSONL row, or what is wrong with it."""
     try:
-        obj = json.loads(line)
+        obj = json.loads(line, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
         return f"not JSON ({e.msg} at column {e.colno})"
+    except RecursionError:
+        return "not JSON (nested too deeply)"
+    except ValueError as e:  # an integer of thousands of digits, a key given twice
+        return f"not JSON ({str(e).split(';')[0]})"
     if not isinstance(obj, dict):
         return f"expected a JSON object, found {_json_type(obj)}"
     pair = obj.get("translation", obj)
@@ -238,8 +250,18 @@ def _json_pair(line: str, src_lang: str, tgt_lang: str) -> tuple[str, str] | str
         value = value.strip()
         if "\n" in value or "\r" in value:
             return f"the {lang!r} value holds a line break; a sentence is one line (replace it with a space)"
+        if not value.isascii() and any("\ud800" <= c <= "\udfff" for c in value):
+            return f"the {lang!r} value holds a lone surrogate escape (such as \\ud800), which is not text"
         values.append(value)
     return values[0], values[1]
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different (else one value would be dropped silently)."""
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        raise ValueError(f"the key {next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i]))!r} is given twice")
+    return obj
 
 
 def _json_type(value: Any) -> str:

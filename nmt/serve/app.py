@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import multiprocessing
 import os
 import threading
@@ -95,18 +96,20 @@ class Translator:
         return out
 
     def info(self) -> dict[str, Any]:
+        """The model, its training and the serving settings. What comes from the checkpoint is data
+        someone else wrote: only finite numbers and short strings of it are passed on."""
         rc = self.loaded.run_config
-        model_cfg = rc.get("model", {})
-        data = rc.get("data", {})
-        summary: dict[str, Any] = {"run": rc.get("task_name"), "tags": rc.get("tags"), "step": self.loaded.step}
+        model_cfg, data = rc.get("model", {}), rc.get("data", {})
+        tags = rc.get("tags")
+        summary: dict[str, Any] = {"run": text(rc.get("task_name")), "step": number(self.loaded.step),
+                                   "tags": [text(t) for t in tags[:20]] if isinstance(tags, list) else text(tags)}
         if self.report is not None:
             summary.update(report_summary(self.report["summary"]))
         return {
-            "preset": {part: str(model_cfg.get(part, {}).get("_target_", "")).rsplit(".", 1)[-1]
-                       for part in ("encoder", "decoder")},
-            "hidden_size": model_cfg.get("hidden_size"),
+            "preset": {part: type(getattr(self.loaded.model, part)).__name__ for part in ("encoder", "decoder")},
+            "hidden_size": number(model_cfg.get("hidden_size")),
             "parameters": sum(p.numel() for p in self.loaded.model.parameters()),
-            "src_lang": data.get("src_lang"), "tgt_lang": data.get("tgt_lang"),
+            "src_lang": text(data.get("src_lang")), "tgt_lang": text(data.get("tgt_lang")),
             "src_vocab_size": self.src_vocab.vocab_size, "tgt_vocab_size": self.tgt_vocab.vocab_size,
             "max_src_len": self.max_src_len, "attention": self.has_attention,
             "decoding": self.decoding, "precision": self.precision,
@@ -114,17 +117,24 @@ class Translator:
         }
 
 
+def number(value: Any) -> float | int | None:
+    """``value`` if it is a finite number (JSON has no NaN), else None."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return value if ok else None
+
+
+def text(value: Any, limit: int = 200) -> str | None:
+    """``value`` if it is a string, cut to ``limit`` characters, else None."""
+    return value[:limit] if isinstance(value, str) else None
+
+
 def report_summary(report: dict[str, Any]) -> dict[str, Any]:
     """Test BLEU, chrF, sentence count and per-length BLEU of a run's report: values of the
     expected types only (a release file's report is data someone else wrote)."""
-
-    def number(value: Any) -> float | int | None:
-        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
     buckets = report.get("buckets") if isinstance(report.get("buckets"), list) else []
     return {"test_bleu": number(report.get("bleu")), "test_chrf": number(report.get("chrf")),
             "test_sentences": number(report.get("count")),
-            "bleu_by_length": [{"label": str(b.get("label"))[:40], "count": number(b.get("count")),
+            "bleu_by_length": [{"label": text(b.get("label"), 40), "count": number(b.get("count")),
                                 "bleu": number(b.get("bleu"))} for b in buckets[:100] if isinstance(b, dict)]}
 
 

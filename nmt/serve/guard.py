@@ -89,7 +89,7 @@ async def read_body(request: Request, max_bytes: int, read_timeout_s: float) -> 
                           "limits.max_chars); send fewer or shorter sentences", "max_request_bytes", max_bytes)
 
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_bytes:
+    if declared.isascii() and declared.isdigit() and int(declared) > max_bytes:
         return too_big(declared)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + read_timeout_s
