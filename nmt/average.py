@@ -27,6 +27,7 @@ import torch
 from omegaconf import DictConfig
 
 from nmt import CONF_DIR, register_resolvers
+from nmt.cli_io import ending_cleanly
 from nmt.checkpoint import CheckpointError, atomic_save, model_weights, read_checkpoint, release
 
 log = logging.getLogger(__name__)
@@ -128,6 +129,7 @@ def main() -> None:
 
 
 @hydra.main(config_path=CONF_DIR, config_name="average", version_base="1.3")
+@ending_cleanly()  # a user's error: one line on stderr, status 1
 def run(cfg: DictConfig) -> None:
     run_average(cfg)
 

@@ -1,6 +1,7 @@
 """What ``translate.py`` (both modes) reads, writes, and how it ends: the output is never one of
 the inputs, it is opened only once everything before the first line is checked, and a run ends
-without a traceback on a user's error, a signal or a closed pipe.
+without a traceback on a user's error, a signal or a closed pipe (``ending_cleanly`` ends
+``nmt-evaluate``, ``nmt-export``, ``nmt-average`` and ``nmt-serve`` the same way).
 
 - ``check_paths``: every input opens for reading, the output's folder exists, and the output is
   not an input (the same device and inode: through symlinks and hard links too, and stdin or

@@ -25,6 +25,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from nmt import CONF_DIR, register_resolvers
+from nmt.cli_io import ending_cleanly
 from nmt import file_config
 from nmt.checkpoint import CheckpointError, load_checkpoint, saved_vocabularies
 from nmt.length_report import length_report, markdown_table, plot_bleu_by_length, write_report
@@ -97,6 +98,7 @@ def main() -> None:
 
 
 @hydra.main(config_path=CONF_DIR, config_name="evaluate", version_base="1.3")
+@ending_cleanly()  # a user's error: one line on stderr, status 1
 def run(cfg: DictConfig) -> None:
     out_dir = Path(cfg.paths.output_dir)
     logging.getLogger("sacrebleu").setLevel(logging.WARNING)  # PairedTest logs each step of each bucket at INFO

@@ -17,6 +17,7 @@ import hydra
 from omegaconf import DictConfig
 
 from nmt import CONF_DIR, register_resolvers
+from nmt.cli_io import ending_cleanly
 from nmt.checkpoint import atomic_save, checkpoint_kind, load_checkpoint, model_weights, read_checkpoint, release
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ def main() -> None:
 
 
 @hydra.main(config_path=CONF_DIR, config_name="export", version_base="1.3")
+@ending_cleanly()  # a user's error: one line on stderr, status 1
 def run(cfg: DictConfig) -> None:
     export(cfg)
 

@@ -35,6 +35,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from nmt import CONF_DIR, register_resolvers
+from nmt.cli_io import ending_cleanly
 from nmt.checkpoint import Loaded, load_checkpoint
 from nmt.data.tokenizer import EOS
 from nmt.decoding import beam_search, greedy_search
@@ -261,6 +262,7 @@ def main() -> None:
 
 
 @hydra.main(config_path=CONF_DIR, config_name="serve", version_base="1.3")
+@ending_cleanly()  # a user's error: one line on stderr, status 1
 def run(cfg: DictConfig) -> None:
     import uvicorn
 
