@@ -44,8 +44,12 @@ from nmt.models.rnn import RNNDecoder, RNNEncoder
 from nmt.models.transformer import TransformerDecoder, TransformerEncoder
 
 
+def _name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def _names(*classes: type) -> dict[str, type]:
-    return {f"{c.__module__}.{c.__qualname__}": c for c in classes}
+    return {_name(c): c for c in classes}
 
 
 # What a config read from a file may build, by section of the run config.
@@ -54,9 +58,9 @@ BUILDABLE: dict[str, dict[str, type]] = {
                     LuongAttention),
     "data": _names(TranslationDataModule, FileSource, SyntheticSource),
 }
-ROOTS = {"model": "nmt.models.base.Seq2Seq", "data": "nmt.data.datamodule.TranslationDataModule"}
+ROOTS = {"model": _name(Seq2Seq), "data": _name(TranslationDataModule)}
 # Bounds on arguments that set how much work a class does (a file must not ask for 10^12 pairs).
-MAX_COUNTS = {"nmt.data.sources.SyntheticSource": {"num_pairs": 10**8, "valid_pairs": 10**7, "test_pairs": 10**7}}
+MAX_COUNTS = {_name(SyntheticSource): {"num_pairs": 10**8, "valid_pairs": 10**7, "test_pairs": 10**7}}
 MAX_DEPTH = 32
 MAX_NODES = 10_000
 MAX_STRING = 65_536  # characters of one string value
@@ -203,8 +207,6 @@ def build_model(config: dict[str, Any], state: Mapping[str, torch.Tensor], sourc
             skeleton = _checked_build(config, "model", source)
     finally:
         hook.remove()
-    if not isinstance(skeleton, torch.nn.Module):
-        raise ConfigRefused(f"{source}: its model config builds a {type(skeleton).__name__}, not a model")
     check_weights(skeleton, state, source)
     weights = sum(t.numel() for t in state.values())
     extra = sum(b.numel() for name, b in skeleton.named_buffers() if name not in state)
