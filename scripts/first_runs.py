@@ -14,34 +14,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from nmt.run_files import REPORT, SUMMARY, WALL, bucket_bleu, read, run_timed  # noqa: E402
+
 MODELS = ("lstm", "lstm_bahdanau", "lstm_luong", "transformer")
 
 
 def run(model: str, out: Path, overrides: list[str]) -> float:
     """Train ``model`` into ``out/model``; the seconds from start to exit."""
     command = [sys.executable, "train.py", f"model={model}", *overrides, f"hydra.run.dir={out / model}"]
-    (out / model).mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    with (out / f"{model}.log").open("w") as log:
-        subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=True)
-    seconds = time.perf_counter() - start
-    (out / model / "wall_seconds.json").write_text(json.dumps({"command": " ".join(command[1:-1]),
-                                                              "wall_seconds": round(seconds, 1)}) + "\n")
-    return seconds
+    return run_timed(command, out / model, out / f"{model}.log", " ".join(command[1:-1]), cwd=ROOT)
 
 
 def row(run_dir: Path) -> dict:
     """One run's numbers from its ``summary.json``, ``bleu_by_length.json`` and wall time."""
-    summary = json.loads((run_dir / "summary.json").read_text())
-    report = json.loads((run_dir / "bleu_by_length.json").read_text())
-    wall = json.loads((run_dir / "wall_seconds.json").read_text())
-    buckets = {b["label"]: b["bleu"] for b in report["buckets"] if b["bleu"] is not None}
+    summary, report, wall = read(run_dir, SUMMARY), read(run_dir, REPORT), read(run_dir, WALL)
+    buckets = bucket_bleu(report)
     first, last = next(iter(buckets)), list(buckets)[-1]
     return {"model": run_dir.name, "command": wall["command"], "wall_seconds": wall["wall_seconds"],
             "precision": summary["hardware"]["precision"], "steps": summary["steps"], "bleu": report["bleu"],
@@ -61,7 +54,7 @@ def table(rows: list[dict]) -> str:
 
 
 def collect(out: Path, models: list[str]) -> str:
-    rows = [row(out / m) for m in models if (out / m / "wall_seconds.json").is_file()]
+    rows = [row(out / m) for m in models if (out / m / WALL).is_file()]
     if not rows:
         raise SystemExit(f"{out}: no finished first run (<model>/wall_seconds.json) to collect")
     md = table(rows)

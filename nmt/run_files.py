@@ -1,0 +1,60 @@
+"""What a finished run leaves in its folder, read back by the scripts that tabulate runs
+(``scripts/first_runs.py``, ``scripts/reproduce_results.py``): ``summary.json`` (written by
+``nmt.train``), the test report ``bleu_by_length.json`` (``nmt.length_report``), and
+``wall_seconds.json``, written by :func:`run_timed` for a command timed from start to exit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+SUMMARY = "summary.json"
+REPORT = "bleu_by_length.json"
+WALL = "wall_seconds.json"
+
+
+def read(run_dir: Path, name: str) -> dict:
+    """The JSON file ``name`` of the run folder ``run_dir``."""
+    return json.loads((Path(run_dir) / name).read_text())
+
+
+def bucket_bleu(report: dict) -> dict[str, float]:
+    """BLEU per source-length bucket of a test report, by label (``1-10``, ...), in the report's
+    order; empty buckets are left out."""
+    return {b["label"]: b["bleu"] for b in report["buckets"] if b["bleu"] is not None}
+
+
+def value_at(data: Any, key: list) -> Any:
+    """The value at ``key`` in nested JSON data. A string or an int indexes a dict or a list; a
+    one-entry dict ``{field: value}`` picks the first list item whose ``field`` is ``value``, e.g.
+    ``["buckets", {"label": "51-60"}, "bleu"]``. KeyError names the part that is missing."""
+    for part in key:
+        if isinstance(part, dict):
+            ((field, wanted),) = part.items()
+            found = [item for item in data if isinstance(item, dict) and str(item.get(field)) == str(wanted)]
+            if not found:
+                raise KeyError(f"no item with {field}={wanted}")
+            data = found[0]
+        elif isinstance(data, list):
+            data = data[int(part)]
+        elif isinstance(data, dict) and part in data:
+            data = data[part]
+        else:
+            raise KeyError(f"no {part!r}")
+    return data
+
+
+def run_timed(command: list[str], run_dir: Path, log: Path, shown: str, cwd: Path, env: dict | None = None) -> float:
+    """Run ``command`` in ``cwd`` to its exit, its output into ``log``, and write
+    ``run_dir/wall_seconds.json``: ``shown`` (the command as a user types it) and the seconds from
+    start to exit, which it returns. ``subprocess.CalledProcessError`` if the command fails."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with log.open("w") as out:
+        subprocess.run(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, check=True)
+    seconds = time.perf_counter() - start
+    (run_dir / WALL).write_text(json.dumps({"command": shown, "wall_seconds": round(seconds, 1)}) + "\n")
+    return seconds
