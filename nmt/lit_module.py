@@ -13,7 +13,9 @@ torch RNG between training batches but the model (dropout, position shifts): the
 their iterators' seeds from generators of their own (``nmt.data.datamodule``), validation runs
 the model in eval mode and Lightning's sanity check restores the states it found. So the state a
 checkpoint saves after a batch is the state the next batch starts from, and a resumed run draws
-the same dropout masks as an uninterrupted one.
+the same dropout masks as an uninterrupted one. Resumed on another number of processes, every
+rank starts from rank 0's torch RNG state and the per-rank token counters are rescaled
+(``docs/reliability.md``, "Resuming on another number of processes").
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ class TranslationModule(L.LightningModule):
     length_buckets: upper edges of the source-length buckets of that report.
     sacrebleu_tokenize: sacreBLEU tokenizer for the target language (None = 13a; zh, ja-mecab...).
     max_nonfinite_steps: consecutive steps with a NaN/inf loss (each skipped) that stop training.
+    val_len_cap: (a, b): validation stops a hypothesis at a * reference length + b tokens, where
+        that is below decoding's own cap, so a model that has not learned to end yet validates in
+        about a trained one's time; None: decoding's cap only. The test never sees the reference.
     """
 
     # Saved in checkpoints and restored on resume, with best_bleu.
@@ -77,9 +82,14 @@ class TranslationModule(L.LightningModule):
         length_buckets: Sequence[int] = DEFAULT_EDGES,
         sacrebleu_tokenize: str | None = None,
         max_nonfinite_steps: int = 10,
+        val_len_cap: Sequence[float] | None = (1.5, 5),
     ) -> None:
         super().__init__()
         length_buckets = [int(edge) for edge in length_buckets]  # a plain list, not Hydra's ListConfig
+        if val_len_cap is not None:
+            if len(val_len_cap) != 2:
+                raise ValueError(f"module.val_len_cap must be [a, b] (a * reference length + b) or null, got {list(val_len_cap)}")
+            val_len_cap = [float(x) for x in val_len_cap]
         # Plain values only: checkpoints load with weights_only=True (the partials are rebuilt from the run config).
         self.save_hyperparameters(ignore=["model", "optimizer", "scheduler", "val_decoding", "test_decoding"], logger=False)
         self.model = model
@@ -210,7 +220,12 @@ class TranslationModule(L.LightningModule):
     # --- evaluation -----------------------------------------------------------------------
     def _decode(self, batch: dict[str, Any], stage: str) -> None:
         search = self.val_decoding if stage == "val" else self.test_decoding
-        hyps = search(self.model, batch["src"], batch["src_mask"])
+        cap = self.hparams.val_len_cap
+        if stage == "val" and cap and "tgt_out" in batch:  # stop hypotheses at a * reference length + b (+ EOS)
+            ref_len = (batch["tgt_out"] != PAD).sum(1) - 1
+            hyps = search(self.model, batch["src"], batch["src_mask"], max_len=(cap[0] * ref_len + cap[1]).long() + 1)
+        else:
+            hyps = search(self.model, batch["src"], batch["src_mask"])
         tgt_vocab = self.trainer.datamodule.tgt_vocab
         texts = tgt_vocab.decode_batch(hyps.tokens)
         self._outputs[stage].extend(zip(batch["ids"].tolist(), texts))
@@ -328,6 +343,7 @@ class TranslationModule(L.LightningModule):
         checkpoint["monitor"] = {"name": self.hparams.monitor, "value": None if bleu is None else float(bleu),
                                  "step": self.monitor_step}
         checkpoint["counters"] = {name: getattr(self, name) for name in self.COUNTERS}
+        checkpoint["world_size"] = self._trainer.world_size if self._trainer is not None else 1
         numpy_state = np.random.get_state(legacy=False)
         numpy_state["state"]["key"] = torch.from_numpy(numpy_state["state"]["key"].astype(np.int64))
         torch_states = torch_rng_states()
@@ -357,6 +373,10 @@ class TranslationModule(L.LightningModule):
             self.train_tgt_tokens = None  # a checkpoint from before this counter: unknown
         self.loaded_step = checkpoint.get("global_step")
         rng = checkpoint.get("rng")
+        world = trainer.world_size if trainer is not None else 1
+        saved_world = checkpoint.get("world_size", len((rng or {}).get("ranks") or [None]))
+        if trainer is not None and trainer.state.fn == "fit" and saved_world != world:
+            self._resume_on_other_ranks(saved_world, world, checkpoint.get("global_step"))
         if rng:
             random.setstate(rng["python"])
             numpy_state = rng["numpy"]
@@ -365,15 +385,25 @@ class TranslationModule(L.LightningModule):
                                                          "key": numpy_state["state"]["key"].numpy().astype(np.uint32)}}
             np.random.set_state(numpy_state)
             ranks = rng.get("ranks")
-            world = trainer.world_size if trainer is not None else 1
             if ranks and len(ranks) == world:
-                rng = ranks[trainer.global_rank]
-            elif ranks or world > 1:
-                log.info("the checkpoint holds the torch RNG states of %d process(es), this run has %d: every "
-                         "rank starts from rank 0's", len(ranks or [rng]), world)
+                rng = ranks[trainer.global_rank]  # else every rank starts from rank 0's (the top-level state)
             torch.set_rng_state(rng["torch"])
             if rng["cuda"] is not None and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
                 torch.cuda.set_rng_state_all(rng["cuda"])
+
+    def _resume_on_other_ranks(self, saved_world: int, world: int, step: int | None) -> None:
+        """A checkpoint of `saved_world` processes resumed on `world`: the per-rank token counters
+        are rescaled so that counter x processes, the run's total, carries over; says what
+        continues exactly and what does not (the data loader re-splits the epoch's rest)."""
+        for name in ("train_tokens", "train_tgt_tokens"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, round(value * saved_world / world))
+        if self.trainer.is_global_zero:
+            log.info("resuming a checkpoint of %d process(es) on %d: weights, optimizer, learning-rate schedule and "
+                     "step %s continue exactly; the rest of the epoch's batches is split anew over %d process(es); "
+                     "every process's torch RNG starts from rank 0's saved state; the per-process token counters "
+                     "are rescaled by %d/%d", saved_world, world, step, world, saved_world, world)
 
 
 def torch_rng_states() -> dict[str, Any]:

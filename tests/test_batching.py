@@ -111,13 +111,13 @@ def test_resume_mid_epoch(lengths):
     it = iter(sampler)
     consumed = [next(it) for _ in range(5)]
     state = sampler.state_dict()
-    assert state == {"epoch": 1, "batches_yielded": 5}
+    assert state == {"epoch": 1, "batches_yielded": 5, "global_batches": 5, "num_replicas": 1}
     rest = list(it)
     resumed = TokenBatchSampler(lengths, max_tokens=600, seed=4)
     resumed.load_state_dict(state)
     resumed.set_epoch(1)  # same epoch: keeps the offset
     assert list(resumed) == rest and consumed + rest == sampler.all_batches(1)
-    assert resumed.state_dict() == {"epoch": 2, "batches_yielded": 0}
+    assert resumed.state_dict() == {"epoch": 2, "batches_yielded": 0, "global_batches": 0, "num_replicas": 1}
     assert list(resumed) == list(sampler)  # the next epoch is complete again
 
 

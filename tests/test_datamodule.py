@@ -162,7 +162,7 @@ def test_train_loader_resume_without_trainer(dm):
     it = iter(loader)
     head = [next(it)["ids"].tolist() for _ in range(3)]
     state = loader.state_dict()
-    assert state == {"epoch": 1, "batches_yielded": 3}
+    assert state == {"epoch": 1, "batches_yielded": 3, "global_batches": 3, "num_replicas": 1}
     other = dm.train_dataloader()
     other.load_state_dict(state)
     tail = [b["ids"].tolist() for b in other]

@@ -109,7 +109,9 @@ class TokenBatchSampler(Sampler[list[int]]):
         (or, with `drop_last`, truncates it) so every rank gets the same number of batches;
         evaluation splits the batches without duplicates (ranks may get unequal counts).
     The epoch advances after each complete pass or with `set_epoch`; `state_dict` records the
-    batches already yielded in the current epoch so a resumed run skips exactly those.
+    batches already yielded in the current epoch, by this rank and by all ranks together, so a
+    resumed run skips exactly those, on any number of ranks: the epoch's batch list does not
+    depend on the ranks, and its rest is split over the ranks of the resumed run (`rank_ids`).
     An epoch is held as numpy arrays (the example order, batch bounds and batch order: ~4 bytes
     per example), built once per epoch; a batch becomes a list only when it is yielded. With
     `share` (a folder), an epoch one process built is saved there and memory-mapped by the
@@ -130,8 +132,9 @@ class TokenBatchSampler(Sampler[list[int]]):
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.num_replicas, self.rank = num_replicas, rank
         self.epoch = 0
-        self._yielded = 0   # batches yielded in the current pass
-        self._skip = 0      # batches to skip at the start of the next pass (after a resume)
+        self._yielded = 0   # batches of the current epoch counted as this rank's (the resumed ones included)
+        self._resume = (0, 0)  # (batches of all ranks, this rank's count) the next pass starts after
+        self._pass = (0, 0)    # the same for the current pass
         self._num_batches: int | None = None
         self._built: dict[str, Any] = {}  # the last epoch built, shared with `replica` copies
         self.share = share
@@ -196,15 +199,20 @@ class TokenBatchSampler(Sampler[list[int]]):
         order, bounds, ids = self.epoch_arrays(epoch)
         return [order[bounds[i] : bounds[i + 1]].tolist() for i in ids.tolist()]
 
-    def rank_ids(self, epoch: int | None = None) -> np.ndarray:
-        """Indices into `bounds` of the batches this rank yields in `epoch`, in order."""
-        ids = self.epoch_arrays(epoch)[2]
+    def rank_ids(self, epoch: int | None = None, start: int = 0) -> np.ndarray:
+        """Indices into `bounds` of the batches this rank yields in `epoch`, in order: every
+        `num_replicas`-th batch of the epoch's list from its batch `start` on (the batches all ranks
+        together had trained on before a resume), the list padded with its first batches (or cut)
+        to a multiple of `num_replicas`. With the same ranks, `start = k * num_replicas` yields
+        exactly the batches after the first k of the whole epoch's split."""
+        epoch_ids = self.epoch_arrays(epoch)[2]
+        ids = epoch_ids[start:]
         r = self.num_replicas
         if r > 1 and self.shuffle and len(ids):
             if self.drop_last:
                 ids = ids[: len(ids) // r * r]
             else:
-                ids = np.concatenate([ids, np.resize(ids, -len(ids) % r)])
+                ids = np.concatenate([ids, np.resize(epoch_ids, -len(ids) % r)])
         return ids[self.rank :: r]
 
     def rank_batches(self, epoch: int | None = None) -> list[list[int]]:
@@ -229,34 +237,64 @@ class TokenBatchSampler(Sampler[list[int]]):
 
     @property
     def resume_offset(self) -> int:
-        """Batches the next pass skips (non-zero only after `load_state_dict`)."""
-        return self._skip
+        """Batches of its epoch the next pass counts as this rank's already (non-zero only after
+        `load_state_dict`): `len(self)` less the batches it yields."""
+        return self._resume[1]
 
     def set_epoch(self, epoch: int) -> None:
         """Use the order of `epoch`; a pending resume offset survives only for the same epoch."""
         if epoch != self.epoch:
-            self.epoch, self._skip, self._yielded = epoch, 0, 0
+            self.epoch, self._yielded = epoch, 0
+            self._resume = self._pass = (0, 0)
 
     def __iter__(self) -> Iterator[list[int]]:
         order, bounds, _ = self.epoch_arrays(self.epoch)
-        ids = self.rank_ids(self.epoch)
-        start, self._skip = self._skip, 0
-        self._yielded = start
-        for i in ids[start:].tolist():
+        self._pass, self._resume = self._resume, (0, 0)
+        start, self._yielded = self._pass
+        for i in self.rank_ids(self.epoch, start).tolist():
             self._yielded += 1
             yield order[bounds[i] : bounds[i + 1]].tolist()
         self.epoch += 1
         self._yielded = 0
+        self._pass = (0, 0)
+
+    def global_batches(self, done: int) -> int:
+        """Batches of the current epoch's list all ranks together have trained on when this rank
+        has done `done` of its `len(self)` (the batches of a resume included): where a resume on
+        any number of ranks goes on from."""
+        start, counted = self._resume if self._resume != (0, 0) else self._pass  # a resume not yet begun
+        return min(start + (done - counted) * self.num_replicas, self.epoch_size())
+
+    def epoch_size(self, epoch: int | None = None) -> int:
+        """Batches in `epoch`'s list, before the split over ranks."""
+        return len(self.epoch_arrays(epoch)[2])
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "batches_yielded": self._yielded}
+        """epoch; batches_yielded: this rank's of the epoch; global_batches: all ranks' together;
+        num_replicas: how many ranks trained."""
+        return {"epoch": self.epoch, "batches_yielded": self._yielded,
+                "global_batches": self.global_batches(self._yielded), "num_replicas": self.num_replicas}
+
+    def _saved_start(self, state: dict[str, Any]) -> int:
+        """`global_batches` of a saved state; a state saved without it: as many ranks as now."""
+        start = state.get("global_batches")
+        return int(state["batches_yielded"]) * self.num_replicas if start is None else int(start)
+
+    def rank_done(self, state: dict[str, Any]) -> int:
+        """The batches of `state`'s epoch that count as this rank's on resuming from `state`:
+        `len(self)` less the batches of the epoch's rest it will yield (`len(self)` when no batch
+        is left). Equals the saved `batches_yielded` when the number of ranks is the same."""
+        return len(self) - len(self.rank_ids(int(state["epoch"]), self._saved_start(state)))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: the next pass continues `state["epoch"]` after its yielded batches."""
-        epoch, done = int(state["epoch"]), int(state["batches_yielded"])
+        """Resume: the next pass continues `state["epoch"]` after the batches all ranks together
+        had trained on (`global_batches`), its rest split over this sampler's `num_replicas`
+        ranks, whatever number trained before."""
+        epoch, start, done = int(state["epoch"]), self._saved_start(state), self.rank_done(state)
         if done >= len(self):  # saved at the very end of an epoch: start the next one
-            epoch, done = epoch + 1, 0
-        self.epoch, self._skip, self._yielded = epoch, done, done
+            epoch, start, done = epoch + 1, 0, 0
+        self.epoch, self._yielded = epoch, done
+        self._resume, self._pass = (start, done), (0, 0)
 
 
 class TokenizedSplit(Dataset):

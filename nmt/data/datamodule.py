@@ -41,16 +41,20 @@ Flat = tuple[np.ndarray, np.ndarray]  # (uint16/uint32 tokens, int64 offsets), m
 
 
 class ResumableLoader(DataLoader):
-    """The training DataLoader; `state_dict` says how many batches of which epoch were consumed.
+    """The training DataLoader; `state_dict` says how many batches of which epoch were consumed,
+    by this rank and by all ranks together (`TokenBatchSampler.state_dict`).
 
     `position()` gives (epoch, batches trained this epoch) from a Lightning trainer; without
-    one the loader counts the batches it returned (worker prefetch is not counted).
+    one the loader counts the batches it returned (worker prefetch is not counted). `recount(done)`
+    sets the trainer's count of the epoch's batches done when a resume on another number of ranks
+    gives this rank another share of the epoch's rest (`TokenBatchSampler.rank_done`).
     """
 
     def __init__(self, *args: Any, position: Callable[[], tuple[int, int] | None] | None = None,
-                 **kwargs: Any) -> None:
+                 recount: Callable[[int], None] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.position = position
+        self.recount = recount
         self._state: list[int] | None = None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
@@ -65,15 +69,29 @@ class ResumableLoader(DataLoader):
         self._state = None
 
     def state_dict(self) -> dict[str, Any]:
+        sampler: TokenBatchSampler = self.batch_sampler  # type: ignore[assignment]
         pos = self.position() if self.position else None
-        if pos is not None:
-            return {"epoch": pos[0], "batches_yielded": pos[1]}
-        if self._state is None:
-            return self.batch_sampler.state_dict()  # type: ignore[union-attr]
-        return {"epoch": self._state[0], "batches_yielded": self._state[1]}
+        if pos is None and self._state is None:
+            return sampler.state_dict()
+        epoch, done = pos if pos is not None else self._state
+        if epoch == sampler.epoch:
+            together = sampler.global_batches(done)
+        else:  # the sampler's pass over `epoch` has ended (the loop still runs its last batch), or not begun
+            together = sampler.epoch_size(epoch) if epoch < sampler.epoch else 0
+        return {"epoch": epoch, "batches_yielded": done, "global_batches": together,
+                "num_replicas": sampler.num_replicas}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.batch_sampler.load_state_dict(state)  # type: ignore[union-attr]
+        sampler: TokenBatchSampler = self.batch_sampler  # type: ignore[assignment]
+        sampler.load_state_dict(state)
+        saved_ranks = state.get("num_replicas", sampler.num_replicas)
+        if self.recount is not None and saved_ranks != sampler.num_replicas:
+            done = sampler.rank_done(state)
+            log.info("the checkpoint was trained on %d process(es), this run has %d: epoch %d goes on after the %d "
+                     "of its %d batches they trained, the rest split over %d process(es), %d batches each",
+                     saved_ranks, sampler.num_replicas, state["epoch"], state["global_batches"],
+                     sampler.epoch_size(int(state["epoch"])), sampler.num_replicas, len(sampler) - done)
+            self.recount(done)
 
 
 class TranslationDataModule(L.LightningDataModule):
@@ -265,6 +283,15 @@ class TranslationDataModule(L.LightningDataModule):
             return None
         return trainer.current_epoch, done  # type: ignore[union-attr]
 
+    def _recount(self, done: int) -> None:
+        """The trainer's count of the current epoch's batches done becomes `done` (its ready, started,
+        processed and completed counts move alike): after a resume on another number of ranks,
+        this rank's share of the epoch's rest is `len(loader) - done` batches."""
+        current = self.trainer.fit_loop.epoch_loop.batch_progress.current  # type: ignore[union-attr]
+        shift = done - current.processed
+        for name in ("ready", "started", "processed", "completed"):
+            setattr(current, name, getattr(current, name) + shift)
+
     def _pin_memory(self) -> bool:
         """Page-locked batches when training on a GPU (copies overlap with compute)."""
         return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
@@ -292,7 +319,8 @@ class TranslationDataModule(L.LightningDataModule):
         return ResumableLoader(dataset, batch_sampler=sampler, collate_fn=collate,
                                num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
                                pin_memory=self._pin_memory(), generator=self._generator(rank),
-                               position=self._position if self.trainer is not None else None)
+                               position=self._position if self.trainer is not None else None,
+                               recount=self._recount if self.trainer is not None else None)
 
     def _eval_loader(self, split: str) -> DataLoader:
         self.setup()
