@@ -241,6 +241,19 @@ def run_eta(trainer: L.Trainer, seconds: float, steps: int) -> float | None:
     return max(min(known), 0.0) if known else None  # a spent budget leaves 0, never a negative time
 
 
+def ended_by(trainer: L.Trainer) -> str:
+    """What ended training: ``max_steps`` (the budget), ``max_time`` (the safety net, before the
+    budget), ``early_stopping`` or ``max_epochs``."""
+    if 0 < trainer.max_steps <= trainer.global_step:
+        return "max_steps"
+    budget = time_left(trainer)
+    if budget is not None and budget <= 0:
+        return "max_time"
+    if trainer.should_stop:
+        return "early_stopping"
+    return "max_epochs"
+
+
 def hms(seconds: float) -> str:
     """``H:MM:SS`` of a non-negative duration, hours past 24 included (``time.strftime`` wraps them)."""
     minutes, secs = divmod(int(round(max(seconds, 0.0))), 60)

@@ -38,7 +38,7 @@ from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from nmt import CONF_DIR, auto_precision, register_resolvers
-from nmt.callbacks import AtomicCheckpointIO, LastCheckpoint, ScheduleHorizon, budget_timer
+from nmt.callbacks import AtomicCheckpointIO, LastCheckpoint, ScheduleHorizon, budget_timer, ended_by
 from nmt.checkpoint import check_resume, saved_vocabularies, tokenizer_protos
 from nmt.length_report import markdown_table
 from nmt import kernels
@@ -215,6 +215,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
             stopped_by = preemption[0] if preemption else signal.SIGTERM
     fit_seconds = time.perf_counter() - start
     train_seconds = train_wall_seconds(trainer, fit_seconds)  # now: testing a checkpoint restores its timer
+    end = ended_by(trainer) if cfg.get("train", True) and stopped_by is None else None
+    if end == "max_time" and trainer.max_steps > 0:
+        log.warning("trainer.max_time (the safety net) stopped training at step %d of its budget of %d "
+                    "(trainer.max_steps): this run's results are not the budget's; resume it (ckpt_path=latest) "
+                    "or raise trainer.max_time", trainer.global_step, trainer.max_steps)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if stopped_by is not None:  # preempted: no test, and an exit status that says so
         if trainer.is_global_zero:
@@ -236,7 +241,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     log.info("metrics: %s", {k: round(v, 4) for k, v in sorted(metrics.items())})
     if trainer.is_global_zero:
         write_summary(cfg, module, metrics, (fit_seconds, train_seconds), count_parameters(model), trainer,
-                      resumed_from=ckpt_path, tested=tested)
+                      resumed_from=ckpt_path, tested=tested, ended_by=end)
         log.info("%s", run_summary(cfg, module, trainer, tested))
     if any(type(logger).__name__ == "WandbLogger" for logger in loggers):
         import wandb
@@ -280,7 +285,7 @@ def train_wall_seconds(trainer: L.Trainer, fit_seconds: float) -> float:
 
 def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: tuple[float, float], params: int, trainer,
                   resumed_from: str | None = None, stopped_by: str | None = None,
-                  tested: dict[str, Any] | None = None) -> None:
+                  tested: dict[str, Any] | None = None, ended_by: str | None = None) -> None:
     """``<run>/summary.json``: what a study or sweep table needs from a run; ``seconds``: this
     call's ``fit`` time and the run's training time (``train_wall_seconds``)."""
     fit_seconds, train_seconds = seconds
@@ -293,6 +298,8 @@ def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: t
         "fit_seconds": round(fit_seconds, 1),
         "train_wall_seconds": round(train_seconds, 1),
         "steps": trainer.global_step,
+        "max_steps": trainer.max_steps,  # the step budget (-1: none)
+        "ended_by": ended_by,  # max_steps | max_time | early_stopping | max_epochs (None: not trained, or stopped_by)
         "epochs": trainer.current_epoch,
         "train_tokens_per_sec": round(module.train_tokens * trainer.world_size / max(module.train_seconds, 1e-9), 1),
         "train_tgt_tokens_per_sec": None if module.train_tgt_tokens is None else  # resumed from an older checkpoint

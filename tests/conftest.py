@@ -40,6 +40,7 @@ TINY = [
     "model.dropout=0.0",
     "position_shift=0",  # Transformer encoders: positions from 0, as in decoding (the shift has its own tests)
     "trainer.max_epochs=1",
+    "trainer.max_steps=-1",  # epochs end these runs, not the preset's step budget
     "trainer.log_every_n_steps=1",
     "trainer.val_check_interval=1.0",
     "trainer.check_val_every_n_epoch=1",
