@@ -4,7 +4,8 @@ for every model; and the teacher-forced scoring of given translations.
 All drive a model through the ``Seq2Seq`` interface (``encode``, ``init_state``,
 ``decode_step``; ``forward`` for scoring) and reorder its memory/state with
 ``nmt.models.base.select``, so they never ask which architecture they decode. Outputs are capped
-at ``max_len_a * source_length + max_len_b`` tokens (EOS forced at the cap).
+at ``max_len_a * source_length + max_len_b`` tokens, or at given per-sentence caps where those are
+smaller (EOS forced at the cap).
 """
 
 from __future__ import annotations
@@ -32,8 +33,13 @@ class Hypotheses:
     nbest: list[list[tuple[list[int], float]]] | None = None
 
 
-def _max_lengths(src_mask: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
-    return (max_len_a * src_mask.sum(1).float() + max_len_b).long().clamp(min=1)  # (B,)
+def _max_lengths(src_mask: Tensor, max_len_a: float, max_len_b: int, max_len: Tensor | None = None) -> Tensor:
+    """Each sentence's cap: ``max_len_a * source length + max_len_b`` tokens, or ``max_len`` (B,)
+    where that is smaller."""
+    cap = (max_len_a * src_mask.sum(1).float() + max_len_b).long()
+    if max_len is not None:
+        cap = torch.minimum(cap, max_len.to(cap))
+    return cap.clamp(min=1)  # (B,)
 
 
 CHUNK = 64  # beam search compares the maxima of chunks of this many log-probs before the log-probs
@@ -97,11 +103,11 @@ def _to_lists(tokens: Tensor) -> list[list[int]]:
 
 
 def _sequential_search(model, src: Tensor, src_mask: Tensor, pick: Callable[[Tensor], Tensor], max_len_a: float,
-                       max_len_b: int, need_attn: bool) -> Hypotheses:
+                       max_len_b: int, need_attn: bool, max_len: Tensor | None = None) -> Hypotheses:
     """One hypothesis per sentence, a token at a time: ``pick(log_probs (B, W)) -> tokens (B,)``;
     the score is the sum of the model's log-probs of the picked tokens."""
     batch = src.size(0)
-    max_len = _max_lengths(src_mask, max_len_a, max_len_b)
+    max_len = _max_lengths(src_mask, max_len_a, max_len_b, max_len)
     memory = model.encode(src, src_mask)
     state = model.init_state(memory)
     prev = src.new_full((batch,), BOS)
@@ -133,10 +139,13 @@ def _sequential_search(model, src: Tensor, src_mask: Tensor, pick: Callable[[Ten
 
 @torch.no_grad()
 def greedy_search(
-    model, src: Tensor, src_mask: Tensor, max_len_a: float = 1.5, max_len_b: int = 10, need_attn: bool = False
+    model, src: Tensor, src_mask: Tensor, max_len_a: float = 1.5, max_len_b: int = 10, need_attn: bool = False,
+    max_len: Tensor | None = None,
 ) -> Hypotheses:
-    """Pick the most probable token at every step. src, src_mask: (B, S)."""
-    return _sequential_search(model, src, src_mask, lambda x: x.argmax(dim=-1), max_len_a, max_len_b, need_attn)
+    """Pick the most probable token at every step. src, src_mask: (B, S); ``max_len`` (B,): caps
+    below the source-length ones (validation's, from the references)."""
+    return _sequential_search(model, src, src_mask, lambda x: x.argmax(dim=-1), max_len_a, max_len_b, need_attn,
+                              max_len)
 
 
 def _sampler(temperature: float, top_k: int, top_p: float, generator: torch.Generator) -> Callable[[Tensor], Tensor]:
@@ -164,7 +173,7 @@ def _sampler(temperature: float, top_k: int, top_p: float, generator: torch.Gene
 @torch.no_grad()
 def sample_search(
     model, src: Tensor, src_mask: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-    max_len_a: float = 1.5, max_len_b: int = 10, need_attn: bool = False,
+    max_len_a: float = 1.5, max_len_b: int = 10, need_attn: bool = False, max_len: Tensor | None = None,
 ) -> Hypotheses:
     """One sampled translation per sentence (back-translation, data augmentation), with
     temperature, top-k and top-p (Holtzman et al. 2020). The draws come from a generator seeded
@@ -176,7 +185,7 @@ def sample_search(
     generator = torch.Generator(device=src.device)
     generator.manual_seed(hash((int(seed), tuple(src.shape), int(src.sum()))) & 0xFFFF_FFFF_FFFF)
     pick = _sampler(float(temperature), int(top_k), float(top_p), generator)
-    return _sequential_search(model, src, src_mask, pick, max_len_a, max_len_b, need_attn)
+    return _sequential_search(model, src, src_mask, pick, max_len_a, max_len_b, need_attn, max_len)
 
 
 @torch.no_grad()
@@ -215,6 +224,7 @@ def beam_search(
     max_len_b: int = 10,
     need_attn: bool = False,
     nbest: int = 1,
+    max_len: Tensor | None = None,
 ) -> Hypotheses:
     """Batched beam search; a sentence stops once ``beam_size`` hypotheses have ended, or once
     none of its live hypotheses can still beat its ``nbest``-th best (which changes no result),
@@ -225,7 +235,7 @@ def beam_search(
         raise ValueError(f"nbest={nbest}: must be between 1 and the beam size ({beam_size})")
     batch, k, n_best = src.size(0), beam_size, nbest
     device = src.device
-    max_len = _max_lengths(src_mask, max_len_a, max_len_b)
+    max_len = _max_lengths(src_mask, max_len_a, max_len_b, max_len)
     steps = int(max_len.max())
     # One copy of a sentence's memory serves its K beams (rows s*K .. s*K + K - 1 of the state):
     # attention reads it once for all of them.

@@ -197,6 +197,17 @@ class TranslationModule(L.LightningModule):
 
     def on_validation_epoch_start(self) -> None:
         self._tick = None
+        self._eval_started = time.perf_counter()
+
+    def on_test_epoch_start(self) -> None:
+        self._eval_started = time.perf_counter()
+
+    def _log_evaluation(self, stage: str, scores: dict[str, Any]) -> None:
+        """One line per validation or test: what it scored and how long decoding and scoring took."""
+        log.info("%s at step %d: BLEU %.2f, %d sentences in %.1f s, hypothesis/reference length %.2f",
+                 "validation" if stage == "val" else "test", self.global_step, scores["bleu"],
+                 len(self.last_results[stage]["hyps"]), time.perf_counter() - self._eval_started,
+                 scores["length_ratio"])
 
     def _loss_scaler(self) -> Any:
         trainer = getattr(self, "_trainer", None)
@@ -294,9 +305,11 @@ class TranslationModule(L.LightningModule):
         results = self.last_results["val"]
         for i in range(min(self.hparams.num_samples, len(results["hyps"]))):
             log.info("sample %d\n  src: %s\n  ref: %s\n  hyp: %s", i, results["sources"][i], results["refs"][i], results["hyps"][i])
+        self._log_evaluation("val", scores)
 
     def on_test_epoch_end(self) -> None:
         scores = self._score("test", "test")
+        self._log_evaluation("test", scores)
         self.log("test/bleu", scores["bleu"], sync_dist=True)
         self.log("test/chrf", scores["chrf"], sync_dist=True)
         if self.hparams.report_dir and self.trainer.is_global_zero:

@@ -20,6 +20,7 @@ def corpus_scores(hyps: list[str], refs: list[str], tokenize: str | None = None)
     return {
         "bleu": b.score,
         "chrf": c.score,
+        "length_ratio": b.sys_len / b.ref_len if b.ref_len else 0.0,  # hypothesis / reference words (13a)
         "bleu_signature": str(bleu.get_signature()),
         "chrf_signature": str(chrf.get_signature()),
     }
