@@ -3,7 +3,7 @@
     python scripts/benchmark_contention.py [--model transformer] [--steps 120] [--rounds 1]
         [--settings default passive one_thread] [--out docs/results/benchmark_cpu/contention.json]
 
-For each setting (environment variables of the training process), ``train.py`` trains
+For each setting (environment variables and overrides of the training process), ``train.py`` trains
 ``--steps`` steps of the preset twice: alone, and beside one competing CPU-bound process
 (``yes > /dev/null``, as a second job on a developer's machine would be). It reports the target
 tokens per second of each (``summary.json``'s ``train_tgt_tokens_per_sec``, which counts training
@@ -24,20 +24,23 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# name: (environment variables, train.py overrides) of the training process
 SETTINGS = {
-    "default": {},
-    "passive": {"OMP_WAIT_POLICY": "PASSIVE"},  # OpenMP threads sleep at barriers instead of spinning
-    "one_thread": {"OMP_NUM_THREADS": "1"},
-    "spin_10k": {"GOMP_SPINCOUNT": "10000"},  # GNU OpenMP: spin this long at a barrier, then sleep (default 300k)
+    "default": ({}, []),
+    "fixed_threads": ({}, ["callbacks.cpu_threads=null"]),  # without the callback that adapts the thread count
+    "passive": ({"OMP_WAIT_POLICY": "PASSIVE"}, []),  # OpenMP threads sleep at barriers instead of spinning
+    "one_thread": ({"OMP_NUM_THREADS": "1"}, []),
+    "spin_10k": ({"GOMP_SPINCOUNT": "10000"}, []),  # GNU OpenMP: spin this long at a barrier, then sleep (default 300k)
 }
 OVERRIDES = ["trainer.max_epochs=-1", "trainer.val_check_interval=null", "trainer.check_val_every_n_epoch=100000",
              "test=false", "callbacks.model_checkpoint=null", "callbacks.rich_progress_bar=null", "trainer.max_time=null"]
 
 
-def train_once(model: str, steps: int, env: dict[str, str], busy: bool, work: Path) -> float:
+def train_once(model: str, steps: int, setting: tuple[dict[str, str], list[str]], busy: bool, work: Path) -> float:
     """Target tokens/s of one training run of ``steps`` steps, beside a competitor if ``busy``."""
+    env, overrides = setting
     run = Path(tempfile.mkdtemp(dir=work))
-    command = [sys.executable, "train.py", f"model={model}", f"trainer.max_steps={steps}", *OVERRIDES,
+    command = [sys.executable, "train.py", f"model={model}", f"trainer.max_steps={steps}", *OVERRIDES, *overrides,
                f"hydra.run.dir={run}"]
     competitor = subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) if busy else None
     try:
@@ -75,7 +78,7 @@ def main() -> None:
     table = {}
     for setting, rates in results.items():
         quiet, busy = statistics.median(rates["quiet"]), statistics.median(rates["busy"])
-        table[setting] = {"env": SETTINGS[setting], "quiet": quiet, "busy": busy, "busy_over_quiet": busy / quiet,
+        table[setting] = {"env": SETTINGS[setting][0], "overrides": SETTINGS[setting][1], "quiet": quiet, "busy": busy, "busy_over_quiet": busy / quiet,
                           "quiet_over_default": quiet / quiet_default, "runs": rates}
         print(f"| {setting} | {quiet:,.0f} | {busy:,.0f} | {busy / quiet:.2f} | {quiet / quiet_default:.2f} |")
     if args.out:
