@@ -161,6 +161,7 @@ class TranslationDataModule(L.LightningDataModule):
         self.prepared_dir: Path | None = None  # <cache_dir>/prepared/<key>/, set by `prepare_data`
         self._prepared_now = False
         self._train_sampler: TokenBatchSampler | None = None
+        self._ranks_checked = False  # set once the DDP ranks were found to hold the same data
 
     # -- preparation -------------------------------------------------------------------
     def prepare_data(self, workers: int | None = None) -> None:
@@ -187,9 +188,31 @@ class TranslationDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         """Open the prepared arrays (preparing them first when absent), select and filter the
-        training pairs; a no-op the second time."""
-        if self.datasets:
+        training pairs; a no-op the second time. Called by Lightning (a `stage`) under DDP, it
+        also checks that every rank opened the same data."""
+        if not self.datasets:
+            self._open()
+        if stage is not None and not self._ranks_checked:
+            self._check_ranks_agree()
+
+    def _check_ranks_agree(self) -> None:
+        """Under DDP, a DataError unless every rank has the same vocabularies and training pairs.
+        Nodes without a shared disk each prepare their own copy of the data; a tokenizer trained
+        differently on one would train the ranks on different ids without any other error."""
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             return
+        mine = {"src vocabulary": self.src_vocab.pieces_digest, "tgt vocabulary": self.tgt_vocab.pieces_digest,
+                "training pairs": len(self.datasets["train"])}
+        ranks: list[Any] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(ranks, mine)
+        differ = [key for key in mine if any(r[key] != ranks[0][key] for r in ranks)]
+        if differ:
+            raise DataError(f"the DDP ranks opened different data ({', '.join(differ)}: "
+                            f"{[[r[key] for r in ranks] for key in differ]} by rank); prepare it once and give "
+                            "every node a copy of that cache folder (paths.cache_dir), or data.vocab_from=<ckpt>")
+        self._ranks_checked = True
+
+    def _open(self) -> None:
         start = time.perf_counter()
         self.prepare_data()
         folder = self.prepared_dir

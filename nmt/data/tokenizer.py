@@ -56,6 +56,14 @@ class Tokenizer:
         return hashlib.blake2b(self.sp.serialized_model_proto(), digest_size=8).hexdigest()
 
     @property
+    def pieces_digest(self) -> str:
+        """A hash of the pieces and their scores: equal for two models that tokenize alike,
+        wherever each was trained (the fingerprint hashes the training options too, output path included)."""
+        sp = self.sp
+        pieces = "\n".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i)!r}" for i in range(sp.get_piece_size()))
+        return hashlib.blake2b(pieces.encode(), digest_size=8).hexdigest()
+
+    @property
     def vocab_size(self) -> int:
         return self.sp.get_piece_size()
 
