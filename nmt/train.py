@@ -42,7 +42,7 @@ from nmt.callbacks import AtomicCheckpointIO, LastCheckpoint, ScheduleHorizon, b
 from nmt.checkpoint import check_resume, saved_vocabularies, tokenizer_protos
 from nmt.length_report import markdown_table
 from nmt import kernels
-from nmt.kernels.malloc import keep_freed_memory, release_freed_memory
+from nmt.kernels.malloc import bound_onednn_cache, keep_freed_memory, release_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -331,6 +331,7 @@ def main() -> None:
 @hydra.main(config_path=CONF_DIR, config_name="train", version_base="1.3")
 def run(cfg: DictConfig) -> float | None:
     register_resolvers()  # again: a launcher (submitit) may run this in a process of its own
+    bound_onednn_cache()
     if kernels.on_cpu(cfg.kernels, training_device(cfg)):
         keep_freed_memory()  # the CPU kernels' allocator setting, for the whole process
     metrics = train(cfg)

@@ -52,7 +52,7 @@ from nmt.data.batching import TokenBatchSampler
 from nmt.data.tokenizer import EOS, PAD, Tokenizer
 from nmt.decoding import Hypotheses, length_penalty
 from nmt import kernels
-from nmt.kernels.malloc import keep_freed_memory
+from nmt.kernels.malloc import bound_onednn_cache, keep_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -432,6 +432,7 @@ def translate_file(cfg: DictConfig, signals: StopSignals) -> None:
                 cfg.output)
     gpu = torch.cuda.is_available() and str(cfg.precision) != "int8"  # int8 decodes on CPUs
     device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if gpu else "cpu"))
+    bound_onednn_cache()
     if kernels.on_cpu(cfg.kernels, device.type):
         keep_freed_memory()
     loaded = load_checkpoint(cfg.ckpt, device=device, allow_pickle=cfg.allow_pickle)

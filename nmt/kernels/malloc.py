@@ -8,12 +8,20 @@ heap, so the next step reuses it. The process does not give memory back between 
 its peak resident size grows a little (2-12% for the model presets on Multi30k), as the heap
 fragments. glibc before 2.35 caps the mmap threshold at 32 MB (then only smaller
 tensors are kept); other C libraries, macOS and Windows are left alone.
+
+oneDNN, which runs torch's bf16 matmuls on CPUs, keeps every matmul it has prepared (up to 1,024,
+each with its own copy of the weight in its preferred layout) for the next call of the same shape.
+Length-bucketed batches have a new shape almost every step, so the cache only grows: training the
+Transformer preset in bf16 on Europarl (sentences up to 256 subwords) reached 3.3 GB resident after
+150 steps against 1.4 GB in fp32. ``bound_onednn_cache`` keeps 16 (2.3 GB there), and the default
+preset then trains faster, not slower (6.5-6.7k target tokens/s against 5.9-6.1k).
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import sys
 
 log = logging.getLogger(__name__)
@@ -53,3 +61,12 @@ def release_freed_memory() -> None:
     if trim is not None:
         trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
         trim(0)
+
+
+ONEDNN_CACHE = "16"  # matmuls oneDNN keeps prepared (its default: 1,024)
+
+
+def bound_onednn_cache() -> None:
+    """Keep at most 16 prepared oneDNN matmuls in this process, unless the environment already
+    sets ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``; oneDNN reads it when it first builds one."""
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_CACHE)
