@@ -7,8 +7,9 @@ at about 30% of its quiet speed instead of the half a fair share would give
 keep busy (``/proc/stat`` less this process's own time) and, every ``every_n_steps`` steps, sets
 torch's thread count to the cores left, between 1 and the count it started with: beside one
 competitor a 2-thread run trains on one thread, and when the competitor is gone it goes back to
-two. Quiet, nothing changes. It acts only where it can measure (Linux), on CPU training in one
-process, and when torch has at least two threads.
+two. Validation and test decoding follow the load the same way, batch by batch. Quiet, nothing
+changes. It acts only where it can measure (Linux), on a CPU in one process, and when torch has
+at least two threads.
 """
 
 from __future__ import annotations
@@ -51,32 +52,57 @@ def threads_for(others: float, cpus: int, most: int) -> int:
 
 
 class CpuThreads(Callback):
-    """Sets torch's intra-op thread count to the cores other processes leave free (see the module)."""
+    """Sets torch's intra-op thread count to the cores other processes leave free (see the
+    module): every ``every_n_steps`` training steps, and after every validation and test batch
+    (decoding a batch takes several steps' time); back to the starting count at the end."""
 
     def __init__(self, every_n_steps: int = 5) -> None:
         self.every = max(1, every_n_steps)
         self.enabled = False
+        self.most: int | None = None
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.most = torch.get_num_threads()
+    def _start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.most is None:
+            self.most = torch.get_num_threads()
         self.cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         self.last = cpu_times()
         self.enabled = (self.last is not None and self.most > 1 and trainer.world_size == 1
                         and pl_module.device.type == "cpu")
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        if not self.enabled or trainer.global_step % self.every:
-            return
+    def _adapt(self) -> None:
         now = cpu_times()
         if now is None:
             return
         others, self.last = others_busy(self.last, now, self.cpus), now
         threads = threads_for(others, self.cpus, self.most)
         if threads != torch.get_num_threads():
-            log.info("other processes keep %.1f of %d cores busy: training on %d thread(s)", others, self.cpus, threads)
+            log.info("other processes keep %.1f of %d cores busy: running on %d thread(s)", others, self.cpus, threads)
             torch.set_num_threads(threads)
 
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._start(trainer, pl_module)
+
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.enabled:  # after training: the load since its last look sets the test's threads
+            self._adapt()
+        else:
+            self._start(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self.enabled and trainer.global_step % self.every == 0:
+            self._adapt()
+
+    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
         if self.enabled:
-            torch.set_num_threads(self.most)  # validation and test after training start from the full count
+            self._adapt()
+
+    def on_test_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                          batch_idx: int, dataloader_idx: int = 0) -> None:
+        if self.enabled:
+            self._adapt()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.most is not None and torch.get_num_threads() != self.most:
+            torch.set_num_threads(self.most)  # the process (a sweep's next run, the test) starts from the full count

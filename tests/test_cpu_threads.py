@@ -51,3 +51,26 @@ def test_proc_samples_are_read_on_linux():
         pytest.skip("no /proc here")
     busy, total, own = sample
     assert 0 <= busy <= total and own >= 0
+
+
+def test_test_batches_follow_the_load_and_the_count_comes_back_at_the_end(monkeypatch):
+    """A test run (here without training) adapts after every test batch, and teardown gives the
+    process its starting count back (a sweep's next run starts from it)."""
+    samples = iter([(0, 0, 0), (190, 200, 90), (380, 400, 180), (560, 600, 360)])  # busy, busy, then alone
+    monkeypatch.setattr(nmt.cpu_threads, "cpu_times", lambda: next(samples))
+    monkeypatch.setattr(nmt.cpu_threads.os, "sched_getaffinity", lambda pid: {0, 1})
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        callback = CpuThreads()
+        trainer = SimpleNamespace(world_size=1, global_step=0)
+        callback.on_test_start(trainer, SimpleNamespace(device=torch.device("cpu")))
+        seen = []
+        for _ in range(2):
+            callback.on_test_batch_end(trainer, None, None, None, 0)
+            seen.append(torch.get_num_threads())
+        assert seen == [1, 1]
+        callback.teardown(trainer, None, "test")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
