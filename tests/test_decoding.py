@@ -238,3 +238,43 @@ def test_beam_search_with_the_key_value_cache_equals_rerunning_the_prefix():
     rerun = beam_search(benchmark.NoCache(model), src, src_mask, beam_size=4, max_len_a=1.0, max_len_b=3)
     assert cached.tokens == rerun.tokens
     torch.testing.assert_close(cached.scores, rerun.scores, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("search", [greedy_search, beam_search])
+def test_per_sentence_caps_stop_each_sentence_below_the_source_cap(search):
+    """Validation's caps (from the references) end a sentence at its own cap; a cap above the
+    source-length one changes nothing for its sentence."""
+    model = build("transformer", vocab=600)
+    src, src_mask, _ = batch(lengths=(6, 3))
+    free = search(model, src, src_mask, max_len_a=1.0, max_len_b=8)
+    capped = search(model, src, src_mask, max_len_a=1.0, max_len_b=8, max_len=torch.tensor([2, 100]))
+    assert len(capped.tokens[0]) <= 1 and capped.tokens[1] == free.tokens[1]
+    if search is greedy_search:
+        assert capped.tokens[0] == free.tokens[0][:1]
+
+
+def test_validation_caps_hypotheses_by_the_reference_and_the_test_never_sees_it():
+    from types import SimpleNamespace
+
+    from nmt.decoding import Hypotheses
+    from nmt.lit_module import TranslationModule
+
+    calls = []
+
+    def search(model, src, src_mask, **options):
+        calls.append(options)
+        return Hypotheses([[5]] * src.size(0), torch.zeros(src.size(0)))
+
+    module = TranslationModule(torch.nn.Linear(2, 2), optimizer=None, val_decoding=search, test_decoding=search)
+    module._trainer = SimpleNamespace(datamodule=SimpleNamespace(tgt_vocab=SimpleNamespace(
+        decode_batch=lambda tokens: ["x"] * len(tokens))))
+    tgt_out = torch.tensor([[7, 8, 9, EOS], [7, EOS, 0, 0]])  # references of 3 and 1 tokens, then PAD
+    batch_ = {"src": torch.ones(2, 3, dtype=torch.long), "src_mask": torch.ones(2, 3, dtype=torch.bool),
+              "tgt_out": tgt_out, "ids": torch.tensor([0, 1])}
+    try:
+        module._decode(batch_, "val")
+        module._decode(batch_, "test")
+    finally:
+        module._trainer = None
+    assert calls[0]["max_len"].tolist() == [int(1.5 * 3 + 5) + 1, int(1.5 * 1 + 5) + 1]  # tokens + EOS
+    assert "max_len" not in calls[1]

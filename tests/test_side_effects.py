@@ -118,11 +118,17 @@ def test_every_rank_resumes_from_its_own_rng_state(monkeypatch):
     monkeypatch.setattr(dist, "all_gather_object",
                         lambda out, mine: out.__setitem__(slice(None), [mine, {"torch": other, "cuda": None}]))
     checkpoint: dict = {}
-    module.on_save_checkpoint(checkpoint)
+    module._trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), callbacks=[], world_size=2, global_rank=0,
+                                      is_global_zero=True, callback_metrics={})
+    try:
+        module.on_save_checkpoint(checkpoint)
+    finally:
+        module._trainer = None
     mine = torch.get_rng_state()
     assert torch.equal(checkpoint["rng"]["torch"], mine) and torch.equal(checkpoint["rng"]["ranks"][1]["torch"], other)
 
-    module._trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), callbacks=[], world_size=2, global_rank=1)
+    module._trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), callbacks=[], world_size=2, global_rank=1,
+                                      is_global_zero=False)
     try:
         module.on_load_checkpoint(checkpoint)
         assert torch.equal(torch.get_rng_state(), other)
