@@ -28,7 +28,7 @@ def test_first_runs_times_each_preset_and_tabulates_its_report(tmp_path):
         assert r["command"].startswith(f"train.py model={r['model']} ")
         assert r["precision"] == "32-true"  # as TINY sets
     table = (out / "first_runs.md").read_text()
-    assert table.count("| `python train.py model=") == 2 and "| 1-10 |" in table
+    assert table.count("| `python train.py model=") == 2 and "| 1-10 |" in table and table.count("| quiet |") == 2
     # --collect tabulates the finished runs again, without training
     again = subprocess.run([sys.executable, str(SCRIPT), "--collect", str(out), "--models", "lstm", "transformer"],
                            capture_output=True, text=True, timeout=120)
@@ -39,3 +39,16 @@ def test_collect_names_the_folder_without_finished_runs(tmp_path):
     result = subprocess.run([sys.executable, str(SCRIPT), "--collect", str(tmp_path)], capture_output=True, text=True)
     assert result.returncode != 0
     assert f"{tmp_path}: no finished first run (<model>/wall_seconds.json) to collect" in result.stderr
+
+
+def test_busy_runs_beside_a_competitor_and_say_so(tmp_path):
+    overrides = [o for o in TINY if not o.startswith("model.")] + [
+        "model.emb_size=16", "model.hidden_size=16", "trainer.max_steps=2", "test_decoding.beam_size=2",
+        f"kernels={KERNELS[0]}", f"paths.cache_dir={tmp_path / 'cache'}"]
+    out = tmp_path / "busy"
+    result = subprocess.run([sys.executable, str(SCRIPT), "--busy", "--models", "lstm", "--out", str(out), *overrides],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (row,) = json.loads((out / "first_runs.json").read_text())
+    assert row["busy"] is True and row["steps"] == 2 and row["tgt_tokens_per_sec"] > 0
+    assert "| busy (`yes`) |" in (out / "first_runs.md").read_text()
