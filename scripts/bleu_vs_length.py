@@ -1,10 +1,10 @@
 """Reproduce BLEU against source-sentence length (Bahdanau et al. 2015, Fig. 2) in one command.
 
     python scripts/bleu_vs_length.py                                        # synthetic data (default)
-    python scripts/bleu_vs_length.py --experiment bleu_vs_length_europarl   # Europarl it->en, 30 min each
-    python scripts/bleu_vs_length.py data=multi30k trainer.max_time=00:00:10:00
+    python scripts/bleu_vs_length.py --experiment bleu_vs_length_europarl   # Europarl it->en
+    python scripts/bleu_vs_length.py data=multi30k 'steps_by_model={lstm: 3000, lstm_bahdanau: 1000, lstm_luong: 1000, transformer: 1000}'
 
-1. trains the four models with the same budget: ``train.py -m experiment=bleu_vs_length
+1. trains the four models, each for its budget of steps: ``train.py -m experiment=bleu_vs_length
    model=lstm,lstm_bahdanau,lstm_luong,transformer`` (``--experiment`` picks another
    ``nmt/conf/experiment`` file) plus any overrides given here;
 2. collects each run's test report (beam search, BLEU by source-length bucket) into one
@@ -12,12 +12,12 @@
 3. draws attention heatmaps of the longest test sentences for each attention model.
 
 ``--then "OVERRIDES"`` adds a second stage: each model goes on from its ``last.ckpt`` (weights,
-optimizer, schedule, time budget; the same vocabulary through ``data.vocab_from``) with these
-overrides, e.g. longer training pairs and a larger total budget, into ``<out>/stage2/<model>``,
+optimizer, schedule; the same vocabulary through ``data.vocab_from``) with these overrides, e.g.
+longer training pairs and larger step budgets, into ``<out>/stage2/<model>``,
 collected like the first stage:
 
     python scripts/bleu_vs_length.py --experiment bleu_vs_length_europarl \
-        --then "data.train_max_words=50 trainer.max_time=00:00:45:00"
+        --then "data.train_max_words=50 'steps_by_model={lstm: 3800, lstm_bahdanau: 2650, lstm_luong: 2850, transformer: 2150}'"
 
 ``--collect DIR`` redoes steps 2-3 on an existing multirun folder. Runs go to ``<out>/<model>``,
 so models trained by separate calls with the same ``--out`` (e.g. in parallel, one per core
