@@ -25,12 +25,19 @@ def test_threads_fit_the_cores_left(others, cpus, most, threads):
     assert threads_for(others, cpus, most) == threads
 
 
-def test_the_callback_drops_to_one_thread_beside_a_competitor_and_comes_back(monkeypatch):
-    samples = iter([(0, 0, 0), (190, 200, 90), (380, 400, 180), (560, 600, 360)])  # busy, busy, then alone
+def busy_then_alone(monkeypatch) -> int:
+    """Load samples of a 2-core machine: another process keeps one core busy for two looks, then
+    leaves; torch starts on two threads. Returns the thread count to restore."""
+    samples = iter([(0, 0, 0), (190, 200, 90), (380, 400, 180), (560, 600, 360)])
     monkeypatch.setattr(nmt.cpu_threads, "cpu_times", lambda: next(samples))
     monkeypatch.setattr(nmt.cpu_threads.os, "sched_getaffinity", lambda pid: {0, 1})
     before = torch.get_num_threads()
     torch.set_num_threads(2)
+    return before
+
+
+def test_the_callback_drops_to_one_thread_beside_a_competitor_and_comes_back(monkeypatch):
+    before = busy_then_alone(monkeypatch)
     try:
         callback = CpuThreads(every_n_steps=10)
         trainer = SimpleNamespace(world_size=1, global_step=0)
@@ -56,11 +63,7 @@ def test_proc_samples_are_read_on_linux():
 def test_test_batches_follow_the_load_and_the_count_comes_back_at_the_end(monkeypatch):
     """A test run (here without training) adapts after every test batch, and teardown gives the
     process its starting count back (a sweep's next run starts from it)."""
-    samples = iter([(0, 0, 0), (190, 200, 90), (380, 400, 180), (560, 600, 360)])  # busy, busy, then alone
-    monkeypatch.setattr(nmt.cpu_threads, "cpu_times", lambda: next(samples))
-    monkeypatch.setattr(nmt.cpu_threads.os, "sched_getaffinity", lambda pid: {0, 1})
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
+    before = busy_then_alone(monkeypatch)
     try:
         callback = CpuThreads()
         trainer = SimpleNamespace(world_size=1, global_step=0)

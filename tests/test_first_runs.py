@@ -12,10 +12,15 @@ from tests.conftest import KERNELS, ROOT, TINY
 SCRIPT = ROOT / "scripts" / "first_runs.py"
 
 
-def test_first_runs_times_each_preset_and_tabulates_its_report(tmp_path):
-    overrides = [o for o in TINY if not o.startswith("model.")] + [
+def tiny_run(tmp_path) -> list[str]:
+    """Overrides that make each first run two steps of a tiny model."""
+    return [o for o in TINY if not o.startswith("model.")] + [
         "model.emb_size=16", "model.hidden_size=16", "trainer.max_steps=2", "test_decoding.beam_size=2",
         f"kernels={KERNELS[0]}", f"paths.cache_dir={tmp_path / 'cache'}"]
+
+
+def test_first_runs_times_each_preset_and_tabulates_its_report(tmp_path):
+    overrides = tiny_run(tmp_path)
     out = tmp_path / "first"
     result = subprocess.run([sys.executable, str(SCRIPT), "--models", "lstm", "transformer", "--out", str(out), *overrides],
                             cwd=tmp_path, capture_output=True, text=True, timeout=600)
@@ -42,9 +47,7 @@ def test_collect_names_the_folder_without_finished_runs(tmp_path):
 
 
 def test_busy_runs_beside_a_competitor_and_say_so(tmp_path):
-    overrides = [o for o in TINY if not o.startswith("model.")] + [
-        "model.emb_size=16", "model.hidden_size=16", "trainer.max_steps=2", "test_decoding.beam_size=2",
-        f"kernels={KERNELS[0]}", f"paths.cache_dir={tmp_path / 'cache'}"]
+    overrides = tiny_run(tmp_path)
     out = tmp_path / "busy"
     result = subprocess.run([sys.executable, str(SCRIPT), "--busy", "--models", "lstm", "--out", str(out), *overrides],
                             cwd=tmp_path, capture_output=True, text=True, timeout=600)
