@@ -64,7 +64,7 @@ class TranslationModule(L.LightningModule):
         about a trained one's time; None: decoding's cap only. The test never sees the reference.
     """
 
-    # Saved in checkpoints and restored on resume, with best_bleu.
+    # Saved in checkpoints and restored when a fit resumes, with best_bleu (not when testing a checkpoint).
     COUNTERS = ("skipped_steps", "nonfinite_in_a_row", "train_tokens", "train_tgt_tokens", "train_seconds")
 
     def __init__(
@@ -372,8 +372,14 @@ class TranslationModule(L.LightningModule):
             checkpoint["tokenizers"] = self.tokenizer_protos
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """A resumed fit (or a module loaded outside a Trainer) takes the checkpoint's counters, best
+        score and RNG state; testing or validating a checkpoint takes its weights and step only, so
+        the run's counters and random streams stay the run's."""
         trainer = getattr(self, "_trainer", None)
-        if (trainer is not None and trainer.state.fn == "fit" and "current_model_state" in checkpoint
+        self.loaded_step = checkpoint.get("global_step")
+        if trainer is not None and trainer.state.fn != "fit":
+            return
+        if (trainer is not None and "current_model_state" in checkpoint
                 and not any(isinstance(cb, WeightAveraging) for cb in trainer.callbacks)):
             # A checkpoint of a run with an EMA, resumed without one: go on training the raw weights.
             checkpoint["state_dict"] = checkpoint["current_model_state"]
@@ -384,11 +390,10 @@ class TranslationModule(L.LightningModule):
                 setattr(self, name, value)
         if "counters" in checkpoint and "train_tgt_tokens" not in checkpoint["counters"]:
             self.train_tgt_tokens = None  # a checkpoint from before this counter: unknown
-        self.loaded_step = checkpoint.get("global_step")
         rng = checkpoint.get("rng")
         world = trainer.world_size if trainer is not None else 1
         saved_world = checkpoint.get("world_size", len((rng or {}).get("ranks") or [None]))
-        if trainer is not None and trainer.state.fn == "fit" and saved_world != world:
+        if trainer is not None and saved_world != world:
             self._resume_on_other_ranks(saved_world, world, checkpoint.get("global_step"))
         if rng:
             random.setstate(rng["python"])
