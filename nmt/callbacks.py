@@ -274,9 +274,8 @@ class ScheduleHorizon(Callback):
         self._schedules: list[WarmupCosine] = []
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._schedules = [fn.__self__ for config in trainer.lr_scheduler_configs
-                           for fn in getattr(config.scheduler, "lr_lambdas", [])
-                           if isinstance(getattr(fn, "__self__", None), WarmupCosine) and fn.__self__.from_budget]
+        self._schedules = [config.scheduler for config in trainer.lr_scheduler_configs
+                           if isinstance(config.scheduler, WarmupCosine) and config.scheduler.from_budget]
         if not self._schedules:
             return
         end, budget = last_step(trainer), time_left(trainer)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from pytorch_lightning import Callback
 
 from nmt.data.batching import TokenBatchSampler
@@ -67,7 +68,7 @@ def recorded(out: Path, rank: int = 0) -> tuple[dict, list[dict]]:
 
 
 def expected_lr(step: int) -> float:
-    return LR * WarmupCosine(WARMUP, TOTAL, 0.0).factor(step)
+    return LR * WarmupCosine(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=LR), WARMUP, TOTAL).factor(step)
 
 
 def on_one_process(tmp_path: Path, overrides: list[str]) -> Path:
