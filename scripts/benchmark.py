@@ -55,7 +55,8 @@ from nmt import kernels  # noqa: E402
 from nmt.kernels.malloc import keep_freed_memory, release_freed_memory  # noqa: E402
 from nmt.models.rnn import RNNDecoder, RNNEncoder  # noqa: E402
 from nmt.models.transformer import TransformerDecoder, TransformerEncoder  # noqa: E402
-from nmt.train import build_datamodule, build_model, build_module, count_parameters, cpu_name  # noqa: E402
+from nmt.builders import build_datamodule, build_model, build_module, count_parameters  # noqa: E402
+from nmt.machine import cpu_name  # noqa: E402
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from omegaconf import OmegaConf, open_dict  # noqa: E402
 
 import nmt  # noqa: E402
 from nmt.kernels.malloc import keep_freed_memory  # noqa: E402
-from nmt.train import build_model, build_module  # noqa: E402
+from nmt.builders import build_model, build_module  # noqa: E402
 
 
 def extract(revision: str, into: Path) -> None:

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare_opennmt import (ONMT_MODELS, ROOT, onmt_config, onmt_speed, our_speed, report_speed,  # noqa: E402
                              write_pieces, yaml_lines)
 from nmt import register_resolvers  # noqa: E402  (compare_opennmt puts the checkout on sys.path)
-from nmt.train import cpu_name  # noqa: E402
+from nmt.machine import cpu_name  # noqa: E402
 
 log = logging.getLogger("compare_eole")
 

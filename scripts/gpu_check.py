@@ -93,7 +93,9 @@ from benchmark_checkpointing import SavedBytes  # noqa: E402
 from nmt import CONF_DIR, register_resolvers  # noqa: E402
 from nmt.decoding import beam_search  # noqa: E402
 from nmt.specials import PAD  # noqa: E402
-from nmt.train import build_model, build_module, count_parameters, cpu_name, train  # noqa: E402
+from nmt.builders import build_model, build_module, count_parameters  # noqa: E402
+from nmt.machine import cpu_name  # noqa: E402
+from nmt.train import train  # noqa: E402
 
 PRESETS = ["lstm", "transformer", "lstm_luong", "lstm_bahdanau"]  # the slowest last: it gets the time the others left
 PRECISIONS = ["bf16-mixed", "16-mixed"]

@@ -15,12 +15,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import nmt.train
+import nmt.builders
 from nmt.average import average, run_average, select
 from nmt.checkpoint import CheckpointError, load_checkpoint, read_checkpoint
 from nmt.decoding import greedy_search
 from nmt.export import export, export_release
-from nmt.train import check_logger_packages, train
+from nmt.builders import check_logger_packages
+from nmt.train import train
 from nmt.translate import translate_lines
 from tests.conftest import ROOT, compose_train
 
@@ -240,8 +241,8 @@ def test_average_refuses_checkpoints_of_different_models(ema_run):
 
 
 def test_a_logger_without_its_package_names_the_extra(monkeypatch):
-    real = nmt.train.importlib.util.find_spec
-    monkeypatch.setattr(nmt.train.importlib.util, "find_spec", lambda name: None if name == "wandb" else real(name))
+    real = nmt.builders.importlib.util.find_spec
+    monkeypatch.setattr(nmt.builders.importlib.util, "find_spec", lambda name: None if name == "wandb" else real(name))
     group = OmegaConf.create({"wandb": {"_target_": "pytorch_lightning.loggers.WandbLogger"},
                               "csv": {"_target_": "pytorch_lightning.loggers.CSVLogger"}})
     with pytest.raises(ImportError, match=r"needs the wandb package: pip install 'nmt\[wandb\]'"):

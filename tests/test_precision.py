@@ -11,7 +11,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 import nmt
-from nmt.train import resolve_precision, train
+from nmt.machine import resolve_precision
+from nmt.train import train
 from tests.conftest import CONF_DIR
 
 
@@ -19,7 +20,7 @@ from tests.conftest import CONF_DIR
 def test_auto_on_a_cpu_follows_its_bf16_instructions(cfg_train, monkeypatch, caplog, bf16, expected):
     monkeypatch.setattr(nmt, "cpu_has_bf16", lambda: bf16)
     cfg = cfg_train(["trainer.precision=auto"])
-    with caplog.at_level(logging.INFO, logger="nmt.train"):
+    with caplog.at_level(logging.INFO, logger="nmt.machine"):
         resolve_precision(cfg)
     assert cfg.trainer.precision == expected
     assert f"trainer.precision=auto: {expected} (" in caplog.text

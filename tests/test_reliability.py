@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from pytorch_lightning.callbacks import Callback
 
-import nmt.train
+import nmt.builders
 from nmt.callbacks import AtomicCheckpointIO
 from nmt.checkpoint import load_checkpoint
 from nmt.decoding import greedy_search
@@ -97,17 +97,17 @@ def assert_same_weights(path_a: Path, path_b: Path) -> None:
 def in_process(tmp_path: Path, overrides: list[str], callbacks: list[Callback] = ()):
     """train() on the RESUME config writing to ``tmp_path/run``, with extra callback objects."""
     cfg = compose_train(tmp_path, [*RESUME, *overrides])
-    original = nmt.train._instantiate_group
+    original = nmt.builders.instantiate_group
 
     def with_extra(group):
         built = original(group)
         return [*built, *callbacks] if group is cfg.get("callbacks") else built
 
-    nmt.train._instantiate_group = with_extra
+    nmt.builders.instantiate_group = with_extra
     try:
         return cfg, train(cfg)
     finally:
-        nmt.train._instantiate_group = original
+        nmt.builders.instantiate_group = original
 
 
 def reference_run(tmp_path: Path, overrides: list[str] = ()):
@@ -435,7 +435,7 @@ def test_a_checkpoint_without_the_target_token_counter_leaves_that_rate_unknown(
     summary's ``train_tgt_tokens_per_sec`` is then null), not restarted from 0 against the whole
     run's seconds."""
     cfg = cfg_train()
-    module = nmt.train.build_module(cfg, nmt.train.build_model(cfg, 40, 40))
+    module = nmt.builders.build_module(cfg, nmt.builders.build_model(cfg, 40, 40))
     module.on_load_checkpoint({"counters": {"train_tokens": 100, "train_seconds": 2.0}})
     assert module.train_tokens == 100 and module.train_tgt_tokens is None
     module.on_load_checkpoint({"counters": {"train_tokens": 100, "train_tgt_tokens": 40, "train_seconds": 2.0}})

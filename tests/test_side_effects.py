@@ -15,6 +15,7 @@ import pytest
 import torch
 from pytorch_lightning.callbacks import Callback
 
+import nmt.builders
 import nmt.train
 from nmt.checkpoint import load_checkpoint
 from nmt.decoding import greedy_search
@@ -56,7 +57,7 @@ def traced(tmp_path_factory):
     epochs: list[int] = []
     ends = EndStates()
     step = TranslationModule.training_step
-    group = nmt.train._instantiate_group
+    group = nmt.builders.instantiate_group
 
     def traced_step(self, batch, batch_idx):
         starts.append(torch.get_rng_state())
@@ -69,7 +70,7 @@ def traced(tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(TranslationModule, "training_step", traced_step)
-        patch.setattr(nmt.train, "_instantiate_group", with_ends)
+        patch.setattr(nmt.builders, "instantiate_group", with_ends)
         torch.set_num_threads(2)
         try:
             nmt.train.train(cfg)
