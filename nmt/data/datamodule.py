@@ -114,8 +114,9 @@ class TranslationDataModule(L.LightningDataModule):
         (`ckpt_path=<run>/checkpoints/last.ckpt data.vocab_from=<same>`) or fine-tunes it, since a
         resumed run must keep its vocabulary. A run resumed mid-epoch on other data
         starts the new data's epoch as far in as the old one was (those batches are skipped once).
-    vocab_loader: reads `vocab_from` into (source, target) tokenizers; the entry points pass the
-        checkpoint reader `saved_vocabularies` (`nmt.train.build_datamodule`).
+    vocab_loader: reads `vocab_from` into (source, target) tokenizers: the checkpoint reader
+        `saved_vocabularies`, passed by `nmt.builders.build_datamodule` or named by the entry
+        point's config (`vocab_loader` in prepare.yaml, stats.yaml); nmt.data reads no checkpoint.
     """
 
     def __init__(self, source: Any, tokenizer: dict | DictConfig | None, src_lang: str,
@@ -173,7 +174,7 @@ class TranslationDataModule(L.LightningDataModule):
         if self.vocab_from is not None:
             if self.vocab_loader is None:
                 raise ValueError(f"data.vocab_from={self.vocab_from}: this data module has no vocab_loader to read "
-                                 "it with (build it with nmt.train.build_datamodule)")
+                                 "it with (build it with nmt.builders.build_datamodule)")
             vocab = self.vocab_loader(self.vocab_from)
             if self.joint_vocab and vocab[0] is not vocab[1]:  # models share embeddings when joint
                 raise ValueError(f"data.vocab_from={self.vocab_from} has separate source and target "

@@ -411,14 +411,14 @@ def read_manifest(folder: Path) -> dict[str, Any]:
 
 def main() -> None:
     import hydra
+    from hydra.utils import instantiate
     from omegaconf import DictConfig
 
     from nmt import CONF_DIR, register_resolvers
-    from nmt.train import build_datamodule  # reads data.vocab_from; nmt.data itself reads no checkpoint
 
     @hydra.main(config_path=CONF_DIR, config_name="prepare", version_base="1.3")
     def run(cfg: DictConfig) -> None:
-        dm = build_datamodule(cfg.data)
+        dm = instantiate(cfg.data, vocab_loader=instantiate(cfg.vocab_loader))  # the config names the reader
         dm.prepare_data(workers=cfg.get("workers"))
         manifest = read_manifest(dm.prepared_dir)
         log.info("prepared data in %s\n%s", dm.prepared_dir, json.dumps(manifest["splits"], indent=1))

@@ -10,6 +10,7 @@ import logging
 
 import hydra
 import numpy as np
+from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from nmt import CONF_DIR, register_resolvers
@@ -74,9 +75,7 @@ def main() -> None:
 
 @hydra.main(config_path=CONF_DIR, config_name="stats", version_base="1.3")
 def run(cfg: DictConfig) -> None:
-    from nmt.train import build_datamodule  # reads data.vocab_from; nmt.data itself reads no checkpoint
-
-    dm: TranslationDataModule = build_datamodule(cfg.data)
+    dm: TranslationDataModule = instantiate(cfg.data, vocab_loader=instantiate(cfg.vocab_loader))  # the config names the reader
     dm.setup()
     log.info("corpus statistics\n%s", report(dm))
 
