@@ -114,13 +114,13 @@ def test_evaluate_compares_two_hypothesis_files(tmp_path):
 
 
 def test_study_script_trains_every_model_and_draws_the_comparison(tmp_path):
-    """scripts/bleu_vs_length.py: one multirun, then the comparison, the summary (with cost
+    """nmt-study: one multirun, then the comparison, the summary (with cost
     columns) and attention heatmaps for attention models only; with --then, a second stage that
     goes on from each model's checkpoint on other training pairs, collected the same way."""
     from tests.test_scale import cli_overrides, run
 
     out = tmp_path / "study"
-    run(["scripts/bleu_vs_length.py", "--models", "lstm,lstm_bahdanau", "--heatmaps", "1", "--out", str(out),
+    run(["-m", "nmt.study", "--models", "lstm,lstm_bahdanau", "--heatmaps", "1", "--out", str(out),
          *cli_overrides(tmp_path), "model.hidden_size=32", "trainer.max_epochs=2",
          "--then", "trainer.max_epochs=3 data.train_pairs=40"])
     summary = (out / "summary.md").read_text()

@@ -93,7 +93,7 @@ def override_key(override: str) -> str:
 
 def training_overrides(script: str, args: list[str]) -> list[list[str]]:
     """The train.py overrides of every training run a command makes: train.py's own arguments, or
-    for scripts/bleu_vs_length.py each model's run in each stage (``--then`` replaces the keys it sets)."""
+    for nmt-study (``python -m nmt.study``) each model's run in each stage (``--then`` replaces the keys it sets)."""
     if script == "train.py":
         return [args]
     experiment, models, then, overrides = "bleu_vs_length", ["lstm", "lstm_bahdanau", "lstm_luong", "transformer"], None, []
@@ -130,10 +130,10 @@ def test_every_registered_command_composes_and_sends_its_files_to_its_run_folder
         words, _ = reproduce.command_line(entry, run_dir)
         assert shlex.join(words) in dry.stdout
         assert str(run_dir) in " ".join(words)  # its files go to <out>/<name>
-        script = next(w for w in words if w.endswith(".py"))
-        assert (ROOT / script).is_file(), script
+        script = words[2] if words[1] == "-m" else next(w for w in words if w.endswith(".py"))
+        assert importlib.util.find_spec(script) if words[1] == "-m" else (ROOT / script).is_file(), script
         args = [w for w in words[words.index(script) + 1:] if not w.startswith("hydra.run.dir=")]
-        if script in ("train.py", "scripts/bleu_vs_length.py"):
+        if script in ("train.py", "nmt.study"):
             for overrides in training_overrides(script, args):
                 compose_train(tmp_path, overrides, model=None)
                 composed += 1

@@ -131,7 +131,7 @@ def test_optuna_sweep_of_two_trials_writes_its_table(tmp_path):
     run(["train.py", "-m", "hparams_search=transformer_optuna", "hydra.sweeper.n_trials=2", *overrides, *SMALL_TF[1:],
          "test=false", f"hydra.sweep.dir={sweep}"], timeout=900)
     assert (sweep / "optimization_results.yaml").is_file()
-    run(["scripts/collect_runs.py", str(sweep)])
+    run(["-m", "nmt.runs_table", str(sweep)])
     table = (sweep / "runs.md").read_text().splitlines()
     assert len(table) == 2 + 2 and "val/bleu_best" in table[0]
     rows = (sweep / "runs.csv").read_text().splitlines()

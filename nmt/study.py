@@ -1,10 +1,10 @@
-"""Reproduce BLEU against source-sentence length (Bahdanau et al. 2015, Fig. 2) in one command.
+"""nmt-study: BLEU against source-sentence length (Bahdanau et al. 2015, Fig. 2) in one command.
 
-    python scripts/bleu_vs_length.py                                        # synthetic data (default)
-    python scripts/bleu_vs_length.py --experiment bleu_vs_length_europarl   # Europarl it->en
-    python scripts/bleu_vs_length.py data=multi30k 'steps_by_model={lstm: 3000, lstm_bahdanau: 1000, lstm_luong: 1000, transformer: 1000}'
+    nmt-study                                        # synthetic data (default)
+    nmt-study --experiment bleu_vs_length_europarl   # Europarl it->en
+    nmt-study data=multi30k 'steps_by_model={lstm: 3000, lstm_bahdanau: 1000, lstm_luong: 1000, transformer: 1000}'
 
-1. trains the four models, each for its budget of steps: ``train.py -m experiment=bleu_vs_length
+1. trains the four models, each for its budget of steps: ``nmt-train -m experiment=bleu_vs_length
    model=lstm,lstm_bahdanau,lstm_luong,transformer`` (``--experiment`` picks another
    ``nmt/conf/experiment`` file) plus any overrides given here;
 2. collects each run's test report (beam search, BLEU by source-length bucket) into one
@@ -16,7 +16,7 @@ optimizer, schedule; the same vocabulary through ``data.vocab_from``) with these
 longer training pairs and larger step budgets, into ``<out>/stage2/<model>``,
 collected like the first stage:
 
-    python scripts/bleu_vs_length.py --experiment bleu_vs_length_europarl \
+    nmt-study --experiment bleu_vs_length_europarl \
         --then "data.train_max_words=50 'steps_by_model={lstm: 3800, lstm_bahdanau: 2650, lstm_luong: 2850, transformer: 2150}'"
 
 ``--collect DIR`` redoes steps 2-3 on an existing multirun folder. Runs go to ``<out>/<model>``,
@@ -32,28 +32,29 @@ import logging
 import shlex
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from nmt import register_resolvers  # noqa: E402
-from nmt.checkpoint import load_checkpoint  # noqa: E402
-from nmt.decoding import beam_search  # noqa: E402
-from nmt.evaluate import compare  # noqa: E402
-from nmt.plots import plot_attention  # noqa: E402
-from nmt.translate import model_max_src_len, translate_lines  # noqa: E402
+from nmt import CONF_DIR, register_resolvers
+from nmt.checkpoint import load_checkpoint
+from nmt.decoding import beam_search
+from nmt.evaluate import compare
+from nmt.inference import translate_lines
+from nmt.limits import model_max_src_len
+from nmt.plots import plot_attention
 
 MODELS = ["lstm", "lstm_bahdanau", "lstm_luong", "transformer"]
-log = logging.getLogger("bleu_vs_length")
+log = logging.getLogger("nmt.study")
 
 
 def train_all(overrides: list[str], sweep_dir: Path, models: list[str], experiment: str) -> None:
-    command = [sys.executable, str(ROOT / "train.py"), "-m", f"experiment={experiment}",
+    """One ``nmt.train`` multirun over ``models``, each model's run in ``sweep_dir/<model>``."""
+    command = [sys.executable, "-m", "nmt.train", "-m", f"experiment={experiment}",
                f"model={','.join(models)}", f"hydra.sweep.dir={sweep_dir}",
                "hydra.sweep.subdir=${hydra.runtime.choices.model}", *overrides]  # one folder per model
     log.info("running: %s", " ".join(command))
-    subprocess.run(command, check=True, cwd=ROOT)
+    if subprocess.run(command).returncode != 0:
+        raise SystemExit(f"nmt-study: training failed ({experiment}, models {','.join(models)}); its log is above")
 
 
 def override_key(override: str) -> str:
@@ -92,7 +93,7 @@ def heatmaps(ckpt: Path, sources: list[str], out_dir: Path, count: int) -> None:
 def collect(sweep_dir: Path, num_heatmaps: int) -> Path:
     runs = sorted(p.parent for p in sweep_dir.glob("*/summary.json"))
     if not runs:
-        raise SystemExit(f"no finished runs (summary.json) under {sweep_dir}")
+        raise SystemExit(f"nmt-study: no finished runs (summary.json) under {sweep_dir}")
     reports, rows = {}, []
     for run in runs:
         summary = json.loads((run / "summary.json").read_text())
@@ -122,27 +123,42 @@ def collect(sweep_dir: Path, num_heatmaps: int) -> Path:
     return summary_md
 
 
+def check_arguments(args: argparse.Namespace, overrides: list[str]) -> list[str]:
+    """The model presets of ``--models``; SystemExit with one line naming what is wrong."""
+    if args.collect is not None and args.then is not None:
+        raise SystemExit("nmt-study: --then trains a second stage; --collect only collects: give one of them")
+    if args.collect is not None and not args.collect.is_dir():
+        raise SystemExit(f"nmt-study: --collect {args.collect}: no such folder")
+    unknown = [o for o in overrides if o.startswith("-")]
+    if unknown:
+        raise SystemExit(f"nmt-study: unknown option {unknown[0]} (overrides are key=value; --help lists the options)")
+    models = args.models.split(",")
+    for name, group in [*((m, "model") for m in models), (args.experiment, "experiment")]:
+        if not (Path(CONF_DIR) / group / f"{name}.yaml").is_file():
+            raise SystemExit(f"nmt-study: no {group} preset '{name}' (nmt/conf/{group}/{name}.yaml)")
+    if args.heatmaps < 0:
+        raise SystemExit(f"nmt-study: --heatmaps {args.heatmaps}: give 0 or more")
+    return models
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="nmt-study", description=__doc__, allow_abbrev=False,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--collect", type=Path, help="only collect an existing multirun folder")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated model presets")
     parser.add_argument("--experiment", default="bleu_vs_length", help="nmt/conf/experiment file of the study")
     parser.add_argument("--heatmaps", type=int, default=3, help="long test sentences to plot per attention model")
-    parser.add_argument("--out", type=Path, default=None, help="multirun folder (default outputs/bleu_vs_length/<time>)")
+    parser.add_argument("--out", type=Path, default=None, help="multirun folder (default outputs/<experiment>/<time>)")
     parser.add_argument("--then", default=None, metavar="OVERRIDES",
                         help="a second stage: go on from each model's last.ckpt with these overrides")
     args, overrides = parser.parse_known_args()
+    models = check_arguments(args, overrides)
     register_resolvers()  # checkpoint configs may use them
-    if args.collect is not None and args.then is not None:
-        parser.error("--then trains a second stage; --collect only collects: give one of them")
     if args.collect is not None:
         collect(args.collect, args.heatmaps)
         return
-    from datetime import datetime
-
-    sweep_dir = (args.out or ROOT / "outputs" / args.experiment / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")).resolve()
-    models = args.models.split(",")
+    sweep_dir = (args.out or Path("outputs") / args.experiment / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")).resolve()
     train_all(overrides, sweep_dir, models, args.experiment)
     collect(sweep_dir, args.heatmaps)
     if args.then is not None:
