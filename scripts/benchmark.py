@@ -46,17 +46,16 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from nmt import CONF_DIR, register_resolvers  # noqa: E402
-from nmt.data.tokenizer import PAD  # noqa: E402
-from nmt.decoding import beam_search, greedy_search  # noqa: E402
-from nmt import kernels  # noqa: E402
-from nmt.kernels.malloc import keep_freed_memory, release_freed_memory  # noqa: E402
-from nmt.models.rnn import RNNDecoder, RNNEncoder  # noqa: E402
-from nmt.models.transformer import TransformerDecoder, TransformerEncoder  # noqa: E402
-from nmt.builders import build_datamodule, build_model, build_module, count_parameters  # noqa: E402
-from nmt.machine import cpu_name  # noqa: E402
+from nmt import CONF_DIR, register_resolvers
+from nmt.data.tokenizer import PAD
+from nmt.decoding import beam_search, greedy_search
+from nmt import kernels
+from nmt.kernels.malloc import keep_freed_memory, release_freed_memory
+from nmt.models.rnn import RNNDecoder, RNNEncoder
+from nmt.models.transformer import TransformerDecoder, TransformerEncoder
+from nmt.builders import build_datamodule, build_model, build_module, count_parameters
+from nmt.machine import cpu_name
 
 log = logging.getLogger(__name__)
 

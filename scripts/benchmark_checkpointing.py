@@ -26,13 +26,12 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from hydra import compose, initialize_config_dir  # noqa: E402
-from hydra.utils import instantiate  # noqa: E402
-from omegaconf import open_dict  # noqa: E402
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from omegaconf import open_dict
 
-from nmt import CONF_DIR, register_resolvers  # noqa: E402
+from nmt import CONF_DIR, register_resolvers
 
 
 def build(model: str, vocab: int, overrides: list[str]) -> torch.nn.Module:

@@ -32,17 +32,16 @@ from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from hydra.utils import get_object, instantiate  # noqa: E402
-from omegaconf import OmegaConf, open_dict  # noqa: E402
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import get_object, instantiate
+from omegaconf import OmegaConf, open_dict
 
-import nmt  # noqa: E402
-from nmt.kernels.malloc import keep_freed_memory  # noqa: E402
-from nmt.builders import build_model, build_module  # noqa: E402
+import nmt
+from nmt.kernels.malloc import keep_freed_memory
+from nmt.builders import build_model, build_module
 
 
 def extract(revision: str, into: Path) -> None:

@@ -18,13 +18,12 @@ from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from nmt import register_resolvers  # noqa: E402
-from nmt.checkpoint import load_checkpoint  # noqa: E402
-from nmt.decoding import beam_search, greedy_search, sample_search  # noqa: E402
-from nmt.scoring import model_max_tgt_len, score_lines  # noqa: E402
-from nmt.translate import decode_batches, model_max_src_len, prepare_model  # noqa: E402
+from nmt import register_resolvers
+from nmt.checkpoint import load_checkpoint
+from nmt.decoding import beam_search, greedy_search, sample_search
+from nmt.scoring import model_max_tgt_len, score_lines
+from nmt.translate import decode_batches, model_max_src_len, prepare_model
 
 
 def main() -> None:

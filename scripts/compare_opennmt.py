@@ -29,8 +29,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from nmt import CONF_DIR, register_resolvers  # noqa: E402
+from nmt import CONF_DIR, register_resolvers
 
 log = logging.getLogger("compare_opennmt")
 

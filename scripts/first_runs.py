@@ -23,9 +23,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from nmt.run_files import REPORT, SUMMARY, WALL, bucket_bleu, read, run_timed  # noqa: E402
+from nmt.run_files import REPORT, SUMMARY, WALL, bucket_bleu, read, run_timed
 
 MODELS = ("lstm", "lstm_bahdanau", "lstm_luong", "transformer")
 

@@ -36,9 +36,8 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from nmt.run_files import read, run_timed, value_at  # noqa: E402
+from nmt.run_files import read, run_timed, value_at
 
 REGISTRY = Path(__file__).with_name("documented_results.yaml")
 ENV_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
