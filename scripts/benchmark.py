@@ -1,4 +1,4 @@
-"""Training and decoding speed of the model presets, from ``nmt/conf/benchmark.yaml``.
+"""Training and decoding speed of the model presets, from ``scripts/conf/benchmark.yaml``.
 
     python scripts/benchmark.py [data=multi30k] [models=[lstm_luong,transformer]] [threads=2]
 
@@ -285,11 +285,15 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def main() -> None:
+SEARCH_PATH = f"hydra.searchpath=[file://{CONF_DIR}]"  # data, paths, hydra and train.yaml: the package's configs
+
+
     register_resolvers()  # the train configs composed below use them
     run()
+    sys.argv.insert(1, SEARCH_PATH)
 
 
-@hydra.main(config_path=CONF_DIR, config_name="benchmark", version_base="1.3")
+@hydra.main(config_path="conf", config_name="benchmark", version_base="1.3")
 def run(cfg: DictConfig) -> None:
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if cfg.device == "auto" else cfg.device))

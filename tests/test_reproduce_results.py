@@ -139,8 +139,8 @@ def test_every_registered_command_composes_and_sends_its_files_to_its_run_folder
                 composed += 1
         elif script == "scripts/benchmark.py":
             GlobalHydra.instance().clear()
-            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-                compose("benchmark", overrides=args)
+            with initialize_config_dir(config_dir=str(ROOT / "scripts" / "conf"), version_base="1.3"):
+                compose("benchmark", overrides=[f"hydra.searchpath=[file://{CONF_DIR}]", *args])
             composed += 1
         else:  # an argparse script: it defines every option the command gives
             source = (ROOT / script).read_text()
