@@ -284,13 +284,13 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
 SEARCH_PATH = f"hydra.searchpath=[file://{CONF_DIR}]"  # data, paths, hydra and train.yaml: the package's configs
 
 
+def main() -> None:
     register_resolvers()  # the train configs composed below use them
-    run()
     sys.argv.insert(1, SEARCH_PATH)
+    run()
 
 
 @hydra.main(config_path="conf", config_name="benchmark", version_base="1.3")
