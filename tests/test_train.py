@@ -9,13 +9,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra.core.global_hydra import GlobalHydra
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from sacrebleu.metrics import BLEU, CHRF
 
 from nmt.checkpoint import load_checkpoint
 from nmt.data.tokenizer import PAD
 from nmt.decoding import beam_search, greedy_search
 from nmt.train import build_model, build_module, cpu_name, train
 from nmt.translate import translate_lines
-from tests.conftest import ROOT, TORCH_INIT
+from tests.conftest import ROOT, TORCH_INIT, compose_train
 
 MODELS = ["lstm", "lstm_bahdanau", "lstm_luong", "transformer"]
 
@@ -24,29 +28,71 @@ def last_checkpoint(cfg) -> Path:
     return Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """``runs(model)``: that model's 2-epoch run on the tiny corpus (config, metrics), trained
+    once for every test of this file that reads its files. The config is resolved at once: its
+    paths read Hydra's runtime, which the next composed config replaces."""
+    done = {}
+
+    def run(model: str):
+        if model not in done:
+            cfg = compose_train(tmp_path_factory.mktemp(model), ["trainer.max_epochs=2"], model=model)
+            metrics = train(cfg)
+            OmegaConf.resolve(cfg)
+            done[model] = cfg, metrics
+        return done[model]
+
+    yield run
+    GlobalHydra.instance().clear()
+
+
 @pytest.mark.parametrize("model", MODELS)
-def test_train_checkpoint_test_translate(cfg_train, model):
-    cfg = cfg_train(["trainer.max_epochs=2"], model=model)
-    metrics = train(cfg)
+def test_train_checkpoint_test_translate(runs, model):
+    cfg, metrics = runs(model)
+    out_dir = Path(cfg.paths.output_dir)
     for key in ("train/loss", "val/loss", "val/bleu", "val/chrf", "val/bleu_best", "test/bleu", "test/chrf"):
         assert key in metrics and metrics[key] == metrics[key], key
     ckpt = last_checkpoint(cfg)
     assert ckpt.is_file()
-    assert (Path(cfg.paths.output_dir) / "csv" / "metrics.csv").is_file()
-    summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
+    assert (out_dir / "csv" / "metrics.csv").is_file()
+    summary = json.loads((out_dir / "summary.json").read_text())
     assert summary["parameters"] > 0 and summary["steps"] > 0
     assert 0 < summary["train_tgt_tokens_per_sec"] < summary["train_tokens_per_sec"]
     assert summary["hardware"]["accelerator"] == "CPUAccelerator" and summary["hardware"]["cpu_threads"] == torch.get_num_threads()
     assert summary["hardware"]["cpu"] == cpu_name()
     for name in ("bleu_by_length.csv", "bleu_by_length.json", "bleu_by_length.md", "bleu_by_length.png", "test_hyps.txt"):
-        assert (Path(cfg.paths.output_dir) / name).is_file()
-    assert f"| {model} BLEU [95% CI] |" in (Path(cfg.paths.output_dir) / "bleu_by_length.md").read_text()
+        assert (out_dir / name).is_file()
+    assert f"| {model} BLEU [95% CI] |" in (out_dir / "bleu_by_length.md").read_text()
 
-    # The checkpoint alone rebuilds the model; it translates as the in-memory model does.
+    # The test decoded the best checkpoint by val/bleu, and the summary and report name it.
+    best = Path(summary["best_checkpoint"])
+    assert best.parent == ckpt.parent and best != ckpt
+    tested = {"path": str(best), "step": torch.load(best, map_location="cpu", weights_only=True)["global_step"]}
+    assert summary["tested_checkpoint"] == json.loads((out_dir / "bleu_by_length.json").read_text())["checkpoint"] == tested
+
+    # Each checkpoint alone rebuilds its model, weight for weight.
+    for path in (best, ckpt):
+        state = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+        weights = load_checkpoint(path).model.state_dict()
+        assert {f"model.{k}" for k in weights} == state.keys()
+        for key, value in weights.items():
+            assert torch.equal(state[f"model.{key}"], value), (path.name, key)
+
+    # The tested checkpoint, decoded again with the test's search, gives the test's translations,
+    # and sacreBLEU on them against the references is the test BLEU the run reported.
+    loaded = load_checkpoint(best)
+    sources = (ROOT / "tests/data/tiny/test.src").read_text().splitlines()
+    refs = (ROOT / "tests/data/tiny/test.tgt").read_text().splitlines()
+    hyps = (out_dir / "test_hyps.txt").read_text().splitlines()
+    again, _ = translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, sources, instantiate(cfg.test_decoding))
+    assert again == hyps and len(hyps) == len(refs)
+    assert metrics["test/bleu"] == pytest.approx(BLEU().corpus_score(hyps, [refs]).score, rel=1e-6)
+    assert metrics["test/chrf"] == pytest.approx(CHRF().corpus_score(hyps, [refs]).score, rel=1e-6)
+
+    # The last checkpoint translates batched as it does sentence by sentence.
     loaded = load_checkpoint(ckpt)
-    state = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
-    assert torch.equal(state["model.decoder.out.weight"], loaded.model.decoder.out.weight)
-    lines = (ROOT / "tests/data/tiny/test.src").read_text().splitlines()[:8]
+    lines = sources[:8]
     search = lambda m, s, sm, **kw: beam_search(m, s, sm, beam_size=3, **kw)  # noqa: E731
     out, _ = translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, search)
     assert len(out) == len(lines)
@@ -79,8 +125,10 @@ def test_cpu_name_gives_the_family_and_model_where_linux_lists_them(tmp_path):
     assert cpu_name(tmp_path / "missing")  # no /proc: the platform's name
 
 
+@pytest.mark.slow
 def test_learns_the_tiny_task(cfg_train):
-    """A few hundred steps on 100 pairs: the training loss falls well below its start."""
+    """Slow (about 30 s on 2 cores): a few hundred steps on 100 pairs; the training loss falls
+    well below its start, and decoding the trained model in bf16 or int8 agrees with fp32."""
     # scheduler=inverse_sqrt: the agreement thresholds below were measured on the model it trains
     cfg = cfg_train(["trainer.max_epochs=80", "module.label_smoothing=0.0", "scheduler=inverse_sqrt",
                      "scheduler.warmup_steps=20", "model.hidden_size=64", "optimizer.lr=0.003", "test=false", *TORCH_INIT],
@@ -101,8 +149,15 @@ def test_learns_the_tiny_task(cfg_train):
     int8, _ = translate_lines(*args, precision="int8")
     assert sum(a == b for a, b in zip(fp32, int8)) >= 0.7 * len(lines), list(zip(fp32, int8))
     assert isinstance(loaded.model.decoder.out, torch.nn.Linear)
-    # Batches decoded side by side, one thread each, give what they give one after another,
-    # attention included, and torch's thread count is restored.
+
+
+def test_batches_decoded_side_by_side_give_the_serial_translations_and_attention(runs):
+    """One thread per batch gives what the batches give one after another, attention included,
+    and torch's thread count is restored; an unknown precision is refused naming the choices."""
+    cfg, _ = runs("transformer")
+    loaded = load_checkpoint(last_checkpoint(cfg))
+    lines = (ROOT / "tests/data/tiny/test.src").read_text().splitlines()
+    args = (loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, greedy_search)
     threads = torch.get_num_threads()
     serial, serial_attn = translate_lines(*args, max_tokens=40, attention_lines=[0, 7], workers=1)
     parallel, parallel_attn = translate_lines(*args, max_tokens=40, attention_lines=[0, 7], workers=3)
@@ -115,9 +170,8 @@ def test_learns_the_tiny_task(cfg_train):
         translate_lines(*args, precision="fp16")
 
 
-def test_translate_cli_keeps_one_line_per_input_line(cfg_train, tmp_path):
-    cfg = cfg_train(["trainer.max_epochs=1", "test=false"], model="transformer")
-    train(cfg)
+def test_translate_cli_keeps_one_line_per_input_line(runs, tmp_path):
+    cfg, _ = runs("transformer")
     lines = (ROOT / "tests/data/tiny/test.src").read_text().splitlines()
     lines = lines[:5] + ["", "   "] + lines[5:10] + [""]
     src = tmp_path / "in.txt"
