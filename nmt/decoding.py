@@ -2,8 +2,9 @@
 for every model; and the teacher-forced scoring of given translations.
 
 All drive a model through the ``Seq2Seq`` interface (``encode``, ``init_state``,
-``decode_step``; ``forward`` for scoring) and reorder its memory/state with
-``nmt.models.base.select``, so they never ask which architecture they decode. Outputs are capped
+``decode_step``; ``forward`` for scoring), normalise its logits through its ``kernels``
+(``nmt.kernels``) and reorder its memory/state with ``nmt.models.base.select``, so they never
+ask which architecture they decode. Outputs are capped
 at ``max_len_a * source_length + max_len_b`` tokens, or at given per-sentence caps where those are
 smaller (EOS forced at the cap).
 """
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from nmt.kernels import Kernels
 from nmt.specials import BOS, EOS, PAD
 from nmt.models.base import select
 
@@ -45,30 +47,21 @@ def _max_lengths(src_mask: Tensor, max_len_a: float, max_len_b: int, max_len: Te
 CHUNK = 64  # beam search compares the maxima of chunks of this many log-probs before the log-probs
 
 
-def _log_probs(logits: Tensor, vocab_size: int) -> Tensor:
+def _log_probs(logits: Tensor, vocab_size: int, kernels: Kernels) -> Tensor:
     """Log-probabilities over the real vocabulary in fp32, (rows, W) with W the vocabulary size
-    rounded up to a multiple of ``CHUNK`` (the extra columns -inf). PAD and BOS are never
-    generated: -inf after normalising, so the probabilities are those of a softmax over the
-    whole vocabulary.
-
-    A beam step's passes over its (rows, V) logits cost as much as its output matmul, so on a
-    CPU fp32 logits of that width are normalised in place (decoders return a fresh tensor each
-    step), bf16 ones by ``log_softmax`` with an fp32 output (measured faster than converting
-    first and normalising in place), and ``log_softmax``'s fused kernel reads each row twice
-    where max, subtract, exp and sum would take four passes."""
+    rounded up to a multiple of ``CHUNK`` (the extra columns -inf), normalised by the model's
+    ``kernels`` (with the CPU kernels fp32 logits in place: a beam step's passes over its
+    (rows, V) logits cost as much as its output matmul). PAD and BOS are never generated: -inf
+    after normalising, so the probabilities are those of a softmax over the whole vocabulary.
+    ``logits`` are the caller's to overwrite (decoders return a fresh tensor each step)."""
     rows = logits.shape[:-1]
     width = -(-vocab_size // CHUNK) * CHUNK
     if logits.size(-1) != width or width != vocab_size:  # padded into a buffer, normalised there
         x = logits.new_full((*rows, width), float("-inf"), dtype=torch.float32)
         x[..., :vocab_size] = logits[..., :vocab_size]
-        in_place = x.is_cpu
     else:
         x = logits.contiguous()
-        in_place = x.is_cpu and x.dtype == torch.float32
-    if in_place:  # the CPU kernel's last pass is elementwise per row: safe in place
-        torch._log_softmax(x, -1, False, out=x)
-    else:
-        x = torch.log_softmax(x, -1, dtype=torch.float32)
+    x = kernels.ops(x).log_softmax(x)
     x[..., PAD] = float("-inf")
     x[..., BOS] = float("-inf")
     return x
@@ -117,7 +110,7 @@ def _sequential_search(model, src: Tensor, src_mask: Tensor, pick: Callable[[Ten
     for t in range(int(max_len.max())):
         logits, state, attn = model.decode_step(prev, memory, state, need_attn=need_attn)
         need_attn = need_attn and attn is not None  # models without attention give None
-        x = _log_probs(logits, model.tgt_vocab_size)
+        x = _log_probs(logits, model.tgt_vocab_size, model.kernels)
         token = pick(x)
         at_cap = t >= max_len - 1
         token = torch.where(at_cap & ~finished, torch.full_like(token, EOS), token)
@@ -196,7 +189,7 @@ def score_pairs(model, src: Tensor, src_mask: Tensor, tgt: Tensor) -> Tensor:
     sum over a sentence equals the score greedy search gives its own output."""
     tgt_in = torch.cat([tgt.new_full((tgt.size(0), 1), BOS), tgt[:, :-1]], 1)
     tgt_in = tgt_in.masked_fill(tgt_in == EOS, PAD)  # after a shorter sentence's EOS
-    x = _log_probs(model(src, src_mask, tgt_in), model.tgt_vocab_size)
+    x = _log_probs(model(src, src_mask, tgt_in), model.tgt_vocab_size, model.kernels)
     return x.gather(-1, tgt.unsqueeze(-1)).squeeze(-1).masked_fill(tgt == PAD, 0.0)
 
 
@@ -261,7 +254,7 @@ def beam_search(
         logits, state, attn = model.decode_step(prev, memory, state, need_attn=need_attn)
         if need_attn and attn is None:  # a model without attention
             need_attn, best_attn = False, None
-        x = _log_probs(logits, model.tgt_vocab_size)  # (n*K, W)
+        x = _log_probs(logits, model.tgt_vocab_size, model.kernels)  # (n*K, W)
         width = x.size(-1)
         at_cap = t >= max_len - 1  # (n,)
         if bool(at_cap.any()):  # only EOS may follow at the length cap

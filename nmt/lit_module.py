@@ -1,7 +1,7 @@
 """TranslationModule: the one LightningModule that trains every model.
 
-Label-smoothed cross-entropy on teacher-forced logits (``F.cross_entropy``, or with the CPU
-kernels ``nmt.kernels.loss``); validation and test decode with the
+Label-smoothed cross-entropy on teacher-forced logits, through the model's kernels
+(``F.cross_entropy``, or with the CPU kernels ``nmt.kernels.loss``); validation and test decode with the
 configured search (greedy for validation by default, beam for test) and score corpus BLEU/chrF
 with sacreBLEU on detokenized text, once per epoch, over hypotheses gathered from all ranks.
 
@@ -32,13 +32,10 @@ import pytorch_lightning as L
 from pytorch_lightning.callbacks import WeightAveraging
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.checkpoint import FORMAT, nonfinite
 from nmt.data.tokenizer import PAD
-from nmt import kernels
-from nmt.kernels.loss import output_cross_entropy
 from nmt.length_report import DEFAULT_EDGES, length_report, write_report
 from nmt.metrics import corpus_scores
 
@@ -123,11 +120,7 @@ class TranslationModule(L.LightningModule):
         # Rows of the output layer past the vocabulary (padded to a multiple of 8) are never targets.
         weight = self.model.decoder.out.weight[: self.model.tgt_vocab_size]
         eps = self.hparams.label_smoothing
-        if kernels.active(self.model.kernels, hidden):  # the same, as one blocked node (nmt.kernels.loss)
-            return output_cross_entropy(hidden, weight, target, eps)
-        logits = F.linear(hidden, weight).float()
-        nll = F.cross_entropy(logits.detach(), target)
-        return F.cross_entropy(logits, target, label_smoothing=eps), nll
+        return self.model.kernels.ops(hidden).output_cross_entropy(hidden, weight, target, eps)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         loss, nll = self.loss(batch)

@@ -122,17 +122,18 @@ def test_length_penalty_is_gnmt():
 
 
 @pytest.mark.parametrize("vocab", [37, 64, 300, 1000, 8003])
-def test_chunked_candidates_equal_a_top_k_over_every_score(vocab):
+def test_chunked_candidates_equal_a_top_k_over_every_score(vocab, kernels):
     """Beam search's chunked top-k returns the same scores and indices as a top-k over all
     K * W scores, also with beams at -inf (the first step: with 300 ids fewer finite chunks than
     candidates) and a sentence whose rows are masked to EOS."""
     from nmt.data.tokenizer import EOS
     from nmt.decoding import _log_probs, _top_candidates
+    from nmt.kernels import Kernels
 
     gen = torch.Generator().manual_seed(vocab)
     n, k = 7, 5
     logits = torch.randn(n * k, vocab + 5, generator=gen) * 4
-    x = _log_probs(logits, vocab)
+    x = _log_probs(logits, vocab, Kernels(kernels))
     capped = x[3 * k : 4 * k]  # one sentence at its length cap: only EOS may follow
     capped.masked_fill_(torch.arange(x.size(1)) != EOS, float("-inf"))
     beam_scores = torch.randn(n, k, generator=gen) * 10
@@ -146,15 +147,16 @@ def test_chunked_candidates_equal_a_top_k_over_every_score(vocab):
 
 
 @pytest.mark.parametrize("vocab, width, dtype", [(100, 104, torch.bfloat16), (128, 128, torch.bfloat16), (128, 128, torch.float32), (128, 136, torch.float32)])
-def test_log_probs_are_a_log_softmax_over_the_real_vocabulary(vocab, width, dtype):
+def test_log_probs_are_a_log_softmax_over_the_real_vocabulary(vocab, width, dtype, kernels):
     """Padded or not, bf16 or fp32 (normalised in place): a log-softmax over the first ``vocab``
     logits, with PAD, BOS and the columns past the vocabulary at -inf."""
     from nmt.data.tokenizer import BOS, PAD
     from nmt.decoding import _log_probs
+    from nmt.kernels import Kernels
 
     logits = torch.randn(4, width, dtype=dtype) * 5
     ref = torch.log_softmax(logits[:, :vocab].float(), dim=-1)
-    x = _log_probs(logits, vocab)
+    x = _log_probs(logits, vocab, Kernels(kernels))
     assert x.shape == (4, -(-vocab // 64) * 64) and x.dtype == torch.float32
     assert torch.isinf(x[:, vocab:]).all() and torch.isinf(x[:, PAD]).all() and torch.isinf(x[:, BOS]).all()
     keep = [i for i in range(vocab) if i not in (PAD, BOS)]

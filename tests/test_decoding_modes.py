@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from nmt.data.tokenizer import EOS, PAD
+from nmt.kernels import Kernels
 from nmt.decoding import _log_probs, _sampler, beam_search, greedy_search, length_penalty, sample_search, score_pairs
 from tests.test_models import VOCAB, batch, build
 
@@ -83,7 +84,7 @@ def test_sampling_near_zero_temperature_is_greedy_and_a_seed_repeats(name):
 
 def test_top_k_and_top_p_restrict_the_draws():
     torch.manual_seed(0)
-    x = _log_probs(torch.randn(4, VOCAB) * 3, VOCAB)
+    x = _log_probs(torch.randn(4, VOCAB) * 3, VOCAB, Kernels())
     rows = x.repeat(500, 1)
     probs = x.softmax(-1)  # PAD and BOS are never drawn: the rest renormalised
     order = probs.argsort(dim=1, descending=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nmt.kernels.dropout import Dropout, dropout
+from nmt.kernels.dropout import dropout
+from nmt.models.dropout import Dropout
 
 
 @pytest.mark.parametrize("p", [0.1, 0.2, 0.5])

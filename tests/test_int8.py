@@ -44,10 +44,10 @@ def test_int8_decoding_steps_stay_close_to_float(name):
     q = copy.deepcopy(model).quantize_int8()
     assert not [n for n, m in q.named_modules() if isinstance(m, nn.Linear) and m.out_features > 1]
     if isinstance(q.decoder, RNNDecoder):  # its step matmuls too
-        assert q.decoder.int8_weights is not None and model.decoder.int8_weights is None
+        assert q.kernels.int8 and not model.kernels.int8
     src, src_mask, tgt_in = batch()
     if isinstance(q.encoder, RNNEncoder):  # and an LSTM encoder's input projections
-        assert q.encoder.int8_inputs is not None and model.encoder.int8_inputs is None
+        assert q.encoder.kernels is q.kernels
         with torch.no_grad():
             enc = {key: m.encoder(src, src_mask)["enc_out"] for key, m in (("float", model), ("int8", q))}
         assert relative_error(enc["int8"], enc["float"]) < 0.05 and not torch.equal(enc["int8"], enc["float"])

@@ -17,11 +17,12 @@ def test_stepped_rnn_encoder_equals_nn_lstm_on_packed_sequences(bidirectional):
     on packed sequences: outputs (zero on padding), final states and gradients."""
     from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+    from nmt.kernels import Kernels
     from nmt.models.rnn import RNNEncoder
 
     torch.manual_seed(0)
     encoder = RNNEncoder(VOCAB, 8, 12, num_layers=2, bidirectional=bidirectional).eval()
-    encoder.kernels = "cpu"
+    encoder.kernels = Kernels("cpu")
     src, src_mask, _ = batch(lengths=(7, 3, 5))
     packed = pack_padded_sequence(encoder.embed(src), src_mask.sum(1), batch_first=True, enforce_sorted=False)
     out, (h, c) = encoder.rnn(packed)
@@ -223,3 +224,71 @@ def test_a_trained_model_gives_the_same_loss_and_greedy_output_in_both_modes(nam
     torch.testing.assert_close(results["cpu"][0], results["reference"][0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(results["cpu"][1], results["reference"][1], atol=1e-5, rtol=1e-5)
     assert results["cpu"][2] == results["reference"][2]
+
+
+def _recorded(calls: list, owner: str, name: str, fn):
+    def record(self, *args, **kwargs):
+        calls.append((owner, name))
+        return fn(self, *args, **kwargs)
+
+    return record
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_every_module_the_loss_and_decoding_follow_the_models_one_kernels(name, monkeypatch):
+    """``Seq2Seq`` hands its one ``Kernels`` to every module with a choice, so changing its mode
+    once moves them all, the training loss and decoding's log-probabilities with them: under
+    ``reference`` every operation runs plain PyTorch, under ``cpu`` (and ``auto`` on a CPU) the
+    same operations run the CPU kernels."""
+    from nmt.decoding import greedy_search
+    from nmt.kernels import CPUOps, ReferenceOps, UsesKernels
+
+    model = build(name)
+    users = [m for m in model.modules() if isinstance(m, UsesKernels)]
+    assert len(users) > 2 and all(m.kernels is model.kernels for m in users)
+    calls = []
+    for cls in (ReferenceOps, CPUOps):
+        for op, fn in list(vars(cls).items()):
+            if callable(fn) and not op.startswith("_"):
+                monkeypatch.setattr(cls, op, _recorded(calls, cls.__name__, op, fn))
+    module = _module(model)
+    src, src_mask, tgt_in = batch()
+    data = {"src": src, "src_mask": src_mask, "tgt_in": tgt_in, "tgt_out": tgt_in.roll(-1, 1)}
+
+    def ops_used(mode: str) -> set[tuple[str, str]]:
+        model.kernels.mode = mode
+        calls.clear()
+        with torch.no_grad():
+            module.loss(data)
+            greedy_search(model, src, src_mask, max_len_a=1.0, max_len_b=2)
+        return set(calls)
+
+    reference, cpu, auto = ops_used("reference"), ops_used("cpu"), ops_used("auto")
+    assert {owner for owner, _ in reference} == {"ReferenceOps"}
+    assert {owner for owner, _ in cpu} == {owner for owner, _ in auto} == {"CPUOps"}
+    used = {op for _, op in reference}
+    assert used == {op for _, op in cpu} == {op for _, op in auto}
+    assert {"dropout", "output_cross_entropy", "log_softmax"} <= used
+    assert ("encoder_lstm" in used) == (type(model.encoder).__name__ == "RNNEncoder")
+    assert ("decoder_lstm" in used) == (type(model.decoder).__name__ == "RNNDecoder")
+    assert ("attention" in used) == ("Transformer" in type(model.encoder).__name__ + type(model.decoder).__name__)
+
+
+def test_int8_is_a_mode_of_the_kernels_and_refuses_reference():
+    """``quantize_int8`` switches the model's kernels to int8 (every module with them), which
+    then refuse plain PyTorch; a model built alone starts at ``auto``."""
+    import copy
+
+    from nmt.kernels import CPUOps, Int8Ops, Kernels
+
+    assert repr(Kernels()) == "Kernels(mode='auto', int8=False)"
+    model = build("lstm_bahdanau")
+    quantized = copy.deepcopy(model).quantize_int8()
+    assert quantized.kernels.int8 and not model.kernels.int8
+    assert quantized.encoder.kernels is quantized.kernels and quantized.decoder.attention.kernels is quantized.kernels
+    assert isinstance(quantized.kernels.ops(torch.zeros(1)), Int8Ops)
+    assert type(model.kernels.ops(torch.zeros(1))) is CPUOps
+    with pytest.raises(ValueError, match="precision=int8 runs the CPU kernels: set kernels=auto or kernels=cpu, not reference"):
+        quantized.set_kernels("reference")
+    with pytest.raises(ValueError, match="kernels must be one of auto, reference, cpu, got 'fast'"):
+        model.set_kernels("fast")

@@ -1,4 +1,5 @@
-"""Dropout with a cheaper random mask (a CPU kernel; ``nn.Dropout`` is the reference).
+"""Dropout with a cheaper random mask (a CPU kernel; ``F.dropout`` is the reference, and
+``nmt.models.dropout.Dropout`` the module that chooses through the model's kernels).
 
 torch's CPU dropout draws one random number per element (``bernoulli_``), ~10 ns each: 4-6% of
 an LSTM training step. Here one 64-bit draw gives four 16-bit uniforms, so a mask costs a
@@ -12,9 +13,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
-
-from nmt.kernels import Switchable
+from torch import Tensor
 
 _LEVELS = 1 << 16
 
@@ -53,11 +52,3 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         return F.dropout(x, p, training)  # (compiled graphs draw their own randomness in bulk)
     return _Dropout.apply(x, p)
 
-
-class Dropout(Switchable, nn.Dropout):
-    """``nn.Dropout`` (same arguments and state), on ``dropout`` above where the kernels are on."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.inplace or not self.fast(x):
-            return super().forward(x)
-        return dropout(x, self.p, self.training)

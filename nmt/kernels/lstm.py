@@ -4,8 +4,9 @@
   directions in one batched matmul per step, a sentence's state advancing only on its own
   tokens. It computes what ``nn.LSTM`` computes on packed sequences, without the packed path's
   per-step full-size gradient buffers; the input projections of all positions are one matmul.
-- ``step_weights`` / ``decoder_step``: a decoder step costs one matmul per layer,
-  ``[h; input] @ [W_hh W_ih]^T``, on weights cast once per sequence under autocast.
+- ``step_weights`` / ``StepsOnWeights``: a decoder step costs one matmul per layer,
+  ``[h; input] @ [W_hh W_ih]^T``, on weights cast once per sequence under autocast, and the
+  embeddings of all steps are projected in one matmul.
 - ``StepWeight``: in training, the gradient of a recurrent weight as one matmul over all
   steps at the end of the backward pass, not one per step;
 - ``lstm_cell``: the cell as one autograd node with a hand-written backward;
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from nmt.kernels.dropout import dropout
 
@@ -251,6 +253,26 @@ def encoder_layer(rnn: nn.LSTM, x: Tensor, mask: Tensor, layer: int, int8_input:
     return out, h.transpose(0, 1).reshape(batch, -1), c.transpose(0, 1).reshape(batch, -1)
 
 
+def encoder(rnn: nn.LSTM, x: Tensor, src_mask: Tensor, checkpointing: bool, int8_inputs: list[Any] | None = None
+            ) -> tuple[Tensor, Tensor, Tensor]:
+    """What ``nn.LSTM`` computes on packed sequences, layer by layer with ``encoder_layer``:
+    x (B, S, I) -> outputs (B, S, D*h), final h and c (B, L, D*h). ``checkpointing``: keep only
+    each layer's input; ``int8_inputs``: every layer's input projection as an ``Int8Linear``."""
+    mask = direction_masks(src_mask, 2 if rnn.bidirectional else 1)  # (S, D, B, 1)
+    final_h, final_c = [], []
+    for layer in range(rnn.num_layers):
+        if layer > 0:  # between layers, as nn.LSTM
+            x = dropout(x, rnn.dropout, rnn.training)
+        int8 = int8_inputs[layer] if int8_inputs is not None else None
+        if checkpointing:
+            x, h, c = checkpoint(encoder_layer, rnn, x, mask, layer, int8, use_reentrant=False)
+        else:
+            x, h, c = encoder_layer(rnn, x, mask, layer, int8)
+        final_h.append(h)
+        final_c.append(c)
+    return x, torch.stack(final_h, 1), torch.stack(final_c, 1)
+
+
 # --- decoder -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StepWeights:
@@ -286,16 +308,26 @@ def quantized(weights: StepWeights) -> StepWeights:
     return StepWeights(Int8Linear(weights.emb.t()), weights.bias, [(Int8Linear(w.weight.t()), b) for w, b in weights.layers])
 
 
-def decoder_step(x_proj: Tensor, feed: Tensor | None, h: list[Tensor], c: list[Tensor], weights: StepWeights,
-                 dropout_p: float, training: bool) -> None:
-    """One step through every layer, updating the per-layer states ``h``/``c`` (lists of (B, H))
-    in place. ``x_proj`` (B, 4H) is the first layer's embedding projection plus bias, for all
-    steps at once ``affine(weights.bias, emb, weights.emb)``; dropout between layers as in
-    ``nn.LSTM``."""
-    x = feed
-    for layer, (w, bias) in enumerate(weights.layers):
-        if layer > 0 and dropout_p:
-            x = dropout(x, dropout_p, training)
-        hx = h[layer] if x is None else torch.cat([h[layer], x], dim=-1)  # (B, H + I)
-        h[layer], c[layer] = lstm_cell(affine(x_proj if layer == 0 else bias, hx, w), c[layer])
-        x = h[layer]
+class StepsOnWeights:
+    """``nmt.kernels.reference.LSTMSteps`` on ``StepWeights``: the step inputs are the
+    embeddings' projections for all steps in one matmul, a layer's step one matmul on
+    ``[h; input]``."""
+
+    def __init__(self, rnn: nn.LSTM, weights: StepWeights) -> None:
+        self.rnn, self.weights = rnn, weights
+
+    def inputs(self, emb: Tensor) -> tuple[Tensor, ...]:
+        """emb (B, T, E) -> the first layer's embedding projection plus bias (B, 4H) per step."""
+        return affine(self.weights.bias, emb.transpose(0, 1), self.weights.emb).unbind(0)  # from (T, B, 4H)
+
+    def step(self, x: Tensor, feed: Tensor | None, h: list[Tensor], c: list[Tensor]) -> None:
+        """One step through every layer, updating the per-layer states ``h``/``c`` (lists of
+        (B, H)) in place; dropout between layers as in ``nn.LSTM``."""
+        dropout_p, training = self.rnn.dropout, self.rnn.training
+        x_proj, x = x, feed
+        for layer, (w, bias) in enumerate(self.weights.layers):
+            if layer > 0 and dropout_p:
+                x = dropout(x, dropout_p, training)
+            hx = h[layer] if x is None else torch.cat([h[layer], x], dim=-1)  # (B, H + I)
+            h[layer], c[layer] = lstm_cell(affine(x_proj if layer == 0 else bias, hx, w), c[layer])
+            x = h[layer]

@@ -1,4 +1,6 @@
-"""Attention for the RNN decoder: score a query against source states and mix them.
+"""Attention for the RNN decoder: score a query against source states and mix them; and
+``grouped``, how every attention (these and the Transformer's cross-attention) lets a sentence's
+beams read one copy of its memory.
 
 Every variant has the same two calls:
 
@@ -7,47 +9,64 @@ Every variant has the same two calls:
 - ``forward(query (B, Hq), keys (B, S, K), values (B, S, Hk), mask (B, S))
   -> (context (B, Hk), weights (B, S))``; ``mask`` is True on real tokens. A query of shape
   (B, T, Hq) scores T decoder steps at once, giving (B, T, Hk) and (B, T, S). The query may
-  have g times the memory's rows, rows i*g .. i*g + g - 1 reading memory row i (beam search
-  keeps one copy of a sentence's memory for its g beams); their queries are scored together.
+  have g times the memory's rows (``grouped``).
 
 Attention only scores and mixes; the decoder owns the wiring (input feeding, the attentional
-layer ``tanh(W_c [c; h])``).
+layer ``tanh(W_c [c; h])``). The additive score goes through the model's kernels
+(``nmt.kernels``).
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor, nn
 
-from nmt.kernels import Switchable
-from nmt.kernels.attention import additive_score
+from nmt.kernels import UsesKernels
+
+Outputs = tuple[Tensor, Tensor | None]
 
 
-def _grouped(query: Tensor, memory_rows: int) -> Tensor:
-    """Queries (B*g, Hq) or (B*g, T, Hq) -> (B, g*T, Hq): the queries of each memory row."""
+def grouped(attend: Callable[[Tensor], Outputs], query: Tensor, memory_rows: int) -> Outputs:
+    """Attention of queries with g times the memory's rows, rows i*g .. i*g + g - 1 reading
+    memory row i (beam search keeps one copy of a sentence's memory for its g beams): each
+    sentence's g*T queries are scored together, in one call ``attend(queries (B, ..., g*T, D))
+    -> outputs (B, ..., g*T, .)`` (or None). ``query`` is (B*g, ..., T, D), or (B*g, D) for one
+    step; the outputs come back in its layout, (B*g, ..., T, .)."""
+    if query.dim() == 2:
+        return tuple(None if y is None else y.squeeze(-2) for y in grouped(attend, query.unsqueeze(-2), memory_rows))
     if query.size(0) % memory_rows:
         raise ValueError(f"{query.size(0)} query rows for {memory_rows} memory rows: not a multiple")
-    return query.reshape(memory_rows, -1, query.size(-1))
+    g = query.size(0) // memory_rows
+    if g == 1:
+        return attend(query)
+    x = query.view(memory_rows, g, *query.shape[1:]).movedim(1, -3)  # (B, ..., g, T, D)
+    outputs = attend(x.reshape(*x.shape[:-3], -1, x.size(-1)))  # (B, ..., g*T, .)
+    return tuple(None if y is None else y.unflatten(-2, (g, -1)).movedim(-3, 1).flatten(0, 1) for y in outputs)
 
 
-def _mix(scores: Tensor, values: Tensor, mask: Tensor, query_shape: torch.Size) -> tuple[Tensor, Tensor]:
-    """Masked softmax over source positions, then the weighted sum of ``values``; scores
-    (B, g*T, S) -> context and weights in the query's shape (``query_shape[:-1]``)."""
-    scores = scores.masked_fill(~mask.unsqueeze(1), float("-inf"))  # (B, g*T, S)
-    weights = torch.softmax(scores, dim=-1)
-    context = torch.bmm(weights, values)  # (B, g*T, Hk)
-    rows = query_shape[:-1]
-    return context.reshape(*rows, -1), weights.reshape(*rows, -1)
+def _mix(scores: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Masked softmax over source positions, then the weighted sum of ``values``: scores
+    (B, T, S) -> context (B, T, Hk), weights (B, T, S)."""
+    weights = torch.softmax(scores.masked_fill(~mask.unsqueeze(1), float("-inf")), dim=-1)
+    return torch.bmm(weights, values), weights
 
 
-def _additive(module: Switchable, v: nn.Linear, query: Tensor, keys: Tensor) -> Tensor:
-    """``v^T tanh(query + key)`` for every (step, source) pair: (B, T, A), (B, S, A) -> (B, T, S)."""
-    if module.fast(query):
-        return additive_score(v.weight.view(-1), query, keys)
-    return v(torch.tanh(query.unsqueeze(2) + keys.unsqueeze(1))).squeeze(-1)
+class _Attention(UsesKernels, nn.Module):
+    """``forward`` for every variant: softmax and mix of the variant's ``scores`` of queries
+    (B, T, Hq) against keys (B, S, K) -> (B, T, S)."""
+
+    def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        return grouped(lambda q: _mix(self.scores(q, keys), values, mask), query, keys.size(0))
+
+    def _additive(self, query: Tensor, keys: Tensor) -> Tensor:
+        """``v^T tanh(W q + k)``, the key side projected already (``project_keys``)."""
+        q = self.query_proj(query)  # (B, T, A)
+        return self.kernels.ops(q).additive_score(self.v.weight.view(-1), q, keys)
 
 
-class BahdanauAttention(Switchable, nn.Module):
+class BahdanauAttention(_Attention):
     """Additive attention, Bahdanau et al. 2015 (eq. 6, appendix A.1.2):
     ``e_ij = v^T tanh(W s_{i-1} + U h_j)``."""
 
@@ -61,12 +80,11 @@ class BahdanauAttention(Switchable, nn.Module):
     def project_keys(self, values: Tensor) -> Tensor:
         return self.key_proj(values)  # (B, S, A)
 
-    def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        grouped = _grouped(self.query_proj(query), keys.size(0))  # (B, g*T, A)
-        return _mix(_additive(self, self.v, grouped, keys), values, mask, query.shape)
+    def scores(self, query: Tensor, keys: Tensor) -> Tensor:
+        return self._additive(query, keys)
 
 
-class LuongAttention(Switchable, nn.Module):
+class LuongAttention(_Attention):
     """Global attention, Luong et al. 2015 (eq. 8): ``score(h_t, h_s)`` is
     ``dot``: h_t^T h_s; ``general``: h_t^T W_a h_s; ``concat``: v_a^T tanh(W_a [h_t; h_s])."""
 
@@ -91,9 +109,7 @@ class LuongAttention(Switchable, nn.Module):
     def project_keys(self, values: Tensor) -> Tensor:
         return values if self.score == "dot" else self.key_proj(values)
 
-    def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    def scores(self, query: Tensor, keys: Tensor) -> Tensor:
         if self.score == "concat":
-            scores = _additive(self, self.v, _grouped(self.query_proj(query), keys.size(0)), keys)
-        else:
-            scores = torch.bmm(_grouped(query, keys.size(0)), keys.transpose(1, 2))  # (B, g*T, S)
-        return _mix(scores, values, mask, query.shape)
+            return self._additive(query, keys)
+        return torch.bmm(query, keys.transpose(1, 2))  # (B, T, S)

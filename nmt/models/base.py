@@ -21,7 +21,7 @@ together.
 Encoders return ``{"enc_out": (B, S, H), "src_mask": (B, S)}`` and, if recurrent, the final
 states ``"final_h"``/``"final_c"`` (B, L, H). Decoders expose ``prepare_memory`` (precompute what
 depends on the source only, e.g. projected attention keys), ``init_state``, ``decode_step``,
-``features``, ``forward``, ``quantize_steps`` (int8 for what is not an ``nn.Linear``) and the
+``features``, ``forward`` and the
 output layer ``out`` (a bias-free Linear, which the training loss applies to the real target
 positions only), and say through ``needs_init_state`` whether they
 start from a source summary.
@@ -34,10 +34,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from nmt import kernels
+from nmt.kernels import INT8_NEEDS_CPU_KERNELS, Kernels, UsesKernels
 from nmt.kernels import int8
-from nmt.kernels import Switchable
-from nmt.kernels import lstm as fast
 
 Tree = Any  # nested dict / list / tuple of tensors (or None)
 
@@ -53,7 +51,7 @@ def select(tree: Tree, index: Tensor) -> Tree:
     return tree
 
 
-class MeanPoolBridge(Switchable, nn.Module):
+class MeanPoolBridge(UsesKernels, nn.Module):
     """Initial LSTM decoder state from an encoder without final states:
     ``h_0 = tanh(W mean_j(h_j))`` for every layer, ``c_0 = 0`` (the mean runs over real tokens).
     Bahdanau et al. 2015 initialise from the backward encoder state in the same ``tanh(W .)`` way."""
@@ -67,7 +65,7 @@ class MeanPoolBridge(Switchable, nn.Module):
         mask = memory["src_mask"].unsqueeze(-1).to(memory["enc_out"].dtype)  # (B, S, 1)
         mean = (memory["enc_out"] * mask).sum(1) / mask.sum(1).clamp(min=1)  # (B, H)
         x = self.proj(mean)
-        h = (fast.tanh(x) if self.fast(x) else torch.tanh(x)).view(mean.size(0), self.num_layers, -1)  # (B, L, H)
+        h = self.kernels.ops(x).tanh(x).view(mean.size(0), self.num_layers, -1)  # (B, L, H)
         # the cell state in at least fp32, also under autocast
         return {**memory, "final_h": h, "final_c": torch.zeros_like(h, dtype=torch.promote_types(h.dtype, torch.float32))}
 
@@ -126,26 +124,28 @@ class Seq2Seq(nn.Module):
                     "and equal encoder/decoder embedding sizes"
                 )
             encoder.embed.weight = decoder.embed.weight
-        self.kernels = "auto"
+        # The one choice of implementation: every module with one computes through this object,
+        # and so do the training loss and decoding's log-probabilities (``nmt.kernels``).
+        self.kernels = Kernels()
+        for module in self.modules():
+            if isinstance(module, UsesKernels):
+                module.kernels = self.kernels
         self.set_gradient_checkpointing(gradient_checkpointing)
 
     def set_kernels(self, mode: str) -> "Seq2Seq":
         """Compute with the CPU kernels (``nmt.kernels``) or plain PyTorch: ``auto``,
-        ``reference`` or ``cpu``, for every module with a choice."""
-        self.kernels = kernels.check_mode(mode)
-        for module in self.modules():
-            if isinstance(module, Switchable):
-                module.kernels = mode
+        ``reference`` or ``cpu`` (the config key ``kernels``), for the whole model at once."""
+        self.kernels.mode = mode
         return self
 
     def quantize_int8(self) -> "Seq2Seq":
-        """Int8 matmuls for CPU decoding, in place (``nmt.kernels.int8``): every ``nn.Linear``,
-        and the encoder's and decoder's own step matmuls; returns the model, in eval mode."""
-        if self.kernels == "reference":
-            raise ValueError("precision=int8 runs the CPU kernels: set kernels=auto or kernels=cpu, not reference")
+        """Int8 matmuls for CPU decoding, in place (``nmt.kernels.int8``): every ``nn.Linear``
+        becomes an ``Int8Linear`` and the kernels switch to int8 (the LSTMs' own matmuls);
+        returns the model, in eval mode."""
+        if self.kernels.mode == "reference":
+            raise ValueError(INT8_NEEDS_CPU_KERNELS)
         int8.quantize_linears(self)
-        self.encoder.quantize_steps()
-        self.decoder.quantize_steps()
+        self.kernels.use_int8()
         return self
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:

@@ -1,9 +1,10 @@
 """LSTM encoder and decoder: plain (Sutskever et al. 2014; Cho et al. 2014), Bahdanau et al. 2015
 and Luong et al. 2015, chosen by the decoder's ``attention`` and ``input_feeding``.
 
-The code here is the reference: ``nn.LSTM`` over packed sequences, a decoder step on the LSTM's
-weights as the equations read. With the CPU kernels on (``kernels``, ``nmt.kernels``), the same
-parameters run ``nmt.kernels.lstm``'s stepped recurrence instead.
+The wiring here follows the papers; the LSTM itself runs through the model's kernels
+(``nmt.kernels``): ``nn.LSTM`` over packed sequences and a step on its weights as the equations
+read (``nmt.kernels.reference``), or the same parameters through ``nmt.kernels.lstm``'s stepped
+recurrence.
 """
 
 from __future__ import annotations
@@ -11,28 +12,16 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
-from torch.utils.checkpoint import checkpoint
 
-from nmt.kernels import Switchable
-from nmt.kernels import lstm as fast
-from nmt.kernels.dropout import Dropout, dropout
+from nmt.kernels import UsesKernels
+from nmt.models.dropout import Dropout
 from nmt.specials import PAD
 
 FEEDS = ("none", "context", "attentional")
 
 
-def lstm_step(x: Tensor | None, h: Tensor, c: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor, b_hh: Tensor) -> tuple[Tensor, Tensor]:
-    """One LSTM step (torch's gate order i, f, g, o): ``x`` (B, I) or None (no input), h/c (B, H)."""
-    gates = F.linear(h, w_hh, b_hh) + (b_ih if x is None else F.linear(x, w_ih, b_ih))
-    i, f, g, o = gates.chunk(4, dim=-1)
-    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-    return torch.sigmoid(o) * torch.tanh(c), c
-
-
-class RNNEncoder(Switchable, nn.Module):
+class RNNEncoder(UsesKernels, nn.Module):
     """Multi-layer (bidirectional) ``nn.LSTM`` over packed sequences: padding never changes a
     sentence's encoding.
 
@@ -40,8 +29,7 @@ class RNNEncoder(Switchable, nn.Module):
     states are ``hidden_size`` wide either way: ``enc_out`` (B, S, H), ``final_h``/``final_c``
     (B, L, H) with the two directions' last states side by side. With gradient checkpointing the
     LSTM keeps only its input and recomputes in the backward pass (per layer with the CPU
-    kernel, ``nmt.kernels.lstm.encoder_layer``). ``quantize_steps`` (inference, CPU kernels)
-    runs the input projections in int8.
+    kernel, ``nmt.kernels.lstm.encoder_layer``).
     """
 
     def __init__(
@@ -69,55 +57,15 @@ class RNNEncoder(Switchable, nn.Module):
             bidirectional=bidirectional,
             batch_first=True,
         )
-        self.int8_inputs: list[Any] | None = None
-
-    def quantize_steps(self) -> None:
-        """Project the inputs of every layer with int8 matmuls from now on (``nmt.kernels.int8``;
-        inference only, CPU kernels). The recurrence stays in floating point."""
-        from nmt.kernels.int8 import Int8Linear
-
-        self.int8_inputs = [Int8Linear(*fast.input_weights(self.rnn, layer)) for layer in range(self.rnn.num_layers)]
-
-    def _packed(self, x: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
-        out, (h, c) = self.rnn(packed)
-        out, _ = pad_packed_sequence(out, batch_first=True, total_length=x.size(1))
-        return out, h, c
-
-    def _reference(self, x: Tensor, src_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        lengths = src_mask.sum(1).cpu()
-        if self.gradient_checkpointing and self.training:
-            out, h, c = checkpoint(self._packed, x, lengths, use_reentrant=False)
-        else:
-            out, h, c = self._packed(x, lengths)
-        layers, dirs = self.rnn.num_layers, self.num_directions
-        # (L*D, B, h) -> (B, L, D*h): each layer's directions side by side
-        final = [s.view(layers, dirs, s.size(1), -1).permute(2, 0, 1, 3).reshape(s.size(1), layers, -1) for s in (h, c)]
-        return out, final[0], final[1]
-
-    def _stepped(self, x: Tensor, src_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        mask = fast.direction_masks(src_mask, self.num_directions)  # (S, D, B, 1)
-        final_h, final_c = [], []
-        for layer in range(self.rnn.num_layers):
-            if layer > 0:  # between layers, as nn.LSTM
-                x = dropout(x, self.rnn.dropout, self.training)
-            int8 = self.int8_inputs[layer] if self.int8_inputs is not None else None
-            if self.gradient_checkpointing and self.training:  # keep only each layer's input
-                x, h, c = checkpoint(fast.encoder_layer, self.rnn, x, mask, layer, int8, use_reentrant=False)
-            else:
-                x, h, c = fast.encoder_layer(self.rnn, x, mask, layer, int8)
-            final_h.append(h)
-            final_c.append(c)
-        return x, torch.stack(final_h, 1), torch.stack(final_c, 1)
 
     def forward(self, src: Tensor, src_mask: Tensor) -> dict[str, Tensor]:
         x = self.dropout(self.embed(src))  # (B, S, E)
-        run = self._stepped if self.fast(x) or self.int8_inputs is not None else self._reference
-        out, final_h, final_c = run(x, src_mask)
+        checkpointing = self.gradient_checkpointing and self.training
+        out, final_h, final_c = self.kernels.ops(x).encoder_lstm(self.rnn, x, src_mask, checkpointing)
         return {"enc_out": self.dropout(out), "src_mask": src_mask, "final_h": final_h, "final_c": final_c}
 
 
-class RNNDecoder(Switchable, nn.Module):
+class RNNDecoder(UsesKernels, nn.Module):
     """LSTM decoder; its wiring follows the papers:
 
     - ``attention: null`` (``input_feeding: none``): the source reaches the decoder only through
@@ -132,8 +80,9 @@ class RNNDecoder(Switchable, nn.Module):
     Attention decoders predict from ``tanh(W_c [c; h])``; the plain decoder from ``h``.
 
     Step by step (with a feed, and in ``decode_step``) the LSTM runs on ``self.rnn``'s own
-    weights (``lstm_step``), so the parameters stay those of ``nn.LSTM``; with the CPU kernels
-    on, ``nmt.kernels.lstm.decoder_step`` computes the same step.
+    weights, prepared once per sequence by the kernels (``decoder_lstm``: the equations in
+    ``nmt.kernels.reference.LSTMSteps``, or one matmul per layer with the CPU kernels), so the
+    parameters stay those of ``nn.LSTM``.
     """
 
     def __init__(
@@ -168,31 +117,24 @@ class RNNDecoder(Switchable, nn.Module):
         self.attention = attention(query_size=hidden_size, key_size=memory_size) if attention else None
         self.att_out = nn.Linear(memory_size + hidden_size, hidden_size, bias=False) if attention else None
         self.out = nn.Linear(hidden_size, vocab_size, bias=False)
-        self.int8_weights: fast.StepWeights | None = None
 
-    def quantize_steps(self) -> None:
-        """Step with int8 matmuls from now on (``nmt.kernels.int8``; inference only, CPU kernels)."""
-        self.int8_weights = fast.quantized(fast.step_weights(self.rnn, self.embed.embedding_dim))
-
-    def _step_weights(self, x: Tensor) -> fast.StepWeights | None:
-        """The CPU kernel's step weights (cast once per sequence under autocast), or None for the
-        reference step."""
-        if self.int8_weights is not None:
-            return self.int8_weights
-        return fast.step_weights(self.rnn, self.embed.embedding_dim) if self.fast(x) else None
+    def _lstm(self, memory: dict[str, Any]) -> Any:
+        """``self.rnn`` prepared for stepping: the memory's, or made now (a memory encoded in
+        training, which calls ``nn.LSTM`` once)."""
+        if "lstm" in memory:
+            return memory["lstm"]
+        return self.kernels.ops(memory["enc_out"]).decoder_lstm(self.rnn, self.embed.embedding_dim)
 
     def prepare_memory(self, memory: dict[str, Tensor]) -> dict[str, Any]:
-        """What every step reuses: with the CPU kernels, the LSTM's step weights (not when
-        teacher-forced training calls ``nn.LSTM`` once) and ``enc_out`` (the values) cast once to
-        the matmul dtype; with attention the projected keys."""
-        weights = None
+        """What every step reuses: the LSTM prepared for stepping (not when teacher-forced
+        training calls ``nn.LSTM`` once) and, with attention, the values as the steps read them
+        and the projected keys."""
+        ops = self.kernels.ops(memory["enc_out"])
         if self.input_feeding != "none" or not self.training:
-            weights = self._step_weights(memory["enc_out"])
-        if weights is not None:
-            memory = {**memory, "weights": weights}
+            memory = {**memory, "lstm": ops.decoder_lstm(self.rnn, self.embed.embedding_dim)}
         if self.attention is None:
             return memory
-        values = fast.in_autocast_dtype(memory["enc_out"]) if self.fast(memory["enc_out"]) else memory["enc_out"]
+        values = ops.cast_once(memory["enc_out"])
         return {**memory, "enc_out": values, "keys": self.attention.project_keys(values)}
 
     def init_state(self, memory: dict[str, Tensor]) -> dict[str, Any]:
@@ -208,31 +150,17 @@ class RNNDecoder(Switchable, nn.Module):
         if context is None:
             return self.dropout(h)
         x = self.att_out(torch.cat([context, h], dim=-1))
-        return self.dropout(fast.tanh(x) if self.fast(x) else torch.tanh(x))
+        return self.dropout(self.kernels.ops(x).tanh(x))
 
-    def _recur(self, x: Tensor, feed: Tensor | None, h: list[Tensor], c: list[Tensor], weights: fast.StepWeights | None) -> None:
-        """One LSTM step through every layer, updating the per-layer states ``h``/``c`` (lists of
-        (B, H)) in place; ``x`` is the step's embedding (B, E), or with the CPU kernels' step
-        ``weights`` its projection (B, 4H). Dropout between layers as in ``nn.LSTM``."""
-        if weights is not None:
-            fast.decoder_step(x, feed, h, c, weights, self.rnn.dropout, self.training)
-            return
-        x = x if feed is None else torch.cat([x, feed], dim=-1)
-        for layer in range(self.rnn.num_layers):
-            if layer > 0:
-                x = F.dropout(x, self.rnn.dropout, self.training)
-            params = (getattr(self.rnn, f"{name}_l{layer}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
-            h[layer], c[layer] = lstm_step(x, h[layer], c[layer], *params)
-            x = h[layer]
-
-    def _step(self, x: Tensor, memory: dict[str, Any], state: dict[str, Any]) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """x (B, E) or (B, 4H) (see ``_recur``) -> top state (B, H), context (B, Hk) | None,
-        attention (B, S) | None; ``state`` (lists ``h``/``c`` and ``feed``) is updated in place."""
+    def _step(self, y: Any, lstm: Any, memory: dict[str, Any], state: dict[str, Any]) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """One step on the previous word ``y`` (one of ``lstm.inputs``) -> top state (B, H),
+        context (B, Hk) | None, attention (B, S) | None; ``state`` (lists ``h``/``c`` of (B, H)
+        per layer, and ``feed``) is updated in place."""
         context = attn = None
         if self.input_feeding == "context":
             context, attn = self._attend(state["h"][-1], memory)
             state["feed"] = context
-        self._recur(x, state.get("feed"), state["h"], state["c"], memory.get("weights"))
+        lstm.step(y, state.get("feed"), state["h"], state["c"])
         h_top = state["h"][-1]
         if self.attention is not None and self.input_feeding != "context":
             context, attn = self._attend(h_top, memory)
@@ -240,21 +168,13 @@ class RNNDecoder(Switchable, nn.Module):
             state["feed"] = self._output(h_top, context)
         return h_top, context, attn
 
-    def _inputs(self, emb: Tensor, memory: dict[str, Any]) -> Tensor:
-        """The steps' inputs: the embeddings, or with the CPU kernels their projections, one
-        matmul for all steps."""
-        weights = memory.get("weights")
-        return emb if weights is None else fast.affine(weights.bias, emb, weights.emb)
-
     def decode_step(
         self, prev: Tensor, memory: dict[str, Tensor], state: dict[str, Any], need_attn: bool = False
     ) -> tuple[Tensor, dict[str, Any], Tensor | None]:
-        if "weights" not in memory:  # encoded in training, which calls nn.LSTM once, or the reference
-            weights = self._step_weights(memory["enc_out"])
-            memory = memory if weights is None else {**memory, "weights": weights}
-        x = self._inputs(self.dropout(self.embed(prev)), memory)
+        lstm = self._lstm(memory)
+        (y,) = lstm.inputs(self.dropout(self.embed(prev.unsqueeze(1))))  # from (B, 1, E)
         step_state = {"h": list(state["h"].unbind(1)), "c": list(state["c"].unbind(1)), "feed": state.get("feed")}
-        h_top, context, attn = self._step(x, memory, step_state)
+        h_top, context, attn = self._step(y, lstm, memory, step_state)
         output = step_state["feed"] if self.input_feeding == "attentional" else self._output(h_top, context)
         new_state = {"h": torch.stack(step_state["h"], 1), "c": torch.stack(step_state["c"], 1)}
         if self.input_feeding == "attentional":
@@ -272,11 +192,11 @@ class RNNDecoder(Switchable, nn.Module):
                 return self._output(h, None), None
             context, attn = self._attend(h, memory)  # (B, T, Hk), (B, T, S)
             return self._output(h, context), attn
-        xs = self._inputs(emb.transpose(0, 1), memory)  # (T, B, E | 4H)
+        lstm = self._lstm(memory)
         state = {"h": list(state["h"].unbind(1)), "c": list(state["c"].unbind(1)), "feed": state.get("feed")}
         tops, contexts, attns = [], [], []
-        for x_t in xs.unbind(0):  # unbind, not xs[t]: one backward node, no per-step zeros
-            h_top, context, attn = self._step(x_t, memory, state)
+        for y in lstm.inputs(emb):
+            h_top, context, attn = self._step(y, lstm, memory, state)
             # Luong: the output is the feed, computed in the step; Bahdanau: it does not feed
             # back, so the output layer runs once over all steps below.
             tops.append(state["feed"] if self.input_feeding == "attentional" else h_top)

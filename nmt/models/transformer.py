@@ -21,13 +21,12 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from nmt.kernels import Switchable
-from nmt.kernels import sdpa as cpu_attention
-from nmt.kernels.dropout import Dropout
+from nmt.kernels import UsesKernels
+from nmt.models.attention import grouped
+from nmt.models.dropout import Dropout
 from nmt.specials import PAD
 
 POSITIONS = ("sinusoidal", "learned", "rope")
@@ -61,7 +60,7 @@ class Rotary(nn.Module):
         return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
 
 
-class MultiHeadAttention(Switchable, nn.Module):
+class MultiHeadAttention(UsesKernels, nn.Module):
     """Multi-head attention; ``mask`` is a bool (B or 1, 1, T or 1, S) tensor, True = attend."""
 
     def __init__(self, hidden_size: int, num_heads: int, dropout: float, kv_size: int | None = None) -> None:
@@ -93,33 +92,14 @@ class MultiHeadAttention(Switchable, nn.Module):
         """q (B, heads, T, d), k/v (B, heads, S, d) -> output (B, T, H), weights (B, heads, T, S) | None.
 
         q may have g times the rows of k/v (cross-attention in beam search, which keeps one copy
-        of a sentence's keys/values for its g beams): rows i*g .. i*g + g - 1 attend to k/v row
-        i, their g*T queries in one matmul."""
+        of a sentence's keys/values for its g beams; ``nmt.models.attention.grouped``)."""
+        is_grouped = q.size(0) != k.size(0)
+        if is_grouped and is_causal:
+            raise ValueError(f"grouped queries take no causal mask: {q.size(0)} query rows for {k.size(0)} key rows")
+        ops = self.kernels.ops(q)
         dropout = self.dropout if self.training else 0.0
-        shape = q.shape
-        if q.size(0) != k.size(0):
-            if q.size(0) % k.size(0) or is_causal:
-                raise ValueError(f"grouped queries need a multiple of the {k.size(0)} key rows and no causal mask, "
-                                 f"got {q.size(0)} rows, is_causal={is_causal}")
-            q = q.view(k.size(0), -1, *shape[1:]).transpose(1, 2).reshape(k.size(0), shape[1], -1, shape[3])  # (B, heads, g*T, d)
-        fast = self.fast(q)
-        # Eager path: for weights (SDPA returns none), and with the CPU kernels where it wins
-        if need_weights or (fast and cpu_attention.eager_for(q, q.shape != shape)):
-            scores = (q / math.sqrt(q.size(-1))) @ k.transpose(-2, -1)
-            if is_causal:
-                mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
-            if mask is not None:
-                scores = scores.masked_fill(~mask, float("-inf"))
-            weights = torch.softmax(scores, dim=-1, dtype=torch.float32)  # fp32 also under autocast
-            out = F.dropout(weights, dropout, self.training).to(v.dtype) @ v
-        else:
-            weights = None
-            sdpa = cpu_attention.sdpa if fast else F.scaled_dot_product_attention
-            out = sdpa(q, k, v, mask, dropout, is_causal)
-        if q.shape != shape:  # (B, heads, g*T, .) -> (B*g, heads, T, .)
-            out, weights = (None if x is None else x.view(k.size(0), shape[1], -1, shape[2], x.size(-1)).transpose(1, 2)
-                            .reshape(shape[0], shape[1], shape[2], -1) for x in (out, weights))
-        out = out.transpose(1, 2).reshape(shape[0], shape[2], -1)  # (B, T, H)
+        out, weights = grouped(lambda q: ops.attention(q, k, v, mask, dropout, is_causal, need_weights, is_grouped), q, k.size(0))
+        out = out.transpose(1, 2).reshape(q.size(0), q.size(2), -1)  # (B, T, H)
         return self.out_proj(out), weights
 
 
@@ -316,9 +296,6 @@ class TransformerEncoder(nn.Module):
         self.window = window
         self.gradient_checkpointing = False
 
-    def quantize_steps(self) -> None:
-        """Nothing to do for int8: every matmul of its own is an ``nn.Linear``."""
-
     def forward(self, src: Tensor, src_mask: Tensor) -> dict[str, Tensor]:
         shift = None
         if self.training and self.position_shift:  # SHAPE: one random start per sentence pair
@@ -371,9 +348,6 @@ class TransformerDecoder(nn.Module):
         self.num_heads = num_heads
         self.window = window
         self.gradient_checkpointing = False
-
-    def quantize_steps(self) -> None:
-        """Nothing to do for int8: every matmul of its own is an ``nn.Linear``."""
 
     def prepare_memory(self, memory: dict[str, Tensor]) -> dict[str, Tensor]:
         """Project every layer's cross-attention keys/values once per sentence."""
