@@ -20,18 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-import torch
-from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from nmt import CONF_DIR, register_resolvers
 from nmt.cli_io import ending_cleanly
 from nmt import file_config
-from nmt.checkpoint import CheckpointError, load_checkpoint, saved_vocabularies
+from nmt.checkpoint import CheckpointError, saved_vocabularies
+from nmt.inference import Translator
 from nmt.length_report import length_report, markdown_table, plot_bleu_by_length, write_report
 from nmt.significance import significance, significance_table
-from nmt.train import build_datamodule
-from nmt.translate import model_max_src_len, translate_lines
+from nmt.builders import build_datamodule
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +100,6 @@ def main() -> None:
 def run(cfg: DictConfig) -> None:
     out_dir = Path(cfg.paths.output_dir)
     logging.getLogger("sacrebleu").setLevel(logging.WARNING)  # PairedTest logs each step of each bucket at INFO
-    device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     named = cfg.ckpts if isinstance(cfg.ckpts, DictConfig) else {}  # {name: file}, else names from the paths
     ckpts = [Path(p) for p in (named.values() if named else cfg.ckpts or [])]
     names = [str(n) for n in named] if named else [system_name(p) for p in ckpts]
@@ -113,9 +110,9 @@ def run(cfg: DictConfig) -> None:
     if not ckpts and not hyp_files:
         raise ValueError("nothing to evaluate: set ckpts=[<file>.ckpt, ...] and/or hyps={name: file, ...}")
     data_cfg, data_source = cfg.get("data"), None
-    loaded = [load_checkpoint(p, device, allow_pickle=cfg.allow_pickle) for p in ckpts]
-    for item in loaded:
-        item.model.set_kernels(cfg.get("kernels", "auto"))
+    decoding = OmegaConf.to_container(cfg.decoding)
+    loaded = [Translator.load(p, device=str(cfg.device), kernels=str(cfg.get("kernels", "auto")),
+                              allow_pickle=cfg.allow_pickle, decoding=decoding, max_tokens=cfg.max_tokens) for p in ckpts]
     if data_cfg is None:
         if not loaded:
             raise ValueError("hypothesis files need a test split: set data=<name> (e.g. data=europarl_it_en)")
@@ -124,10 +121,8 @@ def run(cfg: DictConfig) -> None:
             data_cfg = {**data_cfg, "cache_dir": str(cfg.paths.cache_dir)}
     sources, refs, unit = load_test_split(data_cfg, data_source)
     hyps: dict[str, list[str]] = {}
-    search = instantiate(cfg.decoding)
-    for name, model in zip(names, loaded):
-        hyps[name], _ = translate_lines(model.model, model.src_vocab, model.tgt_vocab, sources, search,
-                                        cfg.max_tokens, model_max_src_len(model.run_config))
+    for name, translator in zip(names, loaded):
+        hyps[name] = [t.text for t in translator.translate(sources)]
         (out_dir / f"{name}.hyp.txt").write_text("".join(h + "\n" for h in hyps[name]), encoding="utf-8")
     for name, file in hyp_files.items():
         lines = Path(file).read_text(encoding="utf-8").split("\n")

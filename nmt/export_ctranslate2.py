@@ -1,5 +1,5 @@
-"""Export a Transformer checkpoint to a CTranslate2 model folder (``scripts/translate_ctranslate2.py``
-translates with one).
+"""Export a Transformer checkpoint to a CTranslate2 model folder (``nmt-translate ckpt=<folder>``
+and ``nmt-serve ckpt=<folder>`` translate with one: ``nmt.ctranslate2_backend``).
 
 The model is described with CTranslate2's model-spec API (``ctranslate2.specs.TransformerSpec``)
 and saved through its ``Converter``, which also quantizes the weights. The layout follows
@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
+from nmt.limits import model_max_src_len
 from nmt.models.transformer import TransformerDecoder, TransformerEncoder
 
 log = logging.getLogger(__name__)
@@ -153,14 +154,12 @@ def build_spec(model: nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer):
     config = spec.config
     config.unk_token, config.bos_token, config.eos_token = tgt_pieces[UNK], tgt_pieces[BOS], tgt_pieces[EOS]
     config.decoder_start_token = tgt_pieces[BOS]  # greedy_search/beam_search start from BOS
-    config.add_source_bos, config.add_source_eos = False, True  # nmt.translate.encode_sources: ids + EOS
+    config.add_source_bos, config.add_source_eos = False, True  # nmt.inference.encode_sources: ids + EOS
     config.layer_norm_epsilon = float(enc.layers[0].norms[0].eps)  # nn.LayerNorm's 1e-5, not CTranslate2's 1e-6
     return spec
 
 
 def _metadata(model: nn.Module, run_config: dict, quantization: str | None) -> dict[str, Any]:
-    from nmt.translate import model_max_src_len
-
     data = run_config.get("data", {})
     decoding = {**DEFAULT_DECODING, **{k: v for k, v in (run_config.get("test_decoding") or {}).items() if k in DEFAULT_DECODING}}
     return {
@@ -172,6 +171,9 @@ def _metadata(model: nn.Module, run_config: dict, quantization: str | None) -> d
         "special_ids": {"pad": PAD, "unk": UNK, "bos": BOS, "eos": EOS},
         "never_generated": [PAD, BOS],
         "quantization": quantization,
+        "run": {"task_name": run_config.get("task_name"), "tags": run_config.get("tags"),  # what nmt-serve's /info shows
+                "hidden_size": run_config.get("model", {}).get("hidden_size"),
+                "parameters": sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())},
     }
 
 

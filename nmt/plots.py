@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from torch import Tensor
 
 
 def figure(width: float, height: float) -> tuple[Figure, Axes]:
@@ -21,9 +21,9 @@ def figure(width: float, height: float) -> tuple[Figure, Axes]:
     return fig, fig.add_subplot()
 
 
-def plot_attention(attn: Tensor, src_pieces: list[str], tgt_pieces: list[str], path: str | Path, title: str = "") -> Path:
-    """Save a heatmap of ``attn`` (T target pieces x S source pieces) as PNG."""
-    attn = attn.float().cpu().numpy()
+def plot_attention(attn, src_pieces: list[str], tgt_pieces: list[str], path: str | Path, title: str = "") -> Path:
+    """Save a heatmap of ``attn`` (T target pieces x S source pieces; nested lists or an array) as PNG."""
+    attn = np.asarray(attn, dtype=np.float32)
     rows, cols = attn.shape
     fig, ax = figure(max(4.0, 0.3 * cols + 1.5), max(3.0, 0.3 * rows + 1.2))
     ax.imshow(attn, cmap="Greys", aspect="auto", vmin=0.0, vmax=max(float(attn.max()), 1e-6))

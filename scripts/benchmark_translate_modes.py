@@ -20,10 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 from nmt import register_resolvers
-from nmt.checkpoint import load_checkpoint
 from nmt.decoding import beam_search, greedy_search, sample_search
-from nmt.scoring import model_max_tgt_len, score_lines
-from nmt.translate import decode_batches, model_max_src_len, prepare_model
+from nmt.inference import Translator
 
 
 def main() -> None:
@@ -35,11 +33,9 @@ def main() -> None:
     parser.add_argument("--precision", default="32")
     args = parser.parse_args()
     register_resolvers()  # checkpoint configs may use them
-    loaded = load_checkpoint(args.ckpt)
-    model = prepare_model(loaded.model, args.precision)
+    translator = Translator.load(args.ckpt, device="cpu", precision=args.precision)
     sources = args.src.read_text(encoding="utf-8").splitlines()
     refs = args.ref.read_text(encoding="utf-8").splitlines()
-    max_src = model_max_src_len(loaded.run_config)
     limits = {"max_len_a": 1.5, "max_len_b": 10}
     searches = {
         "beam 5": partial(beam_search, beam_size=5, alpha=0.6, **limits),
@@ -50,12 +46,9 @@ def main() -> None:
 
     def run(name: str) -> None:
         if name == "score references":
-            for _ in score_lines(model, loaded.src_vocab, loaded.tgt_vocab, sources, refs, 2048, max_src,
-                                 model_max_tgt_len(loaded.run_config, model), args.precision):
-                pass
+            translator.score(sources, refs)
             return
-        for _ in decode_batches(model, loaded.src_vocab, sources, searches[name], 2048, max_src, (), args.precision):
-            pass
+        translator.translate(sources, search=searches[name])
 
     names = [*searches, "score references"]
     times: dict[str, list[float]] = {n: [] for n in names}

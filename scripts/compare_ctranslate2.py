@@ -1,17 +1,17 @@
-"""Translation side by side with CTranslate2 on the same weights: whole commands, alternating
-rounds, wall time, peak resident memory and BLEU of each.
+"""Translation with the CTranslate2 backend against CTranslate2 called directly, on the same
+exported weights: whole commands, alternating rounds, wall time, peak resident memory and BLEU.
 
     python scripts/compare_ctranslate2.py --ckpt <run>/checkpoints/last.ckpt --src test.de --ref test.en \\
         [--rounds 3 --threads 2 --out docs/results/benchmark_cpu]
 
 Exports the checkpoint to CTranslate2 (int8 weights) under ``--work``, then runs, in turn each
-round: ``translate.py precision=int8`` (2,048 and 1,024 source tokens per batch),
-``translate.py precision=bf16`` and ``scripts/translate_ctranslate2.py --compute-type int8`` (beam 5
-and the run's length limits for all; CTranslate2 with one thread per batch and ``--threads``
-batches at once, its fastest setting on 2 cores, as ``translate.py``'s workers), each a fresh
-process whose peak resident memory comes from ``wait4``. Writes
-``compare_ctranslate2.{json,md}`` into ``--out``: medians over the rounds and the ratio of each
-to CTranslate2.
+round, each a fresh process whose peak resident memory comes from ``wait4``:
+``translate.py ckpt=<folder>`` (the CTranslate2 backend), ``translate.py ckpt=<ckpt> precision=int8``
+(the torch backend) and this script's ``--direct`` mode: the few lines a CTranslate2 user writes
+(SentencePiece, one ``translate_batch`` over the whole input, the same beam, length penalty and
+cap). All use beam 5 and ``--threads`` batches at once, one thread each (CTranslate2's fastest
+setting on 2 cores, as ``translate.py``'s workers). Writes ``compare_ctranslate2.{json,md}`` into
+``--out``: medians over the rounds and the ratio of each to CTranslate2 direct.
 """
 
 from __future__ import annotations
@@ -28,7 +28,25 @@ from pathlib import Path
 import sacrebleu
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+
+
+def direct(folder: Path, src: Path, threads: int) -> None:
+    """CTranslate2 on its own: what the benchmark compares the backend with."""
+    import ctranslate2
+    import sentencepiece as spm
+
+    meta = json.loads((folder / "nmt_export.json").read_text())
+    src_sp = spm.SentencePieceProcessor(model_file=str(folder / "source.model"))
+    tgt_sp = spm.SentencePieceProcessor(model_file=str(folder / "target.model"))
+    translator = ctranslate2.Translator(str(folder), device="cpu", inter_threads=threads, intra_threads=1)
+    lines = src.read_text(encoding="utf-8").splitlines()
+    sources = [[src_sp.id_to_piece(i) for i in ids][: meta["max_src_len"] - 1] for ids in src_sp.encode(lines)]
+    n = sum(len(s) + 1 for s in sources) / max(len(sources), 1)
+    longest = max(len(s) for s in sources) + 1
+    results = translator.translate_batch(sources, beam_size=5, length_penalty=0.6 * n / (5 + n),
+                                         max_decoding_length=int(1.5 * longest + 10) - 1, min_decoding_length=0,
+                                         max_batch_size=2048, batch_type="tokens")
+    sys.stdout.write("".join(tgt_sp.decode([tgt_sp.piece_to_id(p) for p in r.hypotheses[0]]) + "\n" for r in results))
 
 
 def timed(cmd: list[str], out: Path, env: dict[str, str]) -> tuple[float, float]:
@@ -45,14 +63,19 @@ def timed(cmd: list[str], out: Path, env: dict[str, str]) -> tuple[float, float]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ckpt", required=True, type=Path)
+    parser.add_argument("--direct", type=Path, help="translate --src with this CTranslate2 folder directly and exit")
+    parser.add_argument("--ckpt", type=Path)
     parser.add_argument("--src", required=True, type=Path)
-    parser.add_argument("--ref", required=True, type=Path)
+    parser.add_argument("--ref", type=Path)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work", type=Path, default=Path("outputs/compare_ctranslate2"))
     parser.add_argument("--out", type=Path, default=ROOT / "docs/results/benchmark_cpu")
     args = parser.parse_args()
+    if args.direct is not None:
+        return direct(args.direct, args.src, args.threads)
+    if args.ckpt is None or args.ref is None:
+        parser.error("--ckpt and --ref are needed (or --direct FOLDER)")
 
     from nmt import register_resolvers
     from nmt.checkpoint import load_checkpoint
@@ -66,15 +89,14 @@ def main() -> None:
         loaded = load_checkpoint(args.ckpt)
         to_ctranslate2(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, ct2, quantization="int8")
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    ours = [sys.executable, "translate.py", f"ckpt={args.ckpt.resolve()}", f"input={args.src.resolve()}",
-            "decoding.beam_size=5", f"hydra.run.dir={args.work.resolve() / 'hydra'}"]
+    common = [f"input={args.src.resolve()}", f"workers={args.threads}", f"hydra.run.dir={args.work.resolve() / 'hydra'}"]
     systems = {
-        "nmt int8": [*ours, "precision=int8"],
-        "nmt int8 max_tokens=1024": [*ours, "precision=int8", "max_tokens=1024"],
-        "nmt bf16": [*ours, "precision=bf16"],
-        "CTranslate2 int8": [sys.executable, "scripts/translate_ctranslate2.py", str(ct2.resolve()),
-                             "-i", str(args.src.resolve()), "--beam-size", "5", "--compute-type", "int8",
-                             "--inter-threads", str(args.threads), "--intra-threads", "1"],
+        "translate.py, CTranslate2 backend": [sys.executable, "translate.py", f"ckpt={ct2.resolve()}", *common,
+                                              "ctranslate2.intra_threads=1"],
+        "translate.py, torch backend, int8": [sys.executable, "translate.py", f"ckpt={args.ckpt.resolve()}", *common,
+                                              "precision=int8"],
+        "CTranslate2 direct": [sys.executable, "scripts/compare_ctranslate2.py", "--direct", str(ct2.resolve()),
+                               "--src", str(args.src.resolve()), "--threads", str(args.threads)],
     }
     refs = args.ref.read_text(encoding="utf-8").splitlines()
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in systems}
@@ -89,8 +111,8 @@ def main() -> None:
                   flush=True)
     medians = {name: {"seconds": statistics.median(s for s, _ in r), "peak_mib": statistics.median(m for _, m in r),
                       "bleu": bleu[name], "runs": r} for name, r in runs.items()}
-    base = medians["CTranslate2 int8"]
-    lines = ["| command | seconds | x CTranslate2 | peak MiB | x CTranslate2 | BLEU |", "|---|---:|---:|---:|---:|---:|"]
+    base = medians["CTranslate2 direct"]
+    lines = ["| command | seconds | x CTranslate2 direct | peak MiB | x CTranslate2 direct | BLEU |", "|---|---:|---:|---:|---:|---:|"]
     for name, m in medians.items():
         lines.append(f"| {name} | {m['seconds']:.2f} | {m['seconds'] / base['seconds']:.2f} | {m['peak_mib']:.0f} | "
                      f"{m['peak_mib'] / base['peak_mib']:.2f} | {m['bleu']:.2f} |")

@@ -38,19 +38,16 @@ def free_port() -> int:
 def reference(ckpt: str, lines: list[str], decoding: str) -> tuple[list[str], float]:
     """translate.py's translations of ``lines`` and its decoding seconds."""
     from hydra import compose, initialize_config_dir
-    from hydra.utils import instantiate
 
     from nmt import CONF_DIR, register_resolvers
-    from nmt.checkpoint import load_checkpoint
-    from nmt.translate import model_max_src_len, translate_lines
+    from nmt.backends import open_translator
 
     register_resolvers()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("translate", overrides=[f"ckpt={ckpt}", f"decoding={decoding}"])
-    loaded = load_checkpoint(ckpt)
+    translator = open_translator(cfg)
     start = time.perf_counter()
-    out, _ = translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, instantiate(cfg.decoding),
-                             cfg.max_tokens, model_max_src_len(loaded.run_config))
+    out = [t.text for t in translator.translate(lines)]
     return out, time.perf_counter() - start
 
 

@@ -22,7 +22,7 @@ from nmt.decoding import greedy_search
 from nmt.export import export, export_release
 from nmt.builders import check_logger_packages
 from nmt.train import train
-from nmt.translate import translate_lines
+from nmt.inference import translate_lines
 from tests.conftest import ROOT, compose_train
 
 # Transformer, tiny; a budget of a few seconds stops it in the middle of an epoch, long before a

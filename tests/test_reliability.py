@@ -24,7 +24,8 @@ from nmt.checkpoint import load_checkpoint
 from nmt.decoding import greedy_search
 from nmt.lit_module import TranslationModule
 from nmt.train import train
-from nmt.translate import read_lines, translate_lines
+from nmt.inference import translate_lines
+from nmt.line_streams import read_lines
 from tests.callbacks import PoisonAt
 from tests.conftest import CONF_DIR, KERNELS, ROOT, TINY, compose_train
 

@@ -25,7 +25,7 @@ from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 
 from nmt.checkpoint import load_checkpoint  # noqa: E402
 from nmt.serve.app import create_app, load  # noqa: E402
-from nmt.translate import translate_lines  # noqa: E402
+from nmt.inference import translate_lines  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
 from tests.conftest import CONF_DIR, ROOT, serve_cfg  # noqa: E402
 
@@ -142,7 +142,7 @@ def test_concurrent_requests_are_batched_and_keep_their_order(ckpt):
     cfg = serve_cfg(ckpt, "decoding=greedy", "limits.max_sentences=8", "limits.max_chars=200", "batching.process=false")
     translator, gate, submitted = load(cfg), threading.Event(), []
     decode = translator.translate
-    translator.translate = lambda texts, options: gate.wait(600) and decode(texts, options)
+    translator.translate = lambda *args, **kwargs: gate.wait(600) and decode(*args, **kwargs)
     app = create_app(translator, cfg)
     submit = app.state.batcher.submit
 

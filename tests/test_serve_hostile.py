@@ -31,7 +31,8 @@ from fastapi.testclient import TestClient  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from nmt.serve.app import STATIC, Translator, create_app, load, parse_request  # noqa: E402
+from nmt.inference import Translator  # noqa: E402
+from nmt.serve.app import STATIC, create_app, load, parse_request  # noqa: E402
 from tests.conftest import ROOT, serve_cfg  # noqa: E402
 
 SMALL = ("decoding=greedy", "limits.max_sentences=8", "limits.max_chars=200", "batching.process=false")
@@ -341,7 +342,7 @@ def test_parse_request_answers_every_body_with_a_request_or_a_4xx(serve_ckpt, tr
     limits = serve_cfg(serve_ckpt, *SMALL).limits
 
     def prop(body: bytes) -> None:
-        result = parse_request(body, limits, translator.default_beam)
+        result = parse_request(body, limits, translator.settings.beam_size)
         if isinstance(result, JSONResponse):
             assert result.status_code in (400, 413) and json.loads(result.body)["error"]
         else:

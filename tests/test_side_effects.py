@@ -20,7 +20,7 @@ import nmt.train
 from nmt.checkpoint import load_checkpoint
 from nmt.decoding import greedy_search
 from nmt.lit_module import TranslationModule
-from nmt.translate import translate_lines
+from nmt.inference import translate_lines
 from tests.conftest import ROOT, compose_train
 
 # 10 steps with dropout: a validation after steps 3, 6 and 9, epochs of 5 batches (a new loader

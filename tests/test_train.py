@@ -18,7 +18,7 @@ from nmt.checkpoint import load_checkpoint
 from nmt.data.tokenizer import PAD
 from nmt.decoding import beam_search, greedy_search
 from nmt.train import build_model, build_module, cpu_name, train
-from nmt.translate import translate_lines
+from nmt.inference import translate_lines
 from tests.conftest import ROOT, TORCH_INIT, compose_train
 
 MODELS = ["lstm", "lstm_bahdanau", "lstm_luong", "transformer"]

@@ -19,7 +19,8 @@ from omegaconf import OmegaConf
 
 from nmt.checkpoint import load_checkpoint
 from nmt.train import train
-from nmt.translate import model_max_src_len, translate_lines
+from nmt.inference import translate_lines
+from nmt.limits import model_max_src_len
 from tests.conftest import CONF_DIR, ROOT, compose_train
 
 LINES = (ROOT / "tests/data/tiny/train.src").read_text(encoding="utf-8").splitlines()
@@ -222,10 +223,10 @@ def test_a_closed_stdout_ends_the_run_quietly(ckpt, tmp_path):
 # --- which errors are one line ------------------------------------------------------------------
 def test_only_errors_raised_by_nmt_become_one_line(capsys):
     from nmt.cli_io import ending_cleanly
-    from nmt.translate import output_format
+    from nmt.translations import output_format
 
     with pytest.raises(SystemExit) as stop, ending_cleanly():
-        output_format(OmegaConf.create({"format": "xml", "mode": "translate"}), 1)
+        output_format("xml", "translate", 1)
     assert stop.value.code == 1
     assert capsys.readouterr().err == "error: format=xml: choose auto or one of text, jsonl for translations\n"
     with pytest.raises(ValueError, match="a bug elsewhere"), ending_cleanly():

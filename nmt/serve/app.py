@@ -3,8 +3,9 @@ decoding=...]`` (see ``nmt/conf/serve.yaml``).
 
 ``POST /translate`` ``{"text": [...], "beam_size"?, "nbest"?, "attention"?}`` returns
 ``{"translations": [{"text", "score", "nbest"?, "attention"?}, ...]}`` in request order; concurrent
-requests are decoded together (``nmt.serve.batching``) with ``nmt.translate``'s functions, so a
-sentence gets the translation ``translate.py`` gives it with the same decoding. ``GET /health``,
+requests are decoded together (``nmt.serve.batching``) by the translator ``nmt-translate`` uses
+(``nmt.backends``: a checkpoint, a release file or a CTranslate2 folder), so a sentence gets the
+translation ``translate.py`` gives it with the same decoding. ``GET /health``,
 ``GET /info`` (model, languages, vocabularies, training summary), ``GET /`` (a page to try the
 model), ``GET /report.png`` (the run's BLEU-by-length chart, when the checkpoint's run has one).
 Bad input is a 400 naming what is wrong; over a limit (``limits.*``) a 413 or 429 naming the limit;
@@ -26,96 +27,49 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-import torch
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from nmt import CONF_DIR, register_resolvers
 from nmt.cli_io import ending_cleanly
-from nmt.checkpoint import Loaded, load_checkpoint
-from nmt.data.tokenizer import EOS
-from nmt.decoding import beam_search, greedy_search
+from nmt.backends import open_translator
 from nmt.serve.batching import Batcher, QueueFull
 from nmt.serve.guard import (ApiKeyMiddleware, HeaderTimeoutH11Protocol, content_type_error, error, parse_request,
                              read_body)
-from nmt.translate import decode_batches, model_max_src_len, prepare_model
+from nmt.translations import response_item
 
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).resolve().parent / "static"
 
 
-class Translator:
-    """A loaded model and its decoding: ``translate(texts, (beam_size, nbest, attention))``."""
+def answer(translator: Any, texts: list[str], options: tuple[int, int, bool]) -> list[dict[str, Any]]:
+    """The ``translations`` of a request: ``options`` are its (beam_size, nbest, attention)."""
+    beam_size, nbest, attention = options
+    translations = translator.translate(texts, beam_size, nbest, attention=bool(attention))
+    return [response_item(t, nbest, attention) for t in translations]
 
-    def __init__(self, loaded: Loaded, decoding: DictConfig, precision: str = "32", max_tokens: int = 2048,
-                 workers: int | None = None) -> None:
-        self.loaded, self.precision, self.max_tokens, self.workers = loaded, str(precision), int(max_tokens), workers
-        self.model = prepare_model(loaded.model, self.precision)
-        self.src_vocab, self.tgt_vocab = loaded.src_vocab, loaded.tgt_vocab
-        self.max_src_len = model_max_src_len(loaded.run_config)
-        self.decoding = OmegaConf.to_container(decoding)
-        self.default_search = instantiate(decoding)
-        self.default_beam = int(self.decoding.get("beam_size", 1)) if "beam_search" in self.decoding["_target_"] else 1
-        self.report = loaded.report  # the run folder's or the release file's, never a path from the config
-        self.has_attention = bool(self.translate(["a"], (self.default_beam, 1, True))[0].get("attention"))
 
-    def search(self, beam_size: int, nbest: int):
-        """The configured decoding, or beam search (greedy for a beam of 1) with its length limits."""
-        if beam_size == self.default_beam and nbest == int(self.decoding.get("nbest", 1) or 1):
-            return self.default_search
-        limits = {k: self.decoding[k] for k in ("max_len_a", "max_len_b") if k in self.decoding}
-        if beam_size == 1:
-            return lambda *a, **kw: greedy_search(*a, **limits, **kw)
-        alpha = float(self.decoding.get("alpha", 0.6))
-        return lambda *a, **kw: beam_search(*a, beam_size=beam_size, alpha=alpha, nbest=nbest, **limits, **kw)
-
-    def translate(self, texts: list[str], options: tuple[int, int, bool]) -> list[dict[str, Any]]:
-        beam_size, nbest, attention = options
-        out: list[dict[str, Any]] = [{"text": "", "score": 0.0} for _ in texts]
-        if nbest > 1:
-            for row in out:
-                row["nbest"] = []
-        wanted = range(len(texts)) if attention else ()
-        for rows, hyps, sources in decode_batches(self.model, self.src_vocab, texts, self.search(beam_size, nbest),
-                                                  self.max_tokens, self.max_src_len, wanted, self.precision,
-                                                  self.workers):
-            for r, i in enumerate(rows):
-                out[i] = {"text": self.tgt_vocab.decode(hyps.tokens[r]), "score": round(float(hyps.scores[r]), 4)}
-                if nbest > 1 and hyps.nbest is not None:
-                    out[i]["nbest"] = [{"text": self.tgt_vocab.decode(t), "score": round(float(s), 4)}
-                                       for t, s in hyps.nbest[r]]
-                if attention and hyps.attn is not None:
-                    weights = hyps.attn[r][:, : len(sources[r])]  # (T, S)
-                    out[i]["attention"] = {"source": self.src_vocab.pieces(sources[r]),
-                                           "target": self.tgt_vocab.pieces(hyps.tokens[r] + [EOS]),
-                                           "weights": [[round(w, 4) for w in row] for row in weights.tolist()]}
-        return out
-
-    def info(self) -> dict[str, Any]:
-        """The model, its training and the serving settings. What comes from the checkpoint is data
-        someone else wrote: only finite numbers and short strings of it are passed on."""
-        rc = self.loaded.run_config
-        model_cfg, data = rc.get("model", {}), rc.get("data", {})
-        tags = rc.get("tags")
-        summary: dict[str, Any] = {"run": text(rc.get("task_name")), "step": number(self.loaded.step),
-                                   "tags": [text(t) for t in tags[:20]] if isinstance(tags, list) else text(tags)}
-        if self.report is not None:
-            summary.update(report_summary(self.report["summary"]))
-        return {
-            "preset": {part: type(getattr(self.loaded.model, part)).__name__ for part in ("encoder", "decoder")},
-            "hidden_size": number(model_cfg.get("hidden_size")),
-            "parameters": sum(p.numel() for p in self.loaded.model.parameters()),
-            "src_lang": text(data.get("src_lang")), "tgt_lang": text(data.get("tgt_lang")),
-            "src_vocab_size": self.src_vocab.vocab_size, "tgt_vocab_size": self.tgt_vocab.vocab_size,
-            "max_src_len": self.max_src_len, "attention": self.has_attention,
-            "decoding": self.decoding, "precision": self.precision,
-            "training": summary, "report": self.report is not None,
-        }
+def describe(translator: Any) -> dict[str, Any]:
+    """``/info``'s model part. What comes from the checkpoint or export is data someone else
+    wrote: only finite numbers and short strings of it are passed on."""
+    facts = translator.info()
+    tags = facts.get("tags")
+    summary: dict[str, Any] = {"run": text(facts.get("run")), "step": number(facts.get("step")),
+                               "tags": [text(t) for t in tags[:20]] if isinstance(tags, list) else text(tags)}
+    if translator.report is not None:
+        summary.update(report_summary(translator.report["summary"]))
+    return {
+        "backend": facts["backend"], "preset": facts["preset"], "hidden_size": number(facts.get("hidden_size")),
+        "parameters": number(facts.get("parameters")),
+        "src_lang": text(facts.get("src_lang")), "tgt_lang": text(facts.get("tgt_lang")),
+        "src_vocab_size": facts["src_vocab_size"], "tgt_vocab_size": facts["tgt_vocab_size"],
+        "max_src_len": facts["max_src_len"], "attention": facts["attention"], "decoding": facts["decoding"],
+        "precision": facts["precision"], "training": summary, "report": translator.report is not None,
+    }
 
 
 def number(value: Any) -> float | int | None:
@@ -140,7 +94,7 @@ def report_summary(report: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- the decoding process (batching.process=true) -------------------------------------------------
-_worker: Translator | None = None
+_worker: Any = None
 
 
 def _load_worker(cfg: dict[str, Any]) -> None:
@@ -158,22 +112,24 @@ def _load_worker(cfg: dict[str, Any]) -> None:
 
 
 def _worker_translate(texts: list[str], options: tuple[int, int, bool]) -> list[dict[str, Any]]:
-    return _worker.translate(texts, options)
+    return answer(_worker, texts, options)
 
 
-def create_app(translator: Translator, cfg: DictConfig) -> FastAPI:
+def create_app(translator: Any, cfg: DictConfig) -> FastAPI:
     """The FastAPI app serving ``translator`` with the batching and limits of ``cfg`` (serve.yaml).
     With ``batching.process``, a second copy of the model decodes in a process of its own, so the
     event loop answering requests never waits for the GIL behind a decoding step."""
     limits = cfg.limits
     if cfg.batching.process:
-        keys = ("ckpt", "allow_pickle", "device", "precision", "max_tokens", "workers", "decoding")
-        worker_cfg = {k: OmegaConf.to_container(cfg[k]) if k == "decoding" else cfg[k] for k in keys}
+        keys = ("ckpt", "backend", "allow_pickle", "device", "kernels", "precision", "max_tokens", "workers", "decoding",
+                "ctranslate2")
+        worker_cfg = {k: OmegaConf.to_container(cfg[k]) if isinstance(cfg[k], DictConfig) else cfg[k]
+                      for k in keys if k in cfg}
         executor = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_load_worker,
                                        initargs=(worker_cfg,))
         decode = _worker_translate
     else:
-        executor, decode = None, translator.translate
+        executor, decode = None, functools.partial(answer, translator)
     batcher = Batcher(decode, cfg.batching.max_wait_ms, cfg.batching.max_batch_tokens, limits.max_queue, executor,
                       cfg.batching.max_gather_ms)
 
@@ -200,11 +156,11 @@ def create_app(translator: Translator, cfg: DictConfig) -> FastAPI:
         body = content_type_error(request) or await read_body(request, max_body, float(limits.read_timeout_s))
         if isinstance(body, JSONResponse):
             return body
-        parsed = parse_request(body, limits, translator.default_beam)
+        parsed = parse_request(body, limits, translator.settings.beam_size)
         if isinstance(parsed, JSONResponse):
             return parsed
         texts, options = parsed
-        tokens = sum(len(ids) + 1 for ids in translator.src_vocab.encode_batch(texts)) if texts else 0
+        tokens = translator.count_tokens(texts)
         try:
             results = await batcher.submit(texts, options, tokens)
         except QueueFull:
@@ -218,7 +174,7 @@ def create_app(translator: Translator, cfg: DictConfig) -> FastAPI:
 
     @app.get("/info")
     async def info():
-        return {**translator.info(), "limits": OmegaConf.to_container(limits),
+        return {**describe(translator), "limits": OmegaConf.to_container(limits),
                 "batching": OmegaConf.to_container(cfg.batching)}
 
     @app.get("/report.png")
@@ -247,12 +203,11 @@ def api_key(cfg: DictConfig) -> str | None:
     return key
 
 
-def load(cfg: DictConfig) -> Translator:
-    gpu = torch.cuda.is_available() and str(cfg.precision) != "int8"
-    device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if gpu else "cpu"))
-    loaded = load_checkpoint(cfg.ckpt, device=device, allow_pickle=cfg.allow_pickle)
-    loaded.model.set_kernels(cfg.get("kernels", "auto"))
-    return Translator(loaded, cfg.decoding, cfg.precision, cfg.max_tokens, cfg.workers)
+def load(cfg: DictConfig) -> Any:
+    """The translator of ``cfg`` (``nmt.backends``); its attention is probed once, at start."""
+    translator = open_translator(cfg)
+    translator.has_attention  # noqa: B018  (the probe decodes one sentence: before the first request)
+    return translator
 
 
 def main() -> None:

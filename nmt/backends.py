@@ -1,0 +1,67 @@
+"""Open the translator a config asks for: ``backend=torch`` (``nmt.inference``: a checkpoint or
+release file), ``backend=ctranslate2`` (``nmt.ctranslate2_backend``: a folder written by
+``nmt-export format=ctranslate2``) or ``auto`` (the folder's kind decides). Each backend is
+imported only when chosen, so the CTranslate2 path never imports torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from nmt.ctranslate2_backend import is_export
+from nmt.search_settings import SearchSettings
+
+BACKENDS = ("auto", "torch", "ctranslate2")
+
+
+def backend_of(cfg: DictConfig) -> str:
+    """The backend ``cfg.backend`` names, ``auto`` resolved by what ``cfg.ckpt`` is."""
+    backend = str(cfg.get("backend", "auto"))
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend}: choose one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        return "ctranslate2" if is_export(cfg.ckpt) else "torch"
+    return backend
+
+
+def model_file(cfg: DictConfig) -> str:
+    """The file whose reading ``nmt.cli_io.check_paths`` checks: the checkpoint, or the folder's ``model.bin``."""
+    return str(Path(cfg.ckpt) / "model.bin") if backend_of(cfg) == "ctranslate2" else str(cfg.ckpt)
+
+
+def search_settings(cfg: DictConfig) -> SearchSettings:
+    decoding = cfg.get("decoding")
+    return SearchSettings.from_config(OmegaConf.to_container(decoding) if isinstance(decoding, DictConfig) else decoding)
+
+
+def open_translator(cfg: DictConfig) -> Any:
+    """The translator of ``cfg`` (``translate.yaml``/``serve.yaml``: ckpt, backend, device, precision,
+    kernels, decoding, max_tokens, workers, ctranslate2.*)."""
+    backend, settings = backend_of(cfg), search_settings(cfg)
+    if backend == "ctranslate2":
+        if str(cfg.precision) != "32":
+            raise ValueError(f"precision={cfg.precision} is the torch backend's; a CTranslate2 folder computes in "
+                             "the type it was exported with, or ctranslate2.compute_type=int8|bfloat16|...")
+        try:
+            from nmt.ctranslate2_backend import CTranslate2Translator
+            import ctranslate2  # noqa: F401
+        except ModuleNotFoundError as e:
+            if e.name != "ctranslate2":
+                raise
+            raise ImportError("backend=ctranslate2 needs the ctranslate2 package: pip install 'nmt[export]'") from None
+        options = cfg.get("ctranslate2") or {}
+        return CTranslate2Translator(cfg.ckpt, settings, device=str(cfg.device),
+                                     compute_type=str(options.get("compute_type", "default")),
+                                     max_tokens=int(cfg.max_tokens), workers=cfg.workers,
+                                     intra_threads=int(options.get("intra_threads", 1)))
+    if Path(cfg.ckpt).is_dir():
+        raise ValueError(f"ckpt={cfg.ckpt}: a folder, and not a CTranslate2 export (no nmt_export.json and model.bin); "
+                         "the torch backend reads a .ckpt or release file")
+    from nmt.inference import Translator
+
+    return Translator.load(cfg.ckpt, device=str(cfg.device), precision=str(cfg.precision),
+                           kernels=str(cfg.get("kernels", "auto")), allow_pickle=bool(cfg.allow_pickle),
+                           decoding=settings, max_tokens=int(cfg.max_tokens), workers=cfg.workers)

@@ -1,0 +1,291 @@
+"""Inference with a trained model, as a library: ``Translator`` loads a checkpoint or release file
+(safely: ``nmt.checkpoint``), chooses device, precision and kernels once, and translates, scores,
+returns n-best lists and attention, in token-budget batches within the model's length limits.
+
+    from nmt.inference import Translator
+    translator = Translator.load("run/checkpoints/last.ckpt", precision="int8")
+    [t.text for t in translator.translate(["ein Satz .", "noch einer ."])]
+
+``translate``, ``serve`` and ``evaluate`` are front ends over it; ``nmt.ctranslate2_backend`` is
+the same interface over an exported CTranslate2 folder. Results are ``nmt.translations`` objects.
+
+Batches: the non-empty lines are encoded (subword ids + EOS; a line over the model's source limit
+is cut there, with a warning naming its line), sorted by length and cut into batches of at most
+``max_tokens`` source tokens (padding included). On a CPU, ``workers`` batches decode at once, one
+thread each (default: as many as torch has threads): a decoding step is many small operations
+that one thread runs nearly as fast as two, so batches side by side use the cores better.
+``precision``: ``32``; ``bf16`` (autocast: bf16 matmuls, fp32 scores and softmax); ``int8`` (CPU: a
+copy of the model whose linear layers multiply in int8, ``nmt.kernels.int8``).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt import decoding as search_functions
+from nmt.checkpoint import load_checkpoint
+from nmt.data.batching import TokenBatchSampler
+from nmt.data.tokenizer import EOS, PAD, Tokenizer
+from nmt.decoding import Hypotheses, length_penalty
+from nmt.kernels import on_cpu
+from nmt.kernels.malloc import bound_onednn_cache, keep_freed_memory
+from nmt.limits import model_max_src_len, model_max_tgt_len
+from nmt.search_settings import SearchSettings
+from nmt.translations import Attention, Hypothesis, Translation
+
+log = logging.getLogger(__name__)
+
+PRECISIONS = ("32", "bf16", "int8")
+
+
+def check_precision(precision: Any) -> str:
+    if str(precision) not in PRECISIONS:
+        raise ValueError(f"precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
+    return str(precision)
+
+
+def choose_device(device: str, precision: str) -> torch.device:
+    """``device=auto``: cuda when there is one, except for int8, which decodes on CPUs."""
+    if device != "auto":
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() and str(precision) != "int8" else "cpu")
+
+
+def encode_sources(lines: list[str], vocab: Tokenizer, max_len: int, numbers: list[int] | None = None) -> list[list[int]]:
+    """Subword ids + EOS per line; lines longer than ``max_len`` tokens are cut, and the warning
+    names them by ``numbers`` (their 1-based input line numbers; default 1..n)."""
+    encoded, truncated = [], []
+    for i, ids in enumerate(vocab.encode_batch(lines)):
+        if len(ids) > max_len - 1:
+            truncated.append(numbers[i] if numbers else i + 1)
+            ids = ids[: max_len - 1]
+        encoded.append(ids + [EOS])
+    if truncated:
+        log.warning("truncated %d line(s) longer than %d tokens: %s", len(truncated), max_len - 1, truncated[:20])
+    return encoded
+
+
+def pad(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    out = torch.full((len(seqs), max(map(len, seqs))), PAD, dtype=torch.long)
+    for i, seq in enumerate(seqs):
+        out[i, : len(seq)] = torch.tensor(seq)
+    out = out.to(device)
+    return out, out != PAD
+
+
+@contextmanager
+def threads_restored() -> Iterator[None]:
+    """torch's intra-op thread count of the calling thread, set again after the block: a
+    ``torch.set_num_threads`` in any thread (a pool's workers) also sets, process-wide, the count
+    that threads started later begin with."""
+    before = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def run_batches(batches: list[Any], work: Callable[[Any], Any], device: torch.device, precision: str,
+                workers: int | None) -> Iterator[Any]:
+    """``work(batch)`` for every batch, results in batch order, under no-grad and (``bf16``)
+    autocast; on a CPU ``workers`` batches at once, each on one thread."""
+
+    def run(batch: Any) -> Any:
+        # Grad mode and autocast are per thread: set them in the thread that decodes.
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            return work(batch)
+
+    workers = min(workers or torch.get_num_threads(), len(batches)) if device.type == "cpu" else 1
+    if workers <= 1:
+        yield from map(run, batches)
+        return
+    with threads_restored():  # each worker sets its own count to 1
+        pool = ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,))
+        try:
+            yield from pool.map(run, batches)
+        finally:
+            pool.shutdown(cancel_futures=True)  # after an error, the batches not started are dropped
+
+
+def build_search(settings: SearchSettings, beam_size: int | None = None, nbest: int | None = None) -> Callable[..., Hypotheses]:
+    """The search function of ``settings``, or beam search (greedy for a beam of 1) with its
+    length limits for another ``beam_size``/``nbest``."""
+    beam_size = settings.beam_size if beam_size is None else int(beam_size)
+    nbest = settings.nbest if nbest is None else int(nbest)
+    limits = {"max_len_a": settings.max_len_a, "max_len_b": settings.max_len_b}
+    if settings.search == "sample" and beam_size == settings.beam_size:
+        return functools.partial(search_functions.sample_search, **limits, **settings.sampling)
+    if beam_size == 1 and nbest == 1:
+        return functools.partial(search_functions.greedy_search, **limits)
+    return functools.partial(search_functions.beam_search, beam_size=beam_size, alpha=settings.alpha, nbest=nbest,
+                             **limits)
+
+
+class Translator:
+    """A model with its vocabularies, limits and decoding, ready to translate and score."""
+
+    backend = "torch"
+
+    def __init__(self, model: torch.nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer,
+                 run_config: dict[str, Any] | None = None, decoding: Mapping[str, Any] | SearchSettings | None = None,
+                 precision: str = "32", max_tokens: int = 2048, workers: int | None = None,
+                 max_src_len: int | None = None, step: int | None = None, report: dict[str, Any] | None = None) -> None:
+        self.run_config = run_config or {}
+        self.precision = check_precision(precision)
+        self.source_model = model.eval()  # as loaded: what ``info`` describes
+        self.model = copy.deepcopy(model).quantize_int8() if self.precision == "int8" else self.source_model
+        self.device = next(self.model.parameters()).device
+        self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
+        self.settings = decoding if isinstance(decoding, SearchSettings) else SearchSettings.from_config(decoding)
+        self.max_tokens, self.workers = int(max_tokens), workers
+        self.max_src_len = int(max_src_len) if max_src_len else model_max_src_len(self.run_config)
+        table = getattr(getattr(self.model.decoder, "embed_tokens", None), "max_len", None)
+        self.max_tgt_len = model_max_tgt_len(self.run_config, table)
+        self.step, self.report = step, report  # the report: the run folder's or the release file's
+        self._attention: bool | None = None
+
+    @classmethod
+    def load(cls, path: str | Path, device: str = "auto", precision: str = "32", kernels: str = "auto",
+             allow_pickle: bool = False, **options: Any) -> Translator:
+        """A checkpoint or release file, on ``device`` with ``kernels`` (``nmt.kernels``); the
+        process-wide memory settings of those kernels are applied here, once."""
+        precision = check_precision(precision)
+        target = choose_device(str(device), precision)
+        bound_onednn_cache()
+        if on_cpu(kernels, target.type):
+            keep_freed_memory()
+        loaded = load_checkpoint(path, device=target, allow_pickle=allow_pickle)
+        loaded.model.set_kernels(kernels)
+        return cls(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, precision=precision,
+                   step=loaded.step, report=loaded.report, **options)
+
+    # --- translating --------------------------------------------------------------------------
+    def batches(self, lines: list[str], beam_size: int | None = None, nbest: int | None = None,
+                attention: Iterable[int] | bool = (), first_line: int = 1,
+                search: Callable[..., Hypotheses] | None = None) -> Iterator[list[tuple[int, Translation]]]:
+        """Translate the non-empty ``lines`` batch by batch: each batch's (0-based index into
+        ``lines``, ``Translation``) pairs, as soon as it is decoded. ``attention``: the indices
+        whose attention is returned (True: all); ``first_line``: the input line number of
+        ``lines[0]`` (for warnings)."""
+        search = search or build_search(self.settings, beam_size, nbest)
+        alpha = float(search.keywords.get("alpha", 0.0)) if isinstance(search, functools.partial) and \
+            search.func is search_functions.beam_search else None
+        todo = [i for i, line in enumerate(lines) if line.strip()]
+        wanted = set(todo) if attention is True else set(attention or ())
+        encoded = encode_sources([lines[i] for i in todo], self.src_vocab, self.max_src_len,
+                                 numbers=[first_line + i for i in todo])
+        order = TokenBatchSampler([len(e) for e in encoded], max_tokens=self.max_tokens, batch_size=None,
+                                  shuffle=False, seed=0)
+
+        def work(batch: list[int]) -> list[tuple[int, Translation]]:
+            src, src_mask = pad([encoded[j] for j in batch], self.device)
+            hyps = search(self.model, src, src_mask, need_attn=any(todo[j] in wanted for j in batch))
+            return [(todo[j], self._translation(hyps, r, encoded[j], todo[j] in wanted, alpha))
+                    for r, j in enumerate(batch)]
+
+        yield from run_batches(list(order), work, self.device, self.precision, self.workers)
+
+    def translate(self, lines: list[str], beam_size: int | None = None, nbest: int | None = None,
+                  attention: Iterable[int] | bool = (), search: Callable[..., Hypotheses] | None = None) -> list[Translation]:
+        """One ``Translation`` per line, in order (no hypotheses for an empty line)."""
+        out = [Translation() for _ in lines]
+        for batch in self.batches(lines, beam_size, nbest, attention, search=search):
+            for i, translation in batch:
+                out[i] = translation
+        return out
+
+    def _translation(self, hyps: Hypotheses, r: int, source: list[int], with_attention: bool,
+                     alpha: float | None) -> Translation:
+        """Row ``r`` of a batch's hypotheses; ``alpha``: beam search's length penalty (its scores
+        are log-probs divided by it), None for greedy search and sampling (scores are log-probs)."""
+        ranked = hyps.nbest[r] if hyps.nbest is not None else [(hyps.tokens[r], float(hyps.scores[r]))]
+        hypotheses = []
+        for tokens, score in ranked:
+            logprob = score * float(length_penalty(torch.tensor(len(tokens) + 1), alpha)) if alpha else score
+            hypotheses.append(Hypothesis(self.tgt_vocab.decode(tokens), float(score), float(logprob)))
+        attention = None
+        if with_attention and hyps.attn is not None:
+            weights = hyps.attn[r][:, : len(source)].float()
+            attention = Attention(self.src_vocab.pieces(source), self.tgt_vocab.pieces(hyps.tokens[r] + [EOS]),
+                                  weights.tolist())
+        return Translation(hypotheses, attention)
+
+    @property
+    def has_attention(self) -> bool:
+        """Whether the model gives attention weights (the LSTM without attention does not)."""
+        if self._attention is None:
+            self._attention = self.translate(["a"], attention=True)[0].attention is not None
+        return self._attention
+
+    # --- scoring ------------------------------------------------------------------------------
+    def score_batches(self, sources: list[str], targets: list[str],
+                      first_line: int = 1) -> Iterator[list[tuple[int, list[float]]]]:
+        """Per-token log-probabilities (EOS last) of each target given its source, teacher-forced,
+        for the pairs with a non-empty source; batch by batch, (0-based index, values) pairs."""
+        todo = [i for i, s in enumerate(sources) if s.strip()]
+        numbers = [first_line + i for i in todo]
+        src_ids = encode_sources([sources[i] for i in todo], self.src_vocab, self.max_src_len, numbers)
+        tgt_ids = encode_sources([targets[i] for i in todo], self.tgt_vocab, self.max_tgt_len, numbers)
+        lengths = [[len(s), len(t)] for s, t in zip(src_ids, tgt_ids)]
+        order = list(TokenBatchSampler(lengths, max_tokens=self.max_tokens, batch_size=None, shuffle=False,
+                                       seed=0)) if todo else []
+
+        def work(batch: list[int]) -> list[tuple[int, list[float]]]:
+            src, src_mask = pad([src_ids[j] for j in batch], self.device)
+            tgt, _ = pad([tgt_ids[j] for j in batch], self.device)
+            values = search_functions.score_pairs(self.model, src, src_mask, tgt).float().cpu()
+            return [(todo[j], values[r, : len(tgt_ids[j])].tolist()) for r, j in enumerate(batch)]
+
+        yield from run_batches(order, work, self.device, self.precision, self.workers)
+
+    def score(self, sources: list[str], targets: list[str]) -> list[list[float] | None]:
+        out: list[list[float] | None] = [None] * len(sources)
+        for batch in self.score_batches(sources, targets):
+            for i, values in batch:
+                out[i] = values
+        return out
+
+    # --- describing ---------------------------------------------------------------------------
+    def count_tokens(self, texts: list[str]) -> int:
+        """Source tokens of ``texts`` with EOS (what a batch's budget counts)."""
+        return sum(len(ids) + 1 for ids in self.src_vocab.encode_batch(texts)) if texts else 0
+
+    def info(self) -> dict[str, Any]:
+        """The model and the serving settings, as read from the file (data someone else wrote:
+        ``nmt.serve`` passes on only values of the expected types)."""
+        rc = self.run_config
+        data = rc.get("data", {})
+        return {
+            "backend": self.backend,
+            "preset": {part: type(getattr(self.source_model, part)).__name__ for part in ("encoder", "decoder")},
+            "hidden_size": rc.get("model", {}).get("hidden_size"),
+            "parameters": sum(p.numel() for p in self.source_model.parameters()),
+            "src_lang": data.get("src_lang"), "tgt_lang": data.get("tgt_lang"),
+            "src_vocab_size": self.src_vocab.vocab_size, "tgt_vocab_size": self.tgt_vocab.vocab_size,
+            "max_src_len": self.max_src_len, "attention": self.has_attention,
+            "decoding": self.settings.as_config(), "precision": self.precision,
+            "run": rc.get("task_name"), "step": self.step, "tags": rc.get("tags"),
+        }
+
+
+def translate_lines(model: torch.nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer, lines: list[str],
+                    search: Callable[..., Hypotheses], max_tokens: int = 2048, max_src_len: int = 256,
+                    attention_lines: Iterable[int] = (), precision: str = "32",
+                    workers: int | None = None) -> tuple[list[str], dict[int, Attention]]:
+    """One translation per line (empty for an empty line) with a model in memory and a search
+    function, and the attention of the 0-based ``attention_lines``: a ``Translator`` for one call."""
+    translator = Translator(model, src_vocab, tgt_vocab, precision=precision, max_tokens=max_tokens, workers=workers,
+                            max_src_len=max_src_len)
+    wanted = set(attention_lines)
+    translations = translator.translate(lines, attention=wanted, search=search)
+    attentions = {i: t.attention for i, t in enumerate(translations) if i in wanted and t.attention is not None}
+    return [t.text for t in translations], attentions

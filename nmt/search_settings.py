@@ -1,0 +1,71 @@
+"""The decoding a user chose (``conf/decoding/{beam,greedy,sample}.yaml``), read once into plain
+values that both backends use: the torch ``Translator`` builds ``nmt.decoding``'s search from
+them, the CTranslate2 one its ``translate_batch`` options. No torch here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SEARCHES = {"nmt.decoding.beam_search": "beam", "nmt.decoding.greedy_search": "greedy",
+            "nmt.decoding.sample_search": "sample"}
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "seed")
+KEYS = {"beam": ("beam_size", "alpha", "nbest", "max_len_a", "max_len_b"), "greedy": ("max_len_a", "max_len_b"),
+        "sample": ("max_len_a", "max_len_b", *SAMPLING_KEYS)}
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    search: str = "beam"  # beam | greedy | sample
+    beam_size: int = 5
+    alpha: float = 0.6  # GNMT length penalty
+    nbest: int = 1
+    max_len_a: float = 1.5  # at most a * source tokens + b output tokens
+    max_len_b: int = 10
+    sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_k, top_p, seed
+
+    @classmethod
+    def from_config(cls, decoding: Mapping[str, Any] | None) -> SearchSettings:
+        """A ``decoding`` config group (``_target_`` one of ``SEARCHES``); a ValueError names a bad key."""
+        if decoding is None:
+            return cls()
+        decoding = dict(decoding)
+        target = str(decoding.pop("_target_", ""))
+        decoding.pop("_partial_", None)
+        if target not in SEARCHES:
+            raise ValueError(f"decoding._target_={target}: choose decoding=beam, greedy or sample "
+                             f"({', '.join(SEARCHES)})")
+        search = SEARCHES[target]
+        unknown = sorted(set(decoding) - set(KEYS[search]))
+        if unknown:
+            raise ValueError(f"decoding.{unknown[0]}: not an option of {search} search "
+                             f"(its options: {', '.join(KEYS[search])})")
+        values: dict[str, Any] = {"search": search}
+        for key, kind in (("beam_size", int), ("nbest", int), ("alpha", float), ("max_len_a", float),
+                          ("max_len_b", int)):
+            if decoding.get(key) is not None:
+                values[key] = _number(decoding[key], kind, f"decoding.{key}")
+        if search != "beam":
+            values["beam_size"] = 1
+        sampling = {k: decoding[k] for k in SAMPLING_KEYS if k in decoding}
+        settings = cls(**values, sampling=sampling)
+        if settings.beam_size < 1:
+            raise ValueError(f"decoding.beam_size={settings.beam_size}: must be at least 1")
+        if not 1 <= settings.nbest <= settings.beam_size:
+            raise ValueError(f"nbest={settings.nbest}: must be between 1 and the beam size ({settings.beam_size})")
+        return settings
+
+    def as_config(self) -> dict[str, Any]:
+        """The settings as a ``decoding`` config (what ``/info`` shows)."""
+        target = next(t for t, s in SEARCHES.items() if s == self.search)
+        values = asdict(self)
+        chosen = {k: values[k] if k in values else self.sampling.get(k) for k in KEYS[self.search]}
+        return {"_target_": target, **{k: v for k, v in chosen.items() if v is not None}}
+
+
+def _number(value: Any, kind: type, key: str) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+        raise ValueError(f"{key}={value!r}: give a{'n integer' if kind is int else ' number'}")
+    return kind(value)
