@@ -232,6 +232,7 @@ class NoCache(torch.nn.Module):
         super().__init__()
         self.model = model
         self.tgt_vocab_size = model.tgt_vocab_size
+        self.kernels = model.kernels  # decoding normalises the logits through them
 
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> dict[str, torch.Tensor]:
         return self.model.encode(src, src_mask)
