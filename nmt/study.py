@@ -36,11 +36,8 @@ from datetime import datetime
 from pathlib import Path
 
 from nmt import CONF_DIR, register_resolvers
-from nmt.checkpoint import load_checkpoint
-from nmt.decoding import beam_search
 from nmt.evaluate import compare
-from nmt.inference import translate_lines
-from nmt.limits import model_max_src_len
+from nmt.inference import Translator
 from nmt.plots import plot_attention
 
 MODELS = ["lstm", "lstm_bahdanau", "lstm_luong", "transformer"]
@@ -80,14 +77,14 @@ def model_name(summary: dict) -> str:
 
 def heatmaps(ckpt: Path, sources: list[str], out_dir: Path, count: int) -> None:
     """Attention of the ``count`` longest test sentences (models without attention: none)."""
-    loaded = load_checkpoint(ckpt)
+    translator = Translator.load(ckpt, device="cpu")
     longest = sorted(range(len(sources)), key=lambda i: -len(sources[i].split()))[:count]
-    _, attentions = translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, [sources[i] for i in longest],
-                                    beam_search, max_src_len=model_max_src_len(loaded.run_config),
-                                    attention_lines=range(len(longest)))
-    for j, (attn, src_pieces, tgt_pieces) in attentions.items():
-        plot_attention(attn, src_pieces, tgt_pieces, out_dir / f"test{longest[j] + 1:05d}.png",
-                       title=f"test line {longest[j] + 1} ({len(sources[longest[j]].split())} words)")
+    translations = translator.translate([sources[i] for i in longest], attention=True)
+    for j, translation in enumerate(translations):
+        a = translation.attention
+        if a is not None:
+            plot_attention(a.weights, a.source, a.target, out_dir / f"test{longest[j] + 1:05d}.png",
+                           title=f"test line {longest[j] + 1} ({len(sources[longest[j]].split())} words)")
 
 
 def collect(sweep_dir: Path, num_heatmaps: int) -> Path:

@@ -162,9 +162,9 @@ def test_batches_decoded_side_by_side_give_the_serial_translations_and_attention
     serial, serial_attn = translate_lines(*args, max_tokens=40, attention_lines=[0, 7], workers=1)
     parallel, parallel_attn = translate_lines(*args, max_tokens=40, attention_lines=[0, 7], workers=3)
     assert parallel == serial and parallel_attn.keys() == serial_attn.keys() == {0, 7}
-    for i, (attn, src_pieces, tgt_pieces) in serial_attn.items():
-        torch.testing.assert_close(parallel_attn[i][0], attn)
-        assert parallel_attn[i][1:] == (src_pieces, tgt_pieces)
+    for i, attn in serial_attn.items():
+        torch.testing.assert_close(torch.tensor(parallel_attn[i].weights), torch.tensor(attn.weights))
+        assert (parallel_attn[i].source, parallel_attn[i].target) == (attn.source, attn.target)
     assert torch.get_num_threads() == threads
     with pytest.raises(ValueError, match="precision='fp16': choose one of 32, bf16, int8"):
         translate_lines(*args, precision="fp16")
