@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
+from pathlib import Path
+
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
-from hydra.utils import instantiate
-from omegaconf import open_dict
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import get_class, instantiate
+from omegaconf import OmegaConf, open_dict
+from pytorch_lightning import Callback
+from pytorch_lightning.loggers import Logger
 
 from tests.conftest import CONF_DIR, compose_train
 
@@ -41,12 +48,67 @@ def test_every_model_preset_builds(model):
     assert 1e6 < params < 2e7  # sized for a CPU: a few million parameters
 
 
+# What each experiment sets (the values its paper, study or README table rests on), read from
+# the composed config with no test overrides; "model" and "data" are the group options chosen.
+EXPERIMENTS = {
+    "bleu_vs_length": {"model": "lstm_bahdanau", "data": "synthetic", "scheduler._target_": "nmt.schedules.WarmupCosine",
+                       "test_ckpt": "last", "position_shift": 30, "data.max_tokens": 2048, "trainer.max_steps": 2500,
+                       "trainer.precision": "bf16-mixed", "trainer.val_check_interval": 500,
+                       "callbacks.early_stopping": None},
+    "bleu_vs_length_europarl": {"model": "lstm_bahdanau", "data": "europarl_it_en", "position_shift": 0,
+                                "data.train_pairs": 60000, "data.train_max_words": 30, "data.max_tokens": 3000,
+                                "trainer.max_steps": 1775, "optimizer.lr": 0.005, "scheduler.warmup_steps": 500,
+                                "test_ckpt": "last"},
+    "luong_2015": {"model": "lstm_luong", "model.hidden_size": 1000, "model.emb_size": 1000,
+                   "model.encoder.num_layers": 4, "model.encoder.bidirectional": False, "model.decoder.num_layers": 4,
+                   "scheduler._target_": "nmt.schedules.inverse_sqrt", "trainer.max_epochs": 20,
+                   "trainer.max_steps": -1, "trainer.max_time": None},
+    "multi30k_lstm": {"model": "lstm", "data": "multi30k", "model.hidden_size": 256,
+                      "model.share_src_tgt_embeddings": True, "optimizer.lr": 0.008, "trainer.max_steps": 1200,
+                      "trainer.val_check_interval": 300, "trainer.precision": "bf16-mixed", "test_ckpt": "best"},
+    "multi30k_lstm_bahdanau": {"model": "lstm_bahdanau", "data": "multi30k", "model.hidden_size": 256,
+                               "optimizer.lr": 0.008, "trainer.max_steps": 800, "trainer.val_check_interval": 200,
+                               "test_ckpt": "best"},
+    "multi30k_lstm_luong": {"model": "lstm_luong", "data": "multi30k", "model.hidden_size": 256, "optimizer.lr": 0.008,
+                            "trainer.max_steps": 800, "trainer.val_check_interval": 200, "test_ckpt": "best"},
+    "multi30k_transformer": {"model": "transformer", "data": "multi30k", "model.hidden_size": 256,
+                             "model.encoder.num_layers": 3, "model.decoder.num_heads": 4, "model.encoder.ff_size": 1024,
+                             "optimizer.lr": 0.0015, "scheduler.warmup_steps": 200, "trainer.max_steps": 1000,
+                             "trainer.val_check_interval": 250, "test_ckpt": "last"},
+    "rnnsearch": {"model": "lstm_bahdanau", "model.emb_size": 620, "model.hidden_size": 2000, "model.dropout": 0.0,
+                  "optimizer.lr": 0.0005, "scheduler._target_": "nmt.schedules.inverse_sqrt", "trainer.max_epochs": 20,
+                  "trainer.max_steps": -1},
+    "sutskever_2014": {"model": "lstm", "model.hidden_size": 1000, "model.encoder.num_layers": 4,
+                       "model.encoder.bidirectional": False, "trainer.max_epochs": 20, "trainer.max_steps": -1},
+    "transformer_base": {"model": "transformer", "optimizer._target_": "torch.optim.Adam", "model.hidden_size": 512,
+                         "model.encoder.num_layers": 6, "model.decoder.num_heads": 8, "model.encoder.ff_size": 2048,
+                         "model.encoder.norm": "post", "module.label_smoothing": 0.1, "optimizer.lr": 0.0007,
+                         "optimizer.betas": [0.9, 0.98], "scheduler.warmup_steps": 4000, "data.max_tokens": 8192,
+                         "trainer.max_epochs": 100, "trainer.max_steps": -1, "trainer.accumulate_grad_batches": 3},
+}
+
+
+def test_every_experiment_is_listed():
+    assert sorted(EXPERIMENTS) == names("experiment")
+
+
 @pytest.mark.parametrize("experiment", names("experiment"))
-def test_every_experiment_composes(experiment, tmp_path):
-    cfg = compose_train(tmp_path, [f"experiment={experiment}"], model=None)
+def test_every_experiment_composes_with_its_values(experiment, tmp_path):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=[f"experiment={experiment}"], return_hydra_config=True)
+    HydraConfig().set_config(cfg)  # the step budget reads the model chosen
+    choices = cfg.hydra.runtime.choices
+    found = {key: choices[key] if key in ("model", "data") else OmegaConf.select(cfg, key, default="<missing>")
+             for key in EXPERIMENTS[experiment]}
+    assert {key: OmegaConf.to_object(v) if OmegaConf.is_config(v) else v for key, v in found.items()} \
+        == EXPERIMENTS[experiment]
+    assert cfg.task_name == experiment
     with open_dict(cfg):
         cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = 1000
-    instantiate(cfg.model)
+    decoder = "TransformerDecoder" if choices.model == "transformer" else "RNNDecoder"
+    assert type(instantiate(cfg.model).decoder).__name__ == decoder
+    # and under the tests' tiny settings, its trainer builds
+    cfg = compose_train(tmp_path, [f"experiment={experiment}"], model=None)
     instantiate(cfg.trainer)
 
 
@@ -67,14 +129,50 @@ def test_only_transformer_encoders_shift_positions(model, tmp_path):
     assert shifts == {("experiment=bleu_vs_length",): 30, (): 30, ("position_shift=7",): 7, ("position_shift=0",): 0}
 
 
-@pytest.mark.parametrize("group", ["optimizer", "scheduler", "decoding", "trainer", "callbacks", "logger"])
+@pytest.mark.parametrize("group", ["optimizer", "scheduler", "decoding", "trainer"])
 def test_every_group_option_composes(group):
     key = {"decoding": "decoding@test_decoding"}.get(group, group)
     for option in names(group):
         cfg = compose_with([f"{key}={option}"])
         node = cfg.test_decoding if group == "decoding" else cfg.get(group)
-        if group in ("optimizer", "scheduler", "decoding", "trainer"):
-            assert "_target_" in node
+        assert "_target_" in node
+
+
+EXTRAS = {"pytorch_lightning.loggers.TensorBoardLogger": ["tensorboard"]}  # pip install ".[tensorboard]"
+
+
+@pytest.mark.parametrize("group, base", [("callbacks", Callback), ("logger", Logger)])
+def test_every_callback_and_logger_option_builds_what_it_names(group, base, tmp_path):
+    """Each option's entries build the class their ``_target_`` names with the arguments the
+    config gives (an unknown one is an error); whatever writes files writes them under the run
+    folder (wandb offline)."""
+    built = set()
+    for option in names(group):
+        out = tmp_path / option
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("train", overrides=[f"{group}={option}"], return_hydra_config=True)
+        with open_dict(cfg):
+            cfg.hydra.runtime.output_dir = str(out)
+            if "wandb" in cfg.logger:
+                cfg.logger.wandb.offline = True
+        HydraConfig().set_config(cfg)
+        for name, node in (cfg.get(group) or {}).items():
+            if node is None:
+                continue
+            cls = get_class(node._target_)
+            inspect.signature(cls).bind(**{k: v for k, v in node.items() if not k.startswith("_")})
+            built.add(name)
+            if not all(map(importlib.util.find_spec, EXTRAS.get(node._target_, ()))):
+                continue  # an optional extra not installed: its arguments are checked above
+            obj = instantiate(node)
+            assert type(obj) is cls and isinstance(obj, base), (option, name)
+            folder = getattr(obj, "dirpath", None) or getattr(obj, "save_dir", None)
+            if folder is not None:
+                assert Path(folder).is_relative_to(out), (option, name, folder)
+    # every entry of every option file was built
+    expected = {name for option in names(group) for name in OmegaConf.load(CONF_DIR / group / f"{option}.yaml")
+                if name != "defaults"}
+    assert built == expected and built
 
 
 def test_unknown_model_name_lists_the_available_ones():
