@@ -12,7 +12,10 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from nmt.kernels import attention, lstm, loss, sdpa
+import nmt.kernels.attention as attention
+import nmt.kernels.loss as loss
+import nmt.kernels.lstm as lstm
+import nmt.kernels.sdpa as sdpa
 from nmt.kernels.dropout import dropout
 from nmt.kernels.int8 import Int8Linear
 from nmt.kernels.reference import ReferenceOps, attention_with_weights
