@@ -9,14 +9,15 @@ optimizer on the same batches of ``data``. Reported per model:
 - training: steady-state src+tgt tokens/s (and target tokens/s) and step time (after ``train.warmup_steps``), padding
   ratio of the batches, peak memory (RSS on CPU, reset per model; ``max_memory_allocated`` on
   CUDA), and model FLOP/s against the machine's matmul peak measured in the same run (same
-  dtype, same threads). Model FLOPs are counted analytically per architecture (``*_flops``
-  below) on real tokens, as 3x the forward matmuls (forward + backward);
+  dtype, same threads). Model FLOPs are counted analytically per architecture
+  (``nmt.bench.flops``) on real tokens, as 3x the forward matmuls (forward + backward);
 - decoding: sentences/s and output tokens/s of greedy and beam search at each batch size on the
   first ``decoding.num_sentences`` test sentences (the weights are those after the timed
   steps, so outputs tend to run to the length cap); on CPUs also beam search with the linear
   layers in int8 (``decoding.int8``, ``nmt.kernels.int8``);
 - for Transformer decoders: beam search with the key/value cache vs without it, where "without"
-  re-runs the decoder over the whole prefix every step (``NoCache``, as Joey NMT decodes).
+  re-runs the decoder over the whole prefix every step (``nmt.bench.decoding.NoCache``, as Joey
+  NMT decodes).
 
 ``precision``: fp32, or bf16 autocast (the default on CUDA; on a CPU with bf16 instructions it
 is a faster training mode too), with the matmul peak measured in that dtype.
@@ -31,10 +32,9 @@ import copy
 import json
 import logging
 import os
-import resource
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -45,138 +45,17 @@ from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-ROOT = Path(__file__).resolve().parents[1]
-
-from nmt import CONF_DIR, register_resolvers
-from nmt.data.tokenizer import PAD
-from nmt.decoding import beam_search, greedy_search
-from nmt import kernels
-from nmt.kernels.malloc import keep_freed_memory, release_freed_memory
-from nmt.models.rnn import RNNDecoder, RNNEncoder
-from nmt.models.transformer import TransformerDecoder, TransformerEncoder
+from nmt import CONF_DIR, kernels, register_resolvers
+from nmt.bench.decoding import NoCache, decode_speed
+from nmt.bench.flops import Lengths, training_flops
+from nmt.bench.measure import matmul_peak, peak_memory_mb, reset_peak_memory, sync, to_device
 from nmt.builders import build_datamodule, build_model, build_module, count_parameters
+from nmt.decoding import beam_search, greedy_search
+from nmt.kernels.malloc import keep_freed_memory
 from nmt.machine import cpu_name
+from nmt.models.transformer import TransformerDecoder
 
 log = logging.getLogger(__name__)
-
-
-# --- model FLOPs (forward matmuls; multiply-add = 2) ------------------------------------------
-@dataclass
-class Lengths:
-    """Real-token counts of some batches: sums over sentences of S, T, S^2, T^2 and S*T."""
-
-    sentences: int = 0
-    src: int = 0
-    tgt: int = 0
-    src_sq: int = 0
-    tgt_sq: int = 0
-    cross: int = 0
-
-    def add(self, batch: dict[str, Any]) -> None:
-        s, t = batch["src_mask"].sum(1).double(), (batch["tgt_out"] != PAD).sum(1).double()
-        self.sentences += len(s)
-        self.src, self.tgt = self.src + int(s.sum()), self.tgt + int(t.sum())
-        self.src_sq, self.tgt_sq = self.src_sq + int((s * s).sum()), self.tgt_sq + int((t * t).sum())
-        self.cross += int((s * t).sum())
-
-
-def lstm_encoder_flops(enc: RNNEncoder, n: Lengths) -> float:
-    """Per source token and direction, layer l: 2 * 4h * (I_l + h)."""
-    rnn = enc.rnn
-    dirs, h = 1 + rnn.bidirectional, rnn.hidden_size
-    return n.src * sum(dirs * 2 * 4 * h * ((rnn.input_size if l == 0 else dirs * h) + h) for l in range(rnn.num_layers))
-
-
-def lstm_decoder_flops(dec: RNNDecoder, n: Lengths) -> float:
-    """Per target token: the LSTM layers 2 * 4H * (I_l + H), the output projection 2 * H * V and,
-    with attention, ``tanh(W_c [c; h])`` 2 * (Hk + H) * H, the query projection, and per
-    (target, source) pair the score and the weighted sum; keys are projected once per source token."""
-    rnn, H = dec.rnn, dec.rnn.hidden_size
-    per_token = sum(2 * 4 * H * ((rnn.input_size if l == 0 else H) + H) for l in range(rnn.num_layers))
-    flops = n.tgt * (per_token + 2 * H * dec.out.out_features)
-    if dec.attention is not None:
-        key_size = dec.att_out.in_features - H
-        flops += n.tgt * 2 * dec.att_out.in_features * H
-        key_proj, query_proj = getattr(dec.attention, "key_proj", None), getattr(dec.attention, "query_proj", None)
-        if key_proj is not None:
-            flops += n.src * 2 * key_proj.in_features * key_proj.out_features
-        if query_proj is not None:
-            flops += n.tgt * 2 * query_proj.in_features * query_proj.out_features
-        score_size = key_proj.out_features if key_proj is not None else key_size
-        flops += n.cross * 2 * (score_size + key_size)
-    return flops
-
-
-def transformer_encoder_flops(enc: TransformerEncoder, n: Lengths) -> float:
-    """Per layer and source token 2 * (4H^2 + 2 H ff), plus self-attention 2 * 2 * S * H."""
-    layer = enc.layers[0]
-    H, ff = layer.self_attn.q_proj.in_features, layer.ff[0].out_features
-    return len(enc.layers) * (n.src * 2 * (4 * H * H + 2 * H * ff) + n.src_sq * 2 * 2 * H)
-
-
-def transformer_decoder_flops(dec: TransformerDecoder, n: Lengths) -> float:
-    """Per layer and target token: self-attention projections 2 * 4H^2, cross-attention query and
-    output 2 * 2H^2, feed-forward 2 * 2 H ff, attention over T and S positions 2 * 2 * (T + S) * H;
-    cross-attention keys/values 2 * 2 * Hm * H once per source token; output 2 * H * V."""
-    layer = dec.layers[0]
-    H, ff, mem = layer.self_attn.q_proj.in_features, layer.ff[0].out_features, layer.cross_attn.kv_proj.in_features
-    per_layer = n.tgt * 2 * (6 * H * H + 2 * H * ff) + n.src * 2 * 2 * mem * H + (n.tgt_sq + n.cross) * 2 * 2 * H
-    return len(dec.layers) * per_layer + n.tgt * 2 * H * dec.out.out_features
-
-
-FLOPS = {
-    RNNEncoder: lstm_encoder_flops,
-    RNNDecoder: lstm_decoder_flops,
-    TransformerEncoder: transformer_encoder_flops,
-    TransformerDecoder: transformer_decoder_flops,
-}
-
-
-def training_flops(model: torch.nn.Module, n: Lengths) -> float:
-    """Forward + backward: 3x the forward matmuls."""
-    forward = FLOPS[type(model.encoder)](model.encoder, n) + FLOPS[type(model.decoder)](model.decoder, n)
-    if model.bridge is not None:
-        forward += n.sentences * 2 * model.bridge.proj.weight.numel()
-    return 3 * forward
-
-
-# --- measuring -------------------------------------------------------------------------------
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def matmul_peak(size: int, device: torch.device, dtype: torch.dtype, repeats: int = 5) -> float:
-    """FLOP/s of a square matmul, the best of ``repeats``."""
-    a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
-    a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
-        a @ b
-        sync(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
-
-
-def reset_peak_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        return
-    release_freed_memory()  # what keep_freed_memory() kept from the previous model
-    with contextlib.suppress(OSError):  # Linux: reset the peak RSS that getrusage reports
-        Path("/proc/self/clear_refs").write_text("5")
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
-def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 def train_speed(module, optimizer, batches: list[dict], warmup: int, device: torch.device, autocast) -> dict[str, float]:
@@ -201,49 +80,6 @@ def train_speed(module, optimizer, batches: list[dict], warmup: int, device: tor
     padded = sum(b["src"].numel() + b["tgt_in"].numel() for b in timed)
     return {"tokens_per_s": tokens / sum(times), "tgt_tokens_per_s": tgt_tokens / sum(times), "step_ms": 1000 * sum(times) / len(times),
             "padding": 1 - tokens / padded, "seconds": sum(times), "final_loss": float(loss.detach())}
-
-
-def decode_speed(model, batches: list[dict], search, device: torch.device, autocast) -> tuple[dict[str, float], list]:
-    """Sentences/s and output tokens/s (EOS included) of ``search`` over ``batches``."""
-    model.eval()
-    first = to_device(batches[0], device)
-    with torch.no_grad(), autocast():
-        search(model, first["src"][:1], first["src_mask"][:1])  # warm-up
-        sync(device)
-        start = time.perf_counter()
-        sentences = tokens = 0
-        outputs = []
-        for batch in batches:
-            batch = to_device(batch, device)
-            hyps = search(model, batch["src"], batch["src_mask"])
-            outputs.extend(hyps.tokens)
-            sentences += len(hyps.tokens)
-            tokens += sum(len(t) + 1 for t in hyps.tokens)
-        sync(device)
-    seconds = time.perf_counter() - start
-    return {"sentences_per_s": sentences / seconds, "tokens_per_s": tokens / seconds, "seconds": seconds}, outputs
-
-
-class NoCache(torch.nn.Module):
-    """A Seq2Seq whose ``decode_step`` re-runs the decoder over the whole prefix and keeps the
-    last position, as Joey NMT's search does, instead of extending a key/value cache."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-        self.tgt_vocab_size = model.tgt_vocab_size
-        self.kernels = model.kernels  # decoding normalises the logits through them
-
-    def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> dict[str, torch.Tensor]:
-        return self.model.encode(src, src_mask)
-
-    def init_state(self, memory: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        mask = memory["src_mask"]
-        return {"prefix": torch.zeros(mask.size(0), 0, dtype=torch.long, device=mask.device)}  # (B, t)
-
-    def decode_step(self, prev, memory, state, need_attn: bool = False):
-        prefix = torch.cat([state["prefix"], prev.unsqueeze(1)], dim=1)
-        return self.model.decoder(prefix, memory)[:, -1], {"prefix": prefix}, None
 
 
 # --- driver ----------------------------------------------------------------------------------

@@ -19,19 +19,16 @@ import argparse
 import json
 import resource
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import open_dict
 
 from nmt import CONF_DIR, register_resolvers
+from nmt.bench.measure import SavedBytes
 
 
 def build(model: str, vocab: int, overrides: list[str]) -> torch.nn.Module:
@@ -41,22 +38,6 @@ def build(model: str, vocab: int, overrides: list[str]) -> torch.nn.Module:
         cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = vocab
         cfg.model.share_src_tgt_embeddings = False
     return instantiate(cfg.model)
-
-
-class SavedBytes:
-    """Counts the bytes autograd saves for backward (each storage once)."""
-
-    def __init__(self) -> None:
-        self.storages: dict[int, int] = {}
-
-    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        self.storages[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    @property
-    def total(self) -> int:
-        return sum(self.storages.values())
 
 
 def measure(model: torch.nn.Module, batch: tuple[torch.Tensor, ...], enabled: bool, warmup: int, steps: int, device: torch.device) -> dict:

@@ -3,14 +3,11 @@ search finds at least as good a hypothesis as greedy under the model."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from nmt import decoding
+from nmt.bench.decoding import NoCache
 from nmt.data.tokenizer import EOS
 from nmt.decoding import beam_search, greedy_search, length_penalty
 from tests.test_models import VARIANTS, batch, build, kernels  # noqa: F401  (kernels: each test in both modes)
@@ -230,14 +227,11 @@ def test_best_possible_score_of_a_live_hypothesis():
 
 def test_beam_search_with_the_key_value_cache_equals_rerunning_the_prefix():
     """Beams reorder the cache's rows and sentences leave the batch, and the search still finds
-    what re-running the decoder over the prefix finds (``scripts/benchmark.py``'s ``NoCache``)."""
-    spec = importlib.util.spec_from_file_location("benchmark", Path(__file__).resolve().parents[1] / "scripts" / "benchmark.py")
-    benchmark = sys.modules["benchmark"] = importlib.util.module_from_spec(spec)  # its dataclasses look it up
-    spec.loader.exec_module(benchmark)
+    what re-running the decoder over the prefix finds (``nmt.bench.decoding.NoCache``)."""
     model = build("transformer")
     src, src_mask, _ = batch(lengths=(9, 4, 2, 6))
     cached = beam_search(model, src, src_mask, beam_size=4, max_len_a=1.0, max_len_b=3)
-    rerun = beam_search(benchmark.NoCache(model), src, src_mask, beam_size=4, max_len_a=1.0, max_len_b=3)
+    rerun = beam_search(NoCache(model), src, src_mask, beam_size=4, max_len_a=1.0, max_len_b=3)
     assert cached.tokens == rerun.tokens
     torch.testing.assert_close(cached.scores, rerun.scores, atol=1e-4, rtol=1e-4)
 

@@ -25,6 +25,7 @@ LAYERS = {
     5: ["nmt.builders", "nmt.backends"],
     6: ["nmt.train", "nmt.translate", "nmt.evaluate", "nmt.export", "nmt.average", "nmt.serve.app", "nmt.runs_table"],
     7: ["nmt.study"],  # the study runs training and writes evaluate's comparison
+    8: ["nmt.bench*"],  # what scripts/ shares: it may import any of nmt, and nothing in nmt imports it
 }
 
 

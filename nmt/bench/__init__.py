@@ -1,0 +1,15 @@
+"""What the benchmarks and checks in ``scripts/`` share, each of them run on its own
+(``python scripts/<name>.py``):
+
+- ``flops``: model FLOPs per architecture, counted analytically on real tokens;
+- ``measure``: device sync, the matmul peak, peak memory, bytes saved for backward;
+- ``decoding``: decoding speed, and decoding without the key/value cache (``NoCache``).
+
+Modules here may import the rest of ``nmt``; nothing else in ``nmt`` imports them.
+"""
+
+from pathlib import Path
+
+# The checkout nmt is installed from (editable): the benchmarks run its train.py and translate.py
+# there, so that runs find the project's data, .cache and outputs/ as a user's runs do.
+ROOT = Path(__file__).resolve().parents[2]
