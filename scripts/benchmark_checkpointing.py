@@ -33,7 +33,7 @@ from nmt.bench.measure import SavedBytes
 
 def build(model: str, vocab: int, overrides: list[str]) -> torch.nn.Module:
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=[f"model={model}", "data=tiny", *overrides])
+        cfg = compose("train", overrides=[f"model={model}", "data=synthetic", *overrides])
     with open_dict(cfg):
         cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = vocab
         cfg.model.share_src_tgt_embeddings = False

@@ -17,6 +17,10 @@ from nmt import register_resolvers
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "nmt" / "conf"
 SHARED_DATA = ROOT.parent / "shared" / "data"
+# Configs for the tests alone (data=tiny reads tests/data/tiny, which the package does not ship):
+# on Hydra's search path beside the package's configs, for the compose API and command lines alike.
+TESTS_CONF = ROOT / "tests" / "conf"
+SEARCH_PATH = f"hydra.searchpath=[file://{TESTS_CONF}]"
 
 # Tiny models gain nothing from intra-op threads, and spinning OpenMP threads slow everything
 # down badly when other processes share the cores; subprocesses inherit the setting.
@@ -31,6 +35,7 @@ register_resolvers()  # as every entry point does: the configs the tests compose
 
 # Small enough for a CPU test, big enough to exercise every layer.
 TINY = [
+    SEARCH_PATH,
     "data=tiny",
     "trainer=cpu",
     "trainer.precision=32-true",  # the tolerances below are fp32's; precision=auto: test_precision.py

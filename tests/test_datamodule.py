@@ -14,6 +14,7 @@ from nmt.data.datamodule import TranslationDataModule
 from nmt.data.sources import DataError, FileSource, read_lines
 from nmt.data.stats import histogram, report
 from nmt.data.tokenizer import BOS, EOS, PAD
+from tests.conftest import SEARCH_PATH
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -31,7 +32,7 @@ def tiny(cache_dir: Path, **kwargs) -> TranslationDataModule:
 
 def compose_data(name: str, tmp_path: Path, *overrides: str):
     with initialize_config_dir(str(ROOT / "nmt" / "conf"), version_base="1.3"):
-        return compose("stats", overrides=[f"data={name}", f"paths.root_dir={ROOT}",
+        return compose("stats", overrides=[SEARCH_PATH, f"data={name}", f"paths.root_dir={ROOT}",
                                            f"paths.cache_dir={tmp_path}", f"paths.data_dir={tmp_path}",
                                            *overrides])
 

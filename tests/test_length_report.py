@@ -89,7 +89,7 @@ def test_evaluate_compares_two_hypothesis_files(tmp_path):
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from tests.conftest import ROOT, SEARCH_PATH
 
     refs = (ROOT / "tests/data/tiny/test.tgt").read_text().splitlines()
     good = tmp_path / "good.txt"
@@ -98,7 +98,7 @@ def test_evaluate_compares_two_hypothesis_files(tmp_path):
     bad.write_text("\n".join(" ".join(r.split()[:2]) for r in refs) + "\n")
     out = tmp_path / "eval"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "evaluate.py"), "data=tiny", f"hyps={{good: {good}, bad: {bad}}}",
+        [sys.executable, str(ROOT / "evaluate.py"), SEARCH_PATH, "data=tiny", f"hyps={{good: {good}, bad: {bad}}}",
          "length_buckets=[5,10]", "n_bootstrap=50", f"hydra.run.dir={out}", f"paths.cache_dir={tmp_path / 'cache'}"],
         capture_output=True, text=True, cwd=ROOT, timeout=300,
     )

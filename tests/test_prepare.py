@@ -19,6 +19,7 @@ import nmt.data.prepare as prep
 from nmt.data.datamodule import TranslationDataModule
 from nmt.data.prepare import NpyWriter, TextColumn, prepare, read_manifest
 from nmt.data.sources import SPLITS, DataError, FileSource, iter_lines, iter_parallel, read_lines
+from tests.conftest import SEARCH_PATH
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -209,8 +210,8 @@ def test_a_source_with_only_load_is_still_read(tmp_path):
 
 
 def test_prepare_command(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "nmt.data.prepare", "data=tiny", f"paths.cache_dir={tmp_path}",
-                             f"hydra.run.dir={tmp_path / 'run'}", "workers=0"],
+    result = subprocess.run([sys.executable, "-m", "nmt.data.prepare", SEARCH_PATH, "data=tiny",
+                             f"paths.cache_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'run'}", "workers=0"],
                             capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     (folder,) = (tmp_path / "prepared").iterdir()

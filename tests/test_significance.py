@@ -13,7 +13,7 @@ from sacrebleu.significance import PairedTest
 
 from nmt.length_report import bleu_from_stats, sentence_stats
 from nmt.significance import sacrebleu_seed, significance
-from tests.conftest import ROOT
+from tests.conftest import ROOT, SEARCH_PATH
 from tests.test_length_report import corpus
 
 FAST = {"bootstrap": 100, "randomization": 200}
@@ -124,9 +124,10 @@ def test_evaluate_writes_the_significance_table(tmp_path):
     bad.write_text("\n".join(cut) + "\n")
     out = tmp_path / "eval"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "evaluate.py"), "data=tiny", f"hyps={{good: {good}, bad: {bad}}}", "baseline=bad",
-         "length_buckets=[5,10]", "n_bootstrap=20", "significance.bootstrap=100", "significance.randomization=200",
-         "significance.min_sentences=3", f"hydra.run.dir={out}", f"paths.cache_dir={tmp_path / 'cache'}"],
+        [sys.executable, str(ROOT / "evaluate.py"), SEARCH_PATH, "data=tiny", f"hyps={{good: {good}, bad: {bad}}}",
+         "baseline=bad", "length_buckets=[5,10]", "n_bootstrap=20", "significance.bootstrap=100",
+         "significance.randomization=200", "significance.min_sentences=3", f"hydra.run.dir={out}",
+         f"paths.cache_dir={tmp_path / 'cache'}"],
         capture_output=True, text=True, cwd=ROOT, timeout=300,
     )
     assert result.returncode == 0, result.stderr
