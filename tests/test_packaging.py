@@ -44,6 +44,14 @@ def test_the_wheel_installs_into_a_fresh_environment_and_trains_from_an_empty_fo
     (wheel,) = (tmp_path / "dist").glob("nmt-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {"nmt/conf/serve.yaml", "nmt/serve/static/index.html", "nmt/serve/static/app.js"} <= set(names)
+    # nothing shipped points into a checkout's tests/: no config names a path there (data=tiny lives in
+    # tests/conf), no file the tests' corpora or configs (comments may still name a test file)
+    assert "nmt/conf/data/tiny.yaml" not in names
+    with zipfile.ZipFile(wheel) as archive:
+        for name in names:
+            text = archive.read(name).decode("utf-8", errors="replace")
+            assert "tests/data/" not in text and "tests/conf/" not in text, name
+            assert not name.endswith(".yaml") or "tests/" not in text, name
 
     # A fresh environment with the wheel alone; its dependencies come from this one's site-packages
     # (a .pth line adds the folder but runs none of its .pth files, so this nmt stays invisible).
