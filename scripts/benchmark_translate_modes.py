@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from functools import partial
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 
 from nmt import register_resolvers
 from nmt.decoding import beam_search, greedy_search, sample_search

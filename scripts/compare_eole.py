@@ -7,9 +7,9 @@ machine's drift hits every toolkit alike:
 
 Eole (0.6, in a virtual environment of its own: ``pip install torch==2.13.0 eole aiohttp``; its
 command line imports aiohttp without requiring it) reads the pieces of this project's
-SentencePiece model as its tokens, as OpenNMT-py does in ``compare_opennmt.py``, whose pieces,
-vocabulary building and log reading this script shares. ``EOLE_KEYS`` below says which Eole key
-stands for which of ours.
+SentencePiece model as its tokens, as OpenNMT-py does in ``compare_opennmt.py``; the two share
+the pieces, the vocabulary building and the log reading (``nmt.bench.toolkits``). ``EOLE_KEYS``
+below says which Eole key stands for which of ours.
 
 1. Training speed: in each round, for each model, Eole in each of ``--eole-precisions`` (``fp32``;
    ``bf16``: ``compute_dtype: bf16`` with ``use_amp``, i.e. torch.autocast on the CPU over fp32
@@ -39,12 +39,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_opennmt import (ONMT_MODELS, ROOT, onmt_config, onmt_speed, our_speed, report_speed,  # noqa: E402
-                             write_pieces, yaml_lines)
-from nmt import register_resolvers  # noqa: E402  (compare_opennmt puts the checkout on sys.path)
-from nmt.machine import cpu_name  # noqa: E402
+from nmt import register_resolvers
+from nmt.bench.opennmt import ONMT_MODELS, onmt_config, onmt_speed
+from nmt.bench.toolkits import our_speed, report_speed, vocab_config, write_pieces, yaml_lines
+from nmt.machine import cpu_name
 
+ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("compare_eole")
 
 # Which Eole key stands for which of ours (nmt/conf; train.yaml's lr_by_model for the peak rate):
@@ -294,11 +294,7 @@ def main() -> None:
     work = args.out / "eole"
     work.mkdir(parents=True, exist_ok=True)
     paths = write_pieces(args.data, work, splits=("train", "valid", "test"), raw=("test",))
-    vocab_config = work / "vocab.yaml"
-    vocab_config.write_text(yaml_lines({"src_vocab": str(work / "vocab"), "share_vocab": True, "overwrite": True, "n_sample": -1,
-                                        "save_data": str(work), "data": {"corpus_1": {"path_src": str(paths["train_src"]),
-                                                                                       "path_tgt": str(paths["train_tgt"])}}}))
-    eole(args.eole_python, "build_vocab", vocab_config, args.threads)  # OpenNMT-py reads the same piece<TAB>count file
+    eole(args.eole_python, "build_vocab", vocab_config(work, paths), args.threads)  # OpenNMT-py reads the same file
 
     speeds = train_speeds(args, paths, work) if args.rounds else {}
     translated = translations(args, paths, work) if args.translate_steps else {}

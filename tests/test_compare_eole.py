@@ -16,6 +16,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
+from nmt.bench.toolkits import yaml_lines
 from nmt.data.tokenizer import train_sentencepiece
 from nmt.schedules import inverse_sqrt
 
@@ -141,7 +142,7 @@ def test_eole_pieces_are_joined_into_text_and_scored(tmp_path):
 
 
 def test_small_floats_stay_numbers_in_yaml(tmp_path):
-    assert yaml.safe_load(compare.yaml_lines({"adam_eps": 1e-9, "lr": 0.64, "n": 3})) == {"adam_eps": 1e-9, "lr": 0.64, "n": 3}
+    assert yaml.safe_load(yaml_lines({"adam_eps": 1e-9, "lr": 0.64, "n": 3})) == {"adam_eps": 1e-9, "lr": 0.64, "n": 3}
 
 
 @pytest.mark.parametrize("model", list(compare.EOLE_MODELS))
