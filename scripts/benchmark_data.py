@@ -35,19 +35,6 @@ log = logging.getLogger("benchmark_data")
 TOKENIZER = ["data.tokenizer.vocab_size=8000", "data.tokenizer.input_sentence_size=300000"]
 
 
-def first_step(path: str):
-    """A Lightning callback that writes the wall-clock time of the first training batch to `path`
-    (`+callbacks.first_step._target_=benchmark_data.first_step`); Lightning is imported only here."""
-    from pytorch_lightning import Callback
-
-    class FirstStep(Callback):
-        def on_train_batch_start(self, trainer, *args) -> None:
-            if trainer.global_step == 0 and trainer.global_rank == 0 and not os.path.exists(path):
-                Path(path).write_text(f"{time.time()}\n")
-
-    return FirstStep()
-
-
 def _tree(root: int) -> list[int]:
     """`root` and its descendants."""
     children: dict[int, list[int]] = {}
@@ -146,7 +133,7 @@ def train_command(folder: Path, cache: Path, run: Path, stamp: Path, ranks: int)
                "test=false", "trainer.num_sanity_val_steps=0", "trainer.val_check_interval=1000000",
                "trainer.check_val_every_n_epoch=null", "trainer.max_time=null",
                "callbacks.rich_progress_bar=null", "callbacks.early_stopping=null", "trainer.enable_progress_bar=false",
-               "+callbacks.first_step._target_=benchmark_data.first_step", f"+callbacks.first_step.path={stamp}",
+               "+callbacks.first_step._target_=nmt.bench.data.first_step", f"+callbacks.first_step.path={stamp}",
                f"hydra.run.dir={run}"]
     if ranks > 1:
         command += ["trainer=ddp", "trainer.accelerator=cpu", f"trainer.devices={ranks}", "trainer.precision=32-true"]
@@ -161,7 +148,7 @@ def bench_size(pairs: int, args: argparse.Namespace) -> dict:
     write_corpus(folder, pairs, args.jobs)
     log.info("%d pairs: corpus ready in %.0fs (%.2f GB)", pairs, time.time() - start,
              sum(f.stat().st_size for f in folder.glob("train.*")) / 2**30)
-    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'scripts'}{os.pathsep}{ROOT}", OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     result: dict = {"pairs": pairs}
     if args.reuse_prepared and (cache / "prepared").is_dir():  # measure training only
         result["prepare"] = args.saved["sizes"][str(pairs)]["prepare"]
@@ -190,30 +177,6 @@ def _train_runs(pairs: int, folder: Path, cache: Path, env: dict, result: dict, 
         result[f"train_{ranks}"] = run
         log.info("%d pairs, %d rank(s): %s", pairs, ranks, run)
     return result
-
-
-def bench_sampler(pairs: int) -> dict:
-    """Build one training epoch of batches over `pairs` random (source, target) lengths."""
-    import resource
-
-    import numpy as np
-
-    from nmt.data.batching import TokenBatchSampler
-
-    rng = np.random.default_rng(0)
-    src = np.clip(rng.lognormal(np.log(30), 0.6, pairs), 2, 257).astype(np.int32)
-    lengths = np.stack([src, np.clip(src + rng.integers(-5, 6, pairs), 2, 257).astype(np.int32)], axis=1)
-    del src
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    start = time.perf_counter()
-    sampler = TokenBatchSampler(lengths, max_tokens=4096, seed=0)
-    order, bounds, ids = sampler.epoch_arrays(0)
-    seconds = time.perf_counter() - start
-    first = next(iter(sampler))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"pairs": pairs, "batches": len(ids), "build_seconds": round(seconds, 1),
-            "lengths_gb": round(lengths.nbytes / 2**30, 2), "peak_above_lengths_gb": round((peak - before) / 2**30, 2),
-            "first_batch": len(first)}
 
 
 DATA_PROCESS = """
@@ -250,7 +213,7 @@ def bench_data_memory(pairs: int, ranks: int, args: argparse.Namespace) -> dict:
     for name in ("go", "done"):
         (cache / name).unlink(missing_ok=True)
     code = "TOKENIZER = {'vocab_size': 8000, 'hard_vocab_limit': False, 'input_sentence_size': 300000}\n" + DATA_PROCESS
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(folder), str(cache), str(r), str(ranks)], cwd=ROOT, env=env)
              for r in range(ranks)]
     def wait(name: str) -> None:
@@ -302,10 +265,8 @@ def main() -> None:
     args.saved = saved
     TOKENIZER[1] = f"data.tokenizer.input_sentence_size={args.input_sentence_size}"
     for n in args.sampler:
-        code = f"import json, sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); import benchmark_data as b; " \
-               f"print(json.dumps(b.bench_sampler({n})))"
-        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True,
-                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        code = f"import json; from nmt.bench.data import bench_sampler; print(json.dumps(bench_sampler({n})))"
+        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True)
         saved["sampler"][str(n)] = json.loads(out.stdout.strip().splitlines()[-1])
         log.info("sampler: %s", saved["sampler"][str(n)])
         path.write_text(json.dumps(saved, indent=1) + "\n")

@@ -4,9 +4,9 @@
 
 Separate benchmark processes on a shared machine drift by more than the few percent a change
 is judged by; here both versions train in turns inside one process. The other revision's
-``nmt/`` is extracted with ``git archive`` as the package ``nmt_before`` (its imports and config
-targets renamed), both models get the same initial weights, and they train with their own
-``TranslationModule.loss`` and optimizer on the same Multi30k batches. In each round every batch
+``nmt/`` is extracted with ``git archive`` and imported as the package ``nmt_before`` (its imports
+and config targets renamed; ``nmt.bench.revisions``), both models get the same initial weights, and
+they train with their own ``TranslationModule.loss`` and optimizer on the same Multi30k batches. In each round every batch
 trains both, one right after the other (old-new, then new-old for the next batch), so the
 machine's drift hits the two alike. Prints, per preset, before / after (above 1: this tree is
 faster) as the ratio of the median round times and as the geometric mean of the paired steps'
@@ -21,17 +21,11 @@ import inspect
 import json
 import math
 import random
-import re
 import statistics
-import subprocess
-import sys
-import tarfile
 import tempfile
 import time
 from functools import partial
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 
 import torch
 from hydra import compose, initialize_config_dir
@@ -40,20 +34,11 @@ from hydra.utils import get_object, instantiate
 from omegaconf import OmegaConf, open_dict
 
 import nmt
-from nmt.kernels.malloc import keep_freed_memory
+from nmt.bench.revisions import import_revision
 from nmt.builders import build_model, build_module
+from nmt.kernels.malloc import keep_freed_memory
 
-
-def extract(revision: str, into: Path) -> None:
-    """``revision``'s ``nmt/`` as the package ``nmt_before`` under ``into``."""
-    archive = subprocess.run(["git", "archive", revision, "nmt"], cwd=ROOT, check=True, capture_output=True).stdout
-    with tempfile.TemporaryFile() as f:
-        f.write(archive)
-        f.seek(0)
-        tarfile.open(fileobj=f).extractall(into, filter="data")
-    (into / "nmt").rename(into / "nmt_before")
-    for path in (into / "nmt_before").rglob("*.py"):
-        path.write_text(re.sub(r"\b(from|import) nmt\b", r"\1 nmt_before", path.read_text()))
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def before_targets(node, dropped: list[str], path: str = "model"):
@@ -109,12 +94,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # for both versions (train.py sets it on CPUs)
-    work = Path(tempfile.mkdtemp())
-    extract(args.before, work)
-    sys.path.insert(0, str(work))
+    import_revision(args.before, Path(tempfile.mkdtemp()))
     import nmt_before.lit_module
 
-    for package in (nmt, sys.modules["nmt_before"]):  # older revisions register resolvers at import
+    for package in (nmt, nmt_before):  # older revisions register resolvers at import
         if hasattr(package, "register_resolvers"):
             package.register_resolvers()
     autocast = partial(torch.autocast, "cpu", dtype=torch.bfloat16) if args.precision == "bf16" else contextlib.nullcontext

@@ -130,7 +130,7 @@ def main() -> int:
     expected, ref_seconds = reference(args.ckpt, lines, args.decoding)
 
     port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     env.pop("NMT_SERVE_API_KEY", None)  # the clients send no key to this private server
     server = subprocess.Popen([sys.executable, "-m", "nmt.serve.app", f"ckpt={args.ckpt}", "host=127.0.0.1",
                                f"port={port}", f"decoding={args.decoding}", f"limits.max_queue={args.clients * 2}",

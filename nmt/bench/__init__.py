@@ -4,7 +4,9 @@
 - ``flops``: model FLOPs per architecture, counted analytically on real tokens;
 - ``measure``: device sync, the matmul peak, peak memory, bytes saved for backward;
 - ``decoding``: decoding speed, and decoding without the key/value cache (``NoCache``);
-- ``toolkits``, ``opennmt``: another toolkit trained beside ours (pieces, configs, log speeds).
+- ``toolkits``, ``opennmt``: another toolkit trained beside ours (pieces, configs, log speeds);
+- ``data``: what ``benchmark_data.py`` runs in other processes;
+- ``revisions``: another revision of ``nmt`` imported beside this one.
 
 Modules here may import the rest of ``nmt``; nothing else in ``nmt`` imports them.
 """
