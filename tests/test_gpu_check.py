@@ -24,7 +24,7 @@ SECTIONS = ["## 1. Environment", "## 2. Presets", "## 3. transformer_base", "## 
 def run_check(out: Path, *args: str) -> tuple[dict, str]:
     result = subprocess.run([str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--out", str(out), *args],
                             capture_output=True, text=True, cwd=ROOT, timeout=3600,  # a hang guard only
-                            env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHON": sys.executable})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "all parts ok" in result.stdout
     reports = sorted(out.glob("*.json"))

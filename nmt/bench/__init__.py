@@ -6,7 +6,8 @@
 - ``decoding``: decoding speed, and decoding without the key/value cache (``NoCache``);
 - ``toolkits``, ``opennmt``: another toolkit trained beside ours (pieces, configs, log speeds);
 - ``data``: what ``benchmark_data.py`` runs in other processes;
-- ``revisions``: another revision of ``nmt`` imported beside this one.
+- ``revisions``: another revision of ``nmt`` imported beside this one;
+- ``gpu``: the GPU check of ``scripts/gpu_check.py``, a module per part.
 
 Modules here may import the rest of ``nmt``; nothing else in ``nmt`` imports them.
 """

@@ -1,0 +1,186 @@
+"""The GPU check's report as markdown, from its JSON (``report``): a section per part, its status
+when it did not end ok, its tables, and the time each part took against its budget."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def pct(x: float | None) -> str:
+    return "–" if x is None or not finite(x) else f"{100 * x:.1f}%"
+
+
+def _num(x: Any, spec: str = ",.0f") -> str:
+    return format(x, spec) if finite(x) else "–"
+
+
+def _short(text: str, n: int = 80) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _tflops(x: Any) -> str:
+    return format(x / 1e12, ".3g") if finite(x) else "–"
+
+
+def _status(report: dict[str, Any], key: str) -> tuple[dict[str, Any], list[str]]:
+    part = report["parts"].get(key)
+    if part is None:
+        return {}, ["Not run."]
+    lines = [] if part["status"] == "ok" else [f"**{part['status']}**: {part.get('error', '')}", ""]
+    return part.get("result", {}), lines
+
+
+def _training_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["| model | precision | steps (batches) | target tok/s | tok/s (src+tgt) | ms per batch | model TFLOP/s | % of peak "
+             "| target | peak MB | final loss | loss scale start -> end (skipped steps) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['precision']} | {r['error']} |" + " |" * 9)
+            continue
+        target = (f"{pct(r['target_fraction'])}: {'met' if r['target_met'] else 'not met'}" if "target_fraction" in r else "")
+        scale = ""
+        if "loss_scale" in r:
+            s = r["loss_scale"]
+            scale = f"{s['start']:g} -> {s['end']:g} ({s['skipped_steps']})"
+        precision = r["precision"] + (f" (ran as {r['ran_as']})" if r.get("ran_as", r["precision"]) != r["precision"] else "")
+        lines.append(f"| {r['model']} | {precision} | {r['steps']} ({r['batches']}) | {_num(r['tgt_tokens_per_s'])} | "
+                     f"{_num(r['tokens_per_s'])} | {_num(r['batch_ms'], '.1f')} | {_tflops(r['flops_per_s'])} | "
+                     f"{pct(r['peak_fraction'])} | {target} | {_num(r['peak_mb'])} | {_num(r['final_loss'], '.3f')} | {scale} |")
+    notes = [f"- {r['model']} {r['precision']}: {r['note']}" for r in rows if r.get("note")]
+    return lines + (["", *notes] if notes else [])
+
+
+def markdown(report: dict[str, Any]) -> str:
+    parts = report["parts"]
+    lines = [f"# GPU check: {report['name']}" + (" (dry run, tiny sizes)" if report["dry_run"] else ""), "",
+             f"`scripts/gpu_check.sh{' --dry-run' if report['dry_run'] else ''}`, started {report['started']}, "
+             f"{report.get('elapsed_s', 0):.0f} s of the {report['deadline_s']} s deadline. "
+             f"Every number is in the JSON file next to this one; `scripts/gpu_check.py` says how each is measured.", ""]
+    if report["dry_run"]:
+        lines += ["A dry run: the code of the GPU run on tiny models and data; its speeds and targets mean nothing."
+                  + (" On a CPU, 16-mixed is Lightning's `MixedPrecision('16-mixed', 'cpu')` plugin (fp16 autocast and a "
+                     "GradScaler), as `Trainer(precision='16-mixed')` would be bf16 there, and the parity part compares "
+                     "the CPU kernels (`kernels=auto`) with the reference path." if report["mode"]["device"] == "cpu" else ""), ""]
+
+    lines += ["## 1. Environment", ""]
+    result, head = _status(report, "env")
+    lines += head
+    if result:
+        keys = ["device", "gpu", "gpu_memory_gb", "capability", "nvidia_smi", "torch", "cuda", "cudnn", "lightning", "python",
+                "cpu", "cpu_count", "cpu_threads"]
+        lines += ["| | |", "|---|---|", *[f"| {k} | {result[k]} |" for k in keys if k in result]]
+        for dtype in ("bfloat16", "float16"):
+            if f"matmul_peak_{dtype}" in result:
+                lines.append(f"| matmul peak {dtype} ({result['matmul_size']}^3) | {_tflops(result[f'matmul_peak_{dtype}'])} TFLOP/s |")
+    lines.append("")
+
+    data, head = _status(report, "data")
+    if data or head:
+        lines += ["Data: " + (", ".join(f"{k} {v}" for k, v in data.items()) if data else " ".join(head)), ""]
+
+    steps = report["mode"]["steps"]
+    lines += ["## 2. Presets in bf16-mixed and 16-mixed", "",
+              f"`nmt.train.train` with `trainer={'gpu' if report['mode']['device'] == 'cuda' else 'cpu'}`, {steps} optimizer "
+              "steps (Lightning's `max_time` may stop it sooner), no "
+              f"validation, test, logger or checkpoints; timed after the first {report['mode']['warmup']} batches, data "
+              "loading included. Model FLOPs: `nmt.bench.flops.training_flops` on the timed batches' real tokens; "
+              "% of the matmul peak of the same dtype (fp16 for 16-mixed).", ""]
+    result, head = _status(report, "presets")
+    lines += head + (_training_table(result["runs"]) if result.get("runs") else []) + [""]
+
+    lines += ["## 3. transformer_base in bf16-mixed", "",
+              "`experiment=transformer_base`: 6+6 layers, 512 wide, 8,192-token batches, 3 accumulated per optimizer step"
+              + (" (a dry run shrinks the layers, width and batches)." if report["dry_run"] else "."), ""]
+    result, head = _status(report, "base")
+    lines += head + (_training_table(result["runs"]) if result.get("runs") else []) + [""]
+
+    lines += ["## 4. Attention (SDPA) backends", ""]
+    result, head = _status(report, "sdpa")
+    lines += head
+    if result.get("model_forward_backward"):
+        names = list(result["model_forward_backward"])
+        calls = result.get("sdpa_calls", {})
+        kinds = [k for k in calls if k not in ("shape", "dtype")]
+        lines += ["Each backend alone (`torch.nn.attention.sdpa_kernel`): the `transformer` preset's loss and backward "
+                  f"under bf16 autocast, and SDPA alone at shape {calls.get('shape')} ({calls.get('dtype')}).", "",
+                  "| backend | model forward/backward | " + " | ".join(kinds) + " |", "|---|---|" + "---|" * len(kinds)]
+        for name in names:
+            lines.append(f"| {name} | {_short(result['model_forward_backward'][name])} | "
+                         + " | ".join(_short(calls.get(k, {}).get(name, "")) for k in kinds) + " |")
+        lines += ["", "One profiled training step, backends chosen by torch: "
+                  + (", ".join(result.get("backends_ran", [])) or "no SDPA op seen") + "; its attention kernels:", ""]
+        found = result.get("profiled_kernels") or {}
+        lines += [f"- `{k}` x{v}" for k, v in found.items()] or ["- no device kernel matched"]
+        lines += ["", "Attention ops: " + (", ".join(f"`{k}` x{v}" for k, v in result.get("profiled_ops", {}).items()) or "none")]
+    lines.append("")
+
+    lines += ["## 5. Gradient checkpointing", ""]
+    result, head = _status(report, "checkpointing")
+    lines += head
+    if result.get("runs"):
+        lines += ["The same weights and batches, `model.gradient_checkpointing` false then true, bf16 autocast, "
+                  "Adam steps included.", "",
+                  "| model | steps (tokens) | peak MB off | peak MB on | cut | saved for backward MB off | on | cut | ms per step off | on |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in result["runs"]:
+            if "error" in r:
+                lines.append(f"| {r['model']} | {r['error']} |" + " |" * 8)
+                continue
+            lines.append(f"| {r['model']} | {r['steps']} ({r['tokens']:,}) | {_num(r['off']['peak_mb'])} | {_num(r['on']['peak_mb'])} | "
+                         f"{pct(r['peak_cut'])} | {_num(r['off']['saved_mb'], ',.1f')} | {_num(r['on']['saved_mb'], ',.1f')} | "
+                         f"{pct(r['saved_cut'])} | {_num(r['off']['step_ms'], '.1f')} | {_num(r['on']['step_ms'], '.1f')} |")
+        lines += ["", f"Peak memory: {result['runs'][0].get('memory', '')}."]
+        above = [f"{r['model']} {pct(r['peak_above_start_cut'])}" for r in result["runs"]
+                 if r.get("peak_above_start_cut") is not None]
+        if above:
+            lines.append(f"Cut of the peak above the memory allocated before the steps (weights): {', '.join(above)}.")
+    lines.append("")
+
+    lines += ["## 6. Beam search with and without the key/value cache", ""]
+    result, head = _status(report, "kv_cache")
+    lines += head
+    if result.get("runs"):
+        lines += ["One batch of the test split's first sentences, bf16 autocast; without the cache the decoder re-runs "
+                  "the whole prefix at every step (`nmt.bench.decoding.NoCache`).", "",
+                  "| model | weights | beam, batch (sentences) | with cache tok/s | without tok/s | speedup | target | same outputs |",
+                  "|---|---|---|---:|---:|---:|---|---|"]
+        for r in result["runs"]:
+            if "error" in r:
+                lines.append(f"| {r['model']} | {r['error']} |" + " |" * 6)
+                continue
+            lines.append(f"| {r['model']} | {r['weights']} | {r['beam_size']}, {r['batch_size']} ({r['sentences']}) | "
+                         f"{_num(r['cached']['tokens_per_s'])} | "
+                         f"{_num(r['uncached']['tokens_per_s'])} | {r['speedup']:.2f}x | >= {r['target']:g}x: "
+                         f"{'met' if r['target_met'] else 'not met'} | {r['same_outputs']} |")
+    lines.append("")
+
+    lines += ["## 7. Loss parity", ""]
+    result, head = _status(report, "parity")
+    lines += head
+    if result.get("runs"):
+        tol = result["tolerance"]
+        lines += [f"`module.loss` on one training batch ({result['batch']['sentences']} sentences), the same weights: "
+                  f"`kernels=reference` on the CPU in fp32 against the device with `kernels=auto`; relative tolerance "
+                  f"{tol['fp32']:g} in fp32 (TF32 off), {tol['bf16']:g} under bf16 autocast. "
+                  f"All passed: {result.get('passed')}.", "",
+                  "| model | CPU fp32 reference | device fp32 | rel. diff | pass | device bf16 | rel. diff | pass |",
+                  "|---|---:|---:|---:|---|---:|---:|---|"]
+        for r in result["runs"]:
+            if "error" in r:
+                lines.append(f"| {r['model']} | {r['error']} |" + " |" * 6)
+                continue
+            lines.append(f"| {r['model']} | {r['cpu_fp32_reference']:.6f} | {r['fp32']['loss']:.6f} | {r['fp32']['rel_diff']:.2e} | "
+                         f"{'pass' if r['fp32']['pass'] else 'FAIL'} | {r['bf16']['loss']:.6f} | {r['bf16']['rel_diff']:.2e} | "
+                         f"{'pass' if r['bf16']['pass'] else 'FAIL'} |")
+    lines.append("")
+
+    lines += ["## Timings", "", "| part | status | seconds | budget s |", "|---|---|---:|---:|"]
+    for key, part in parts.items():
+        lines.append(f"| {key} | {part['status']} | {part.get('seconds', '–')} | {part['budget_s']} |")
+    return "\n".join(lines) + "\n"
