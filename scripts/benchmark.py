@@ -41,7 +41,8 @@ from typing import Any
 
 import hydra
 import torch
-from hydra import compose
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -84,8 +85,16 @@ def train_speed(module, optimizer, batches: list[dict], warmup: int, device: tor
 
 # --- driver ----------------------------------------------------------------------------------
 def train_config(cfg: DictConfig, preset: str) -> DictConfig:
-    """The train config of ``model=<preset>`` with this benchmark's data and overrides."""
-    train_cfg = compose("train", overrides=[f"model={preset}", f"kernels={cfg.kernels}", *cfg.overrides])
+    """The train config of ``model=<preset>`` with this benchmark's data and overrides, composed by a
+    Hydra of its own on the package's configs: the app's finds no train.yaml as a primary config
+    (Hydra looks a primary config up before it adds the search path), so it is put back after."""
+    app = GlobalHydra.instance().hydra
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            train_cfg = compose("train", overrides=[f"model={preset}", f"kernels={cfg.kernels}", *cfg.overrides])
+    finally:
+        GlobalHydra.instance().initialize(app)
     with open_dict(train_cfg):
         train_cfg.data = cfg.data
     return train_cfg
