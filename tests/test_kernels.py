@@ -292,3 +292,24 @@ def test_int8_is_a_mode_of_the_kernels_and_refuses_reference():
         quantized.set_kernels("reference")
     with pytest.raises(ValueError, match="kernels must be one of auto, reference, cpu, got 'fast'"):
         model.set_kernels("fast")
+
+
+def test_an_lstm_under_cpu_autocast_runs_in_fp32_where_onednn_has_no_lower_precision_lstm(monkeypatch):
+    """Without AVX-512, oneDNN has no bf16/fp16 LSTM and ``nn.LSTM`` under CPU autocast raises;
+    ``lstm_call`` then runs it in fp32: the same numbers as without autocast, packed or not."""
+    import nmt.kernels.reference as reference
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    monkeypatch.setattr(reference, "_onednn_lstm_has", lambda dtype: False)
+    torch.manual_seed(0)
+    rnn = torch.nn.LSTM(6, 5, num_layers=2, batch_first=True)
+    x, hx = torch.randn(3, 4, 6), (torch.randn(2, 3, 5), torch.randn(2, 3, 5))
+    packed = pack_padded_sequence(x, torch.tensor([4, 2, 3]), batch_first=True, enforce_sorted=False)
+    plain = reference.lstm_call(rnn, x, hx)[0], reference.lstm_call(rnn, packed)[0].data
+    for dtype in (torch.bfloat16, torch.float16):
+        with torch.autocast("cpu", dtype=dtype):
+            autocast = reference.lstm_call(rnn, x.to(dtype), tuple(s.to(dtype) for s in hx))[0], \
+                reference.lstm_call(rnn, packed)[0].data
+        assert all(a.dtype == torch.float32 for a in autocast)
+        torch.testing.assert_close(autocast[1], plain[1], rtol=0, atol=0)
+        torch.testing.assert_close(autocast[0], rnn(x.to(dtype).float(), tuple(s.to(dtype).float() for s in hx))[0], rtol=0, atol=0)

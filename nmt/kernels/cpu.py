@@ -18,7 +18,7 @@ import nmt.kernels.lstm as lstm
 import nmt.kernels.sdpa as sdpa
 from nmt.kernels.dropout import dropout
 from nmt.kernels.int8 import Int8Linear
-from nmt.kernels.reference import ReferenceOps, attention_with_weights
+from nmt.kernels.reference import ReferenceOps, attention_with_weights, lstm_call
 
 
 class CPUOps(ReferenceOps):
@@ -47,6 +47,10 @@ class CPUOps(ReferenceOps):
 
     def encoder_lstm(self, rnn: nn.LSTM, x: Tensor, src_mask: Tensor, checkpointing: bool) -> tuple[Tensor, Tensor, Tensor]:
         return lstm.encoder(rnn, x, src_mask, checkpointing)
+
+    def lstm(self, rnn: nn.LSTM, x: Tensor, hx: tuple[Tensor, Tensor]) -> Tensor:
+        """``nn.LSTM`` itself: over unpadded whole sequences, torch's oneDNN kernel is the CPU kernel."""
+        return lstm_call(rnn, x, hx)[0]
 
     def decoder_lstm(self, rnn: nn.LSTM, emb_size: int) -> lstm.StepsOnWeights:
         return lstm.StepsOnWeights(rnn, lstm.step_weights(rnn, emb_size))

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 from torch.utils.checkpoint import checkpoint
 
 
@@ -50,6 +50,26 @@ class LSTMSteps:
             params = (getattr(rnn, f"{name}_l{layer}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
             h[layer], c[layer] = lstm_step(x, h[layer], c[layer], *params)
             x = h[layer]
+
+
+def lstm_call(rnn: nn.LSTM, x: Any, hx: tuple[Tensor, Tensor] | None = None) -> tuple[Any, tuple[Tensor, Tensor]]:
+    """``rnn(x, hx)`` (``x`` a tensor or a ``PackedSequence``). CPU autocast runs ``nn.LSTM`` in
+    its lower precision through oneDNN, which has no bf16 or fp16 LSTM without AVX-512 ("could not
+    create a primitive descriptor"): on such a CPU the call runs in fp32, autocast off."""
+    device = rnn.weight_hh_l0.device.type
+    if device != "cpu" or not torch.is_autocast_enabled(device) or _onednn_lstm_has(torch.get_autocast_dtype(device)):
+        return rnn(x, hx)
+    with torch.autocast(device, enabled=False):
+        x = x._replace(data=x.data.float()) if isinstance(x, PackedSequence) else x.float()
+        return rnn(x, None if hx is None else tuple(s.float() for s in hx))
+
+
+def _onednn_lstm_has(dtype: torch.dtype) -> bool:
+    if dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    if dtype == torch.float16:
+        return torch.ops.mkldnn._is_mkldnn_fp16_supported()
+    return True
 
 
 def attention_with_weights(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float,
@@ -98,7 +118,7 @@ class ReferenceOps:
         side. ``checkpointing``: keep only the input, recompute in the backward pass."""
 
         def packed(x: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            out, (h, c) = rnn(pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False))
+            out, (h, c) = lstm_call(rnn, pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False))
             out, _ = pad_packed_sequence(out, batch_first=True, total_length=x.size(1))
             return out, h, c
 
@@ -108,6 +128,11 @@ class ReferenceOps:
         # (L*D, B, h) -> (B, L, D*h)
         final = [s.view(layers, dirs, s.size(1), -1).permute(2, 0, 1, 3).reshape(s.size(1), layers, -1) for s in (h, c)]
         return out, final[0], final[1]
+
+    def lstm(self, rnn: nn.LSTM, x: Tensor, hx: tuple[Tensor, Tensor]) -> Tensor:
+        """``rnn`` (batch-first) over whole sequences x (B, T, I) from the states ``hx`` (L, B, H)
+        each -> the top layer's outputs (B, T, H)."""
+        return lstm_call(rnn, x, hx)[0]
 
     def decoder_lstm(self, rnn: nn.LSTM, emb_size: int) -> LSTMSteps:
         """``rnn`` prepared for stepping, once per sequence; its first layer reads

@@ -187,7 +187,7 @@ class RNNDecoder(UsesKernels, nn.Module):
         state = self.init_state(memory)
         if self.input_feeding == "none":  # no recurrence through attention: one LSTM call
             hc = tuple(state[k].transpose(0, 1).to(emb.dtype).contiguous() for k in ("h", "c"))
-            h, _ = self.rnn(emb, hc)  # (B, T, H)
+            h = self.kernels.ops(emb).lstm(self.rnn, emb, hc)  # (B, T, H)
             if self.attention is None:
                 return self._output(h, None), None
             context, attn = self._attend(h, memory)  # (B, T, Hk), (B, T, S)
