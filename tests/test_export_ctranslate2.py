@@ -210,19 +210,23 @@ def test_folder_is_self_contained(trained, tmp_path):
 
 
 def test_int8_export(trained, tmp_path):
-    """int8 weights: a smaller model that mostly translates as fp32 (a tiny model's repetitive
-    outputs flip with rounding, as nmt.kernels.int8 in tests/test_train.py)."""
+    """int8 weights: a smaller model whose per-token log-probabilities stay close to fp32's on the
+    same translations (median within 0.2 nats), and which keeps the memorised training pairs. Unseen sentences, where the
+    tiny model hesitates between pieces, are not compared word for word: which ties flip with
+    rounding depends on the CPU's int8 GEMM (AVX2, AVX-512 VNNI)."""
     loaded, out = trained
     int8 = to_ctranslate2(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, tmp_path / "int8", "int8")
     assert (int8 / "model.bin").stat().st_size < 0.75 * (out / "model.bin").stat().st_size
     assert json.loads((int8 / "nmt_export.json").read_text())["quantization"] == "int8"
     lines = lines_of("train.src")[:20] + lines_of("test.src")
-    fp32 = [t.text for t in CTranslate2Translator(out, GREEDY, workers=1, intra_threads=1).translate(lines)]
-    quantized = [t.text for t in CTranslate2Translator(int8, GREEDY, workers=1, intra_threads=1).translate(lines)]
-    same = [a == b for a, b in zip(fp32, quantized)]
-    # the memorised training pairs survive rounding; unseen sentences, where the tiny model hesitates, flip more
-    assert sum(same[:20]) >= 16, list(zip(fp32[:20], quantized[:20]))
-    assert sum(same[20:]) >= 0.5 * (len(lines) - 20), list(zip(fp32[20:], quantized[20:]))
+    fp32_model = CTranslate2Translator(out, GREEDY, workers=1, intra_threads=1)
+    int8_model = CTranslate2Translator(int8, GREEDY, workers=1, intra_threads=1)
+    fp32, quantized = ([t.text for t in m.translate(lines)] for m in (fp32_model, int8_model))
+    assert sum(a == b for a, b in zip(fp32[:20], quantized[:20])) >= 16, list(zip(fp32[:20], quantized[:20]))
+    gaps = [abs(a - b) for x, y in zip(fp32_model.score(lines, fp32), int8_model.score(lines, fp32)) for a, b in zip(x, y)]
+    # A 16-wide model loses more to int8 than a real one: 0.15-0.2 nats per token on an AVX2 CPU,
+    # whose int8 products saturate in 16 bits; weights read with a wrong scale lose several.
+    assert sorted(gaps)[len(gaps) // 2] < 0.2 and sum(gaps) / len(gaps) < 0.5, (sum(gaps) / len(gaps), max(gaps))
 
 
 @pytest.mark.parametrize("preset, overrides, message", [
