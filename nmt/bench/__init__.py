@@ -14,6 +14,13 @@ Modules here may import the rest of ``nmt``; nothing else in ``nmt`` imports the
 
 from pathlib import Path
 
-# The checkout nmt is installed from (editable): the benchmarks run its train.py and translate.py
-# there, so that runs find the project's data, .cache and outputs/ as a user's runs do.
-ROOT = Path(__file__).resolve().parents[2]
+
+def checkout() -> Path:
+    """The repository checkout ``nmt`` is installed from (``pip install -e .``): the benchmarks run
+    its ``train.py`` and ``translate.py`` there, so that runs find the project's data, ``.cache`` and
+    ``outputs/`` as a user's runs do. Installed from a wheel, there is no checkout to run."""
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "train.py").is_file() or not (root / "scripts").is_dir():
+        raise RuntimeError(f"nmt.bench runs the benchmarks of a repository checkout and {root} is not one: "
+                           "run them from a clone with nmt installed from it (pip install -e .)")
+    return root

@@ -12,12 +12,12 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-from nmt.bench import ROOT
+from nmt.bench import checkout
 
 
 def extract(revision: str, into: Path) -> None:
     """``revision``'s ``nmt/`` as the package ``nmt_before`` under ``into``."""
-    archive = subprocess.run(["git", "archive", revision, "nmt"], cwd=ROOT, check=True, capture_output=True).stdout
+    archive = subprocess.run(["git", "archive", revision, "nmt"], cwd=checkout(), check=True, capture_output=True).stdout
     with tempfile.TemporaryFile() as f:
         f.write(archive)
         f.seek(0)

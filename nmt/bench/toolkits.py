@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
 from nmt import CONF_DIR
-from nmt.bench import ROOT
+from nmt.bench import checkout
 
 REPORT = re.compile(r"Step (\d+)/.*?(\d+)/\s*(\d+) tok/s")
 
@@ -33,7 +33,7 @@ def write_pieces(data: str, work: Path, splits: tuple[str, ...] = ("train", "val
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[f"data={data}"], return_hydra_config=True)
     with open_dict(cfg):  # what @hydra.main would set
-        cfg.hydra.runtime.output_dir, cfg.hydra.runtime.cwd, cfg.hydra.job.num = str(work), str(ROOT), 0
+        cfg.hydra.runtime.output_dir, cfg.hydra.runtime.cwd, cfg.hydra.job.num = str(work), str(checkout()), 0
     HydraConfig().set_config(cfg)
     dm = build_datamodule(cfg.data)
     dm.setup()
@@ -84,13 +84,13 @@ def report_speed(log: str, warmup: int) -> float | None:
 def our_speed(model: str, steps: int, precision: str, data: str, out: Path, threads: int) -> float:
     """Target tokens/s of ``train.py`` with the comparisons' settings, trained into ``out``: its
     ``summary.json`` (the first step excluded)."""
-    command = [sys.executable, str(ROOT / "train.py"), f"model={model}", f"data={data}", "data.max_tokens=3000",
+    command = [sys.executable, str(checkout() / "train.py"), f"model={model}", f"data={data}", "data.max_tokens=3000",
                f"trainer.max_steps={steps}", f"trainer.precision={precision}", "test=false", "scheduler=inverse_sqrt",
                "trainer.num_sanity_val_steps=0", "trainer.val_check_interval=1000000", "trainer.check_val_every_n_epoch=null",
                "trainer.max_time=null", "callbacks.rich_progress_bar=null", "trainer.enable_progress_bar=false",
                f"hydra.run.dir={out}"]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    run = subprocess.run(command, cwd=checkout(), env=env, capture_output=True, text=True)
     if run.returncode:
         raise RuntimeError(f"{' '.join(command[1:])} failed:\n{run.stderr[-3000:]}")
     return json.loads((out / "summary.json").read_text())["train_tgt_tokens_per_sec"]

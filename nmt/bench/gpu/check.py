@@ -26,7 +26,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, open_dict
 
 from nmt import CONF_DIR
-from nmt.bench import ROOT
+from nmt.bench import checkout
 from nmt.bench.gpu.report import markdown
 
 # Seconds: the cap of each part; the run's deadline leaves RESERVE for each part still to come.
@@ -133,7 +133,7 @@ class Check:
             cfg = compose("train", overrides=overrides, return_hydra_config=True)
         with open_dict(cfg):
             cfg.hydra.runtime.output_dir = str(self.work / "runs" / run)
-            cfg.hydra.runtime.cwd = str(ROOT)
+            cfg.hydra.runtime.cwd = str(checkout())
             cfg.hydra.job.num = 0
             if self.cache_dir is not None:
                 cfg.paths.cache_dir = str(self.cache_dir)
