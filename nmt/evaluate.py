@@ -29,7 +29,6 @@ from nmt.checkpoint import CheckpointError, saved_vocabularies
 from nmt.inference import Translator
 from nmt.length_report import length_report, markdown_table, plot_bleu_by_length, write_report
 from nmt.significance import significance, significance_table
-from nmt.builders import build_datamodule
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +43,8 @@ def load_test_split(data_cfg: DictConfig | dict, source: str | None = None) -> t
     """Raw sources and references of a data config's test split, and its length unit. A config read
     from the file ``source`` (a checkpoint's) is checked and built by ``nmt.file_config``."""
     if source is None:
+        from nmt.builders import build_datamodule  # Lightning's import: only where a data config is built
+
         datamodule = build_datamodule(data_cfg)
     else:
         try:

@@ -29,6 +29,7 @@ holds is refused before any memory is spent on it.
 from __future__ import annotations
 
 import functools
+import importlib
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -36,31 +37,19 @@ from typing import Any
 import torch
 
 from nmt import pad_to
-from nmt.data.datamodule import TranslationDataModule
-from nmt.data.sources import FileSource, SyntheticSource
-from nmt.models.attention import BahdanauAttention, LuongAttention
-from nmt.models.base import Seq2Seq
-from nmt.models.rnn import RNNDecoder, RNNEncoder
-from nmt.models.transformer import TransformerDecoder, TransformerEncoder
 
 
-def _name(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _names(*classes: type) -> dict[str, type]:
-    return {_name(c): c for c in classes}
-
-
-# What a config read from a file may build, by section of the run config.
-BUILDABLE: dict[str, dict[str, type]] = {
-    "model": _names(Seq2Seq, RNNEncoder, RNNDecoder, TransformerEncoder, TransformerDecoder, BahdanauAttention,
-                    LuongAttention),
-    "data": _names(TranslationDataModule, FileSource, SyntheticSource),
+# What a config read from a file may build, by section of the run config: exact qualified names.
+BUILDABLE: dict[str, tuple[str, ...]] = {
+    "model": ("nmt.models.base.Seq2Seq", "nmt.models.rnn.RNNEncoder", "nmt.models.rnn.RNNDecoder",
+              "nmt.models.transformer.TransformerEncoder", "nmt.models.transformer.TransformerDecoder",
+              "nmt.models.attention.BahdanauAttention", "nmt.models.attention.LuongAttention"),
+    "data": ("nmt.data.datamodule.TranslationDataModule", "nmt.data.sources.FileSource",
+             "nmt.data.sources.SyntheticSource"),
 }
-ROOTS = {"model": _name(Seq2Seq), "data": _name(TranslationDataModule)}
+ROOTS = {"model": "nmt.models.base.Seq2Seq", "data": "nmt.data.datamodule.TranslationDataModule"}
 # Bounds on arguments that set how much work a class does (a file must not ask for 10^12 pairs).
-MAX_COUNTS = {_name(SyntheticSource): {"num_pairs": 10**8, "valid_pairs": 10**7, "test_pairs": 10**7}}
+MAX_COUNTS = {"nmt.data.sources.SyntheticSource": {"num_pairs": 10**8, "valid_pairs": 10**7, "test_pairs": 10**7}}
 MAX_DEPTH = 32
 MAX_NODES = 10_000
 MAX_STRING = 65_536  # characters of one string value
@@ -117,7 +106,7 @@ def _string(value: str, where: str, grandparent: Mapping[str, Any] | None) -> st
                         "a config from a file is never resolved)")
 
 
-def _check_targets(node: Any, where: str, allowed: Mapping[str, type]) -> None:
+def _check_targets(node: Any, where: str, allowed: tuple[str, ...]) -> None:
     if isinstance(node, Mapping):
         if "_target_" in node:
             target = node["_target_"]
@@ -157,6 +146,17 @@ def check(config: Any, section: str, source: str) -> dict[str, Any]:
     return plain
 
 
+@functools.cache
+def classes(section: str) -> dict[str, type]:
+    """``BUILDABLE[section]``'s classes by name, imported at first use: the data module imports
+    Lightning, seconds that loading a model to translate does not need."""
+    found = {}
+    for name in BUILDABLE[section]:
+        module, _, attr = name.rpartition(".")
+        found[name] = getattr(importlib.import_module(module), attr)
+    return found
+
+
 def build(config: Any, allowed: Mapping[str, type], **kwargs: Any) -> Any:
     """The object a checked config describes (``check`` first), built children first; ``kwargs``
     go to the outermost class."""
@@ -175,7 +175,7 @@ def build(config: Any, allowed: Mapping[str, type], **kwargs: Any) -> Any:
 
 def _checked_build(config: dict[str, Any], section: str, source: str, **kwargs: Any) -> Any:
     try:
-        return build(config, BUILDABLE[section], **kwargs)
+        return build(config, classes(section), **kwargs)
     except (TypeError, ValueError, RuntimeError, AttributeError, KeyError, OverflowError) as e:
         raise ConfigRefused(f"{source}: its {section} config does not build ({type(e).__name__}: "
                             f"{str(e).strip().splitlines()[0][:300]})") from None

@@ -36,9 +36,6 @@ from datetime import datetime
 from pathlib import Path
 
 from nmt import CONF_DIR, register_resolvers
-from nmt.evaluate import compare
-from nmt.inference import Translator
-from nmt.plots import plot_attention
 
 MODELS = ["lstm", "lstm_bahdanau", "lstm_luong", "transformer"]
 log = logging.getLogger("nmt.study")
@@ -77,6 +74,9 @@ def model_name(summary: dict) -> str:
 
 def heatmaps(ckpt: Path, sources: list[str], out_dir: Path, count: int) -> None:
     """Attention of the ``count`` longest test sentences (models without attention: none)."""
+    from nmt.inference import Translator  # torch and matplotlib: not for --help or a refused option
+    from nmt.plots import plot_attention
+
     translator = Translator.load(ckpt, device="cpu")
     longest = sorted(range(len(sources)), key=lambda i: -len(sources[i].split()))[:count]
     translations = translator.translate([sources[i] for i in longest], attention=True)
@@ -106,6 +106,8 @@ def collect(sweep_dir: Path, num_heatmaps: int) -> Path:
         if num_heatmaps and name != "lstm":
             sources = (run / "test_sources.txt").read_text(encoding="utf-8").splitlines()
             heatmaps(Path(summary["best_checkpoint"]), sources, sweep_dir / "attention" / name, num_heatmaps)
+    from nmt.evaluate import compare
+
     paths = compare(reports, sweep_dir / "comparison", title="BLEU by source length")
     first = next(iter(reports.values()))
     longest = next(b for b in reversed(first["buckets"]) if b["count"])["label"]

@@ -164,9 +164,9 @@ def test_every_class_a_config_names_is_buildable_by_its_exact_name():
                    for f in (CONF_DIR / folder).rglob("*.yaml") for line in f.read_text().splitlines()
                    if "_target_:" in line}
         assert targets and targets <= set(file_config.BUILDABLE[section]), targets - set(file_config.BUILDABLE[section])
-    for allowed in file_config.BUILDABLE.values():
-        for name, cls in allowed.items():
-            assert _locate(name) is cls
+    for section in file_config.BUILDABLE:
+        for name, cls in file_config.classes(section).items():
+            assert _locate(name) is cls and f"{cls.__module__}.{cls.__qualname__}" == name
 
 
 def test_a_stored_config_builds_the_same_model_as_hydra(trained):
