@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -121,6 +124,42 @@ def serve_ckpt(tmp_path_factory) -> Path:
     cfg = compose_train(tmp_path, ["trainer.max_epochs=3"], model="transformer")
     train(cfg)
     return Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+
+
+@dataclass
+class Finished:
+    """What a command left: its exit status, stdout and stderr."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def translate_here(capsys, *overrides: str) -> Finished:
+    """``translate.py <overrides>`` in this process: ``nmt.translate.run``'s body on the config Hydra
+    composes from the same overrides, with nmt's log lines on stderr as Hydra's logging prints
+    them. No run folder (``hydra.run.dir``): what needs one runs ``translate.py`` itself."""
+    from nmt.cli_io import StopSignals, ending_cleanly
+    from nmt.translate import translate_file
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("translate", overrides=list(overrides))
+    capsys.readouterr()
+    logger, handler = logging.getLogger("nmt"), logging.StreamHandler(sys.stderr)  # capsys's stderr
+    level, status = logger.level, 0
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        with ending_cleanly(), StopSignals() as signals:
+            translate_file(cfg, signals)
+    except SystemExit as stop:
+        status = stop.code
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    out = capsys.readouterr()
+    return Finished(status, out.out, out.err)
 
 
 def serve_cfg(ckpt: Path, *overrides: str) -> DictConfig:

@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import KERNELS, ROOT, TINY
 
 SCRIPT = ROOT / "scripts" / "first_runs.py"
@@ -19,6 +21,7 @@ def tiny_run(tmp_path) -> list[str]:
         f"kernels={KERNELS[0]}", f"paths.cache_dir={tmp_path / 'cache'}"]
 
 
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_first_runs_times_each_preset_and_tabulates_its_report(tmp_path):
     overrides = tiny_run(tmp_path)
     out = tmp_path / "first"
@@ -46,6 +49,7 @@ def test_collect_names_the_folder_without_finished_runs(tmp_path):
     assert f"{tmp_path}: no finished first run (<model>/wall_seconds.json) to collect" in result.stderr
 
 
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_busy_runs_beside_a_competitor_and_say_so(tmp_path):
     overrides = tiny_run(tmp_path)
     out = tmp_path / "busy"

@@ -95,6 +95,7 @@ def check_report(report: dict, md: str) -> None:
         assert number(row["CPU fp32 reference"]) > 0
 
 
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_dry_run_writes_every_part(tmp_path):
     report, md = run_check(tmp_path / "report")
     assert report["dry_run"] and report["mode"]["device"] == "cpu"

@@ -113,6 +113,7 @@ def test_evaluate_compares_two_hypothesis_files(tmp_path):
     assert (out / "comparison.png").is_file() and (out / "good" / "bleu_by_length.csv").is_file()
 
 
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_study_script_trains_every_model_and_draws_the_comparison(tmp_path):
     """nmt-study: one multirun, then the comparison, the summary (with cost
     columns) and attention heatmaps for attention models only; with --then, a second stage that

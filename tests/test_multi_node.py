@@ -74,6 +74,7 @@ def logged_steps(run: Path) -> list[int]:
         return [int(row["step"]) for row in csv.DictReader(f) if row.get("train/loss")]
 
 
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_two_nodes_share_one_cache_train_and_resume(tmp_path):
     """Both nodes start on one empty cache folder: one prepared folder results, and no temporary
     one is left (the race itself: the test above). The 2-node run validates and checkpoints;
@@ -117,6 +118,7 @@ def test_a_folder_another_node_prepared_meanwhile_is_used(tmp_path, monkeypatch)
     assert prepared_folders(cache) == [folder] and not folder.name.startswith(TMP_PREFIX)
 
 
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_two_nodes_with_a_cache_each_prepare_the_same_data(tmp_path):
     """No shared disk: each node's local rank 0 prepares its own copy of the corpus, and both
     copies hold the same tokenizer (a different one would train two models under one DDP)."""

@@ -32,6 +32,7 @@ def run(cmd: list, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
     return result
 
 
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_the_wheel_installs_into_a_fresh_environment_and_trains_from_an_empty_folder(tmp_path):
     pytest.importorskip("setuptools", minversion="77")
     src = tmp_path / "src"  # a copy, so the build leaves nothing in the checkout

@@ -130,10 +130,12 @@ def reference_plain(tmp_path_factory):
 
 
 # --- resume -------------------------------------------------------------------------------------
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_killed_run_resumes_to_the_same_weights_and_bleu(reference, tmp_path):
     assert_killed_run_resumes_exactly(reference, tmp_path, [])
 
 
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_killed_run_resumes_exactly_on_plain_pytorch(reference_plain, tmp_path):
     assert_killed_run_resumes_exactly(reference_plain, tmp_path, ["kernels=reference"])
 
@@ -187,6 +189,7 @@ def test_the_final_checkpoint_of_a_run_that_stopped_resumes_exactly(reference, t
     assert_same_weights(ref_ckpt, Path(second.paths.output_dir) / "checkpoints" / "last.ckpt")
 
 
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_sigterm_saves_a_checkpoint_and_latest_resumes_it(tmp_path):
     runs = tmp_path / "outputs" / "train" / "runs"
     first = runs / "first"

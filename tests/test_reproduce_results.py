@@ -10,6 +10,7 @@ import shlex
 import subprocess
 import sys
 
+import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -26,6 +27,7 @@ def run_script(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_a_tiny_entry_runs_and_its_metrics_are_read_back_beside_the_documented_values(tmp_path):
     overrides = [o for o in TINY if not o.startswith(("model.", "trainer.max_steps"))] + [
         "model.emb_size=16", "model.hidden_size=16", "trainer.max_steps=2", "test_decoding.beam_size=2",
@@ -115,6 +117,7 @@ def training_overrides(script: str, args: list[str]) -> list[list[str]]:
     return [[f"experiment={experiment}", f"model={model}", *stage] for model in models for stage in stages]
 
 
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_every_registered_command_composes_and_sends_its_files_to_its_run_folder(tmp_path):
     registered = entries()
     listed = run_script("--list", timeout=60)

@@ -140,6 +140,7 @@ def test_with_the_same_ranks_a_resume_yields_what_each_rank_had_left():
 
 
 # --- training runs --------------------------------------------------------------------------------
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_two_ranks_resume_on_one(tmp_path, caplog):
     """A 2-rank run stops at step 3 in the middle of epoch 0; resumed on 1 process, it goes on
     from step 3 at the schedule's learning rate and trains the epoch's rest: with the 2 ranks'

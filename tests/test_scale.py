@@ -33,6 +33,7 @@ def cli_overrides(tmp_path: Path) -> list[str]:
     return [*keep, "model.emb_size=32", f"kernels={KERNELS[0]}", f"paths.cache_dir={tmp_path.parent / 'nmt-cache'}"]
 
 
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_ddp_on_two_cpu_processes_matches_single_process_bleu(tmp_path):
     """2 ranks (gloo) train and validate; the test BLEU they compute together on the best
     checkpoint equals a single-process evaluation of that checkpoint."""
@@ -124,6 +125,7 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(name):
         torch.testing.assert_close(grads_ckpt[key], grads_plain[key], atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_optuna_sweep_of_two_trials_writes_its_table(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     sweep = tmp_path / "sweep"

@@ -231,6 +231,7 @@ def test_the_page_translates_and_draws_the_heatmap_in_chromium(ckpt, tmp_path):
         server.wait(timeout=10)
 
 
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_the_load_test_script_checks_every_response_against_translate_py(ckpt, tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("\n".join(LINES) + "\n", encoding="utf-8")

@@ -18,6 +18,7 @@ pytest.importorskip("hydra_plugins.hydra_submitit_launcher",
 HANG_GUARD = 300  # seconds
 
 
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_submitit_local_sweep_runs_every_job(tmp_path):
     """Two jobs (two models) run through `hydra/launcher=local`; each writes its own summary."""
     sweep = tmp_path / "sweep"

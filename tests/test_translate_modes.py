@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nmt.train import train
-from tests.conftest import ROOT, TORCH_INIT, compose_train
+from tests.conftest import ROOT, TORCH_INIT, Finished, compose_train, translate_here
 
 LINES = (ROOT / "tests/data/tiny/test.src").read_text().splitlines()[:12]
 INPUT = LINES[:4] + ["", "   "] + LINES[4:] + [""]
@@ -25,10 +25,18 @@ def ckpt(tmp_path_factory) -> Path:
     return Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
 
 
-def translate(ckpt: Path, cwd: Path, *overrides: str, stdin: str | None = None, ok: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, str(ROOT / "translate.py"), f"ckpt={ckpt}", *overrides], input=stdin,
-                            capture_output=True, text=True, cwd=cwd, timeout=300)
+def translate(ckpt: Path, capsys, *overrides: str, ok: bool = True) -> Finished:
+    """translate.py's run in this process (``tests.conftest.translate_here``)."""
+    result = translate_here(capsys, f"ckpt={ckpt}", *overrides)
     assert (result.returncode == 0) == ok, result.stderr[-3000:]
+    return result
+
+
+def translate_command(ckpt: Path, cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """translate.py in a process of its own, in ``cwd`` (where Hydra puts a run folder)."""
+    result = subprocess.run([sys.executable, str(ROOT / "translate.py"), f"ckpt={ckpt}", *overrides],
+                            capture_output=True, text=True, cwd=cwd, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
     return result
 
 
@@ -39,9 +47,9 @@ def src(tmp_path) -> Path:
     return path
 
 
-def test_nbest_writes_k_ranked_rows_per_line_headed_by_the_one_best(ckpt, src, tmp_path):
-    one = translate(ckpt, tmp_path, f"input={src}", "decoding.beam_size=3").stdout.split("\n")[:-1]
-    rows = [r.split("\t") for r in translate(ckpt, tmp_path, f"input={src}", "decoding.beam_size=3",
+def test_nbest_writes_k_ranked_rows_per_line_headed_by_the_one_best(ckpt, src, tmp_path, capsys):
+    one = translate(ckpt, capsys, f"input={src}", "decoding.beam_size=3").stdout.split("\n")[:-1]
+    rows = [r.split("\t") for r in translate(ckpt, capsys, f"input={src}", "decoding.beam_size=3",
                                              "decoding.nbest=3").stdout.split("\n")[:-1]]
     assert len(rows) == 3 * len(INPUT)
     assert [(int(r[0]), int(r[1])) for r in rows] == [(n, k) for n in range(1, len(INPUT) + 1) for k in (1, 2, 3)]
@@ -51,19 +59,19 @@ def test_nbest_writes_k_ranked_rows_per_line_headed_by_the_one_best(ckpt, src, t
         scores = [float(r[2]) for r in ranked]
         assert scores == sorted(scores, reverse=True)
         assert (not line.strip()) == all(r[4] == "" and float(r[3]) == 0.0 for r in ranked)
-    as_json = [json.loads(r) for r in translate(ckpt, tmp_path, f"input={src}", "decoding.beam_size=3", "decoding.nbest=3",
+    as_json = [json.loads(r) for r in translate(ckpt, capsys, f"input={src}", "decoding.beam_size=3", "decoding.nbest=3",
                                                 "format=jsonl").stdout.splitlines()]
     assert [(j["line"], j["rank"], j["text"]) for j in as_json] == [(int(r[0]), int(r[1]), r[4]) for r in rows]
-    result = translate(ckpt, tmp_path, f"input={src}", "decoding.beam_size=3", "decoding.nbest=4", ok=False)
+    result = translate(ckpt, capsys, f"input={src}", "decoding.beam_size=3", "decoding.nbest=4", ok=False)
     assert "nbest=4: must be between 1 and the beam size (3)" in result.stderr
 
 
-def test_the_score_of_the_models_own_greedy_output_is_the_score_greedy_reported(ckpt, src, tmp_path):
-    greedy = [json.loads(r) for r in translate(ckpt, tmp_path, f"input={src}", "decoding=greedy",
+def test_the_score_of_the_models_own_greedy_output_is_the_score_greedy_reported(ckpt, src, tmp_path, capsys):
+    greedy = [json.loads(r) for r in translate(ckpt, capsys, f"input={src}", "decoding=greedy",
                                                "format=jsonl").stdout.splitlines()]
     hyps = tmp_path / "hyps.txt"
     hyps.write_text("".join(g["text"] + "\n" for g in greedy), encoding="utf-8")
-    scored = translate(ckpt, tmp_path, "mode=score", f"input={src}", f"target={hyps}").stdout.split("\n")[:-1]
+    scored = translate(ckpt, capsys, "mode=score", f"input={src}", f"target={hyps}").stdout.split("\n")[:-1]
     assert len(scored) == len(INPUT)
     for line, g, row in zip(INPUT, greedy, scored):
         if not line.strip():
@@ -75,48 +83,48 @@ def test_the_score_of_the_models_own_greedy_output_is_the_score_greedy_reported(
     # One TSV of pairs gives the same; per-token values add up to the sum.
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("".join(f"{s}\t{g['text']}\n" if s.strip() else "\n" for s, g in zip(INPUT, greedy)), encoding="utf-8")
-    assert translate(ckpt, tmp_path, "mode=score", f"input={pairs}").stdout.split("\n")[:-1] == scored
-    per_token = translate(ckpt, tmp_path, "mode=score", f"input={pairs}", "score_tokens=true", "format=jsonl").stdout
+    assert translate(ckpt, capsys, "mode=score", f"input={pairs}").stdout.split("\n")[:-1] == scored
+    per_token = translate(ckpt, capsys, "mode=score", f"input={pairs}", "score_tokens=true", "format=jsonl").stdout
     for row in map(json.loads, per_token.splitlines()):
         if "logprob" in row:
             assert len(row["token_logprobs"]) == row["tokens"]
             assert sum(row["token_logprobs"]) == pytest.approx(row["logprob"], abs=2e-3)
 
 
-def test_scoring_bad_input_names_the_file_and_line(ckpt, src, tmp_path):
+def test_scoring_bad_input_names_the_file_and_line(ckpt, src, tmp_path, capsys):
     short = tmp_path / "short.txt"
     short.write_text("a\nb\n", encoding="utf-8")
-    result = translate(ckpt, tmp_path, "mode=score", f"input={src}", f"target={short}", ok=False)
+    result = translate(ckpt, capsys, "mode=score", f"input={src}", f"target={short}", ok=False)
     assert f"{short} has 2 lines but {src} has more: give one target per source line" in result.stderr
-    result = translate(ckpt, tmp_path, "mode=score", f"input={src}", ok=False)
+    result = translate(ckpt, capsys, "mode=score", f"input={src}", ok=False)
     assert f"{src}, line 1: no tab; give source<TAB>target lines" in result.stderr
     broken = tmp_path / "broken.txt"
     broken.write_bytes(b"ok\tfine\nbad \xc3\x28\tutf8\n")
-    result = translate(ckpt, tmp_path, "mode=score", f"input={broken}", ok=False)
+    result = translate(ckpt, capsys, "mode=score", f"input={broken}", ok=False)
     assert f"{broken}, line 2: invalid UTF-8" in result.stderr
-    result = translate(ckpt, tmp_path, "mode=score", f"input={broken}", "errors=replace")
+    result = translate(ckpt, capsys, "mode=score", f"input={broken}", "errors=replace")
     assert len(result.stdout.split("\n")) == 3 and "replaced invalid UTF-8 on 1 line(s): [2]" in result.stderr
 
 
-def test_sampling_repeats_with_its_seed_and_keeps_empty_lines(ckpt, src, tmp_path):
-    first = translate(ckpt, tmp_path, f"input={src}", "decoding=sample", "decoding.seed=7").stdout
-    assert translate(ckpt, tmp_path, f"input={src}", "decoding=sample", "decoding.seed=7").stdout == first
+def test_sampling_repeats_with_its_seed_and_keeps_empty_lines(ckpt, src, tmp_path, capsys):
+    first = translate(ckpt, capsys, f"input={src}", "decoding=sample", "decoding.seed=7").stdout
+    assert translate(ckpt, capsys, f"input={src}", "decoding=sample", "decoding.seed=7").stdout == first
     out = first.split("\n")[:-1]
     assert len(out) == len(INPUT) and all((o == "") == (not i.strip()) for o, i in zip(out, INPUT))
-    greedy = translate(ckpt, tmp_path, f"input={src}", "decoding=greedy").stdout
-    assert translate(ckpt, tmp_path, f"input={src}", "decoding=sample", "decoding.temperature=0").stdout == greedy
+    greedy = translate(ckpt, capsys, f"input={src}", "decoding=greedy").stdout
+    assert translate(ckpt, capsys, f"input={src}", "decoding=sample", "decoding.temperature=0").stdout == greedy
 
 
-def test_output_is_streamed_in_input_order_and_an_interrupted_run_keeps_its_finished_lines(ckpt, tmp_path):
+def test_output_is_streamed_in_input_order_and_an_interrupted_run_keeps_its_finished_lines(ckpt, tmp_path, capsys):
     lines = (ROOT / "tests/data/tiny/train.src").read_text().splitlines()[:45]
     src = tmp_path / "long.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    whole = translate(ckpt, tmp_path, f"input={src}", "decoding=greedy").stdout
-    assert translate(ckpt, tmp_path, f"input={src}", "decoding=greedy", "chunk_lines=7").stdout == whole
+    whole = translate(ckpt, capsys, f"input={src}", "decoding=greedy").stdout
+    assert translate(ckpt, capsys, f"input={src}", "decoding=greedy", "chunk_lines=7").stdout == whole
     # A bad line 38 stops the run in the chunk of lines 36-42: the 35 lines before it are on disk.
     src.write_bytes("".join(line + "\n" for line in lines[:37]).encode() + b"bad \xc3\x28\n" + b"more\n" * 7)
     out = tmp_path / "out.txt"
-    result = translate(ckpt, tmp_path, f"input={src}", f"output={out}", "decoding=greedy", "chunk_lines=7", ok=False)
+    result = translate(ckpt, capsys, f"input={src}", f"output={out}", "decoding=greedy", "chunk_lines=7", ok=False)
     assert f"{src}, line 38: invalid UTF-8" in result.stderr
     assert out.read_text(encoding="utf-8") == "".join(line + "\n" for line in whole.split("\n")[:35])
 
@@ -124,21 +132,21 @@ def test_output_is_streamed_in_input_order_and_an_interrupted_run_keeps_its_fini
 def test_no_run_folder_unless_heatmaps_are_asked_for(ckpt, src, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
-    result = translate(ckpt, work, f"input={src}", "decoding=greedy", "progress=true")
+    result = translate_command(ckpt, work, f"input={src}", "decoding=greedy", "progress=true")
     assert list(work.iterdir()) == [] and "translating" in result.stderr
-    translate(ckpt, work, f"input={src}", "decoding=greedy", "attention_lines=[0]")
+    translate_command(ckpt, work, f"input={src}", "decoding=greedy", "attention_lines=[0]")
     (png,) = (work / "outputs" / "translate").glob("*/attention/line00001.png")
-    translate(ckpt, work, f"input={src}", "decoding=greedy", "attention_lines=[1]", f"hydra.run.dir={tmp_path / 'run'}")
+    translate_command(ckpt, work, f"input={src}", "decoding=greedy", "attention_lines=[1]", f"hydra.run.dir={tmp_path / 'run'}")
     assert (tmp_path / "run" / "attention" / "line00002.png").is_file()
 
 
 @pytest.mark.parametrize("mode, rows_per_line", [(["decoding.beam_size=2", "decoding.nbest=2"], 2), (["decoding=sample"], 1)],
                          ids=["nbest", "sample"])
-def test_invalid_utf8_is_reported_with_its_line_in_every_mode(ckpt, tmp_path, mode, rows_per_line):
+def test_invalid_utf8_is_reported_with_its_line_in_every_mode(ckpt, tmp_path, mode, rows_per_line, capsys):
     broken = tmp_path / "broken.txt"
     broken.write_bytes(b"a b\n\nbad \xc3\x28 utf8\nc d\n")
-    result = translate(ckpt, tmp_path, f"input={broken}", *mode, ok=False)
+    result = translate(ckpt, capsys, f"input={broken}", *mode, ok=False)
     assert f"{broken}, line 3: invalid UTF-8" in result.stderr
-    result = translate(ckpt, tmp_path, f"input={broken}", "errors=replace", *mode)
+    result = translate(ckpt, capsys, f"input={broken}", "errors=replace", *mode)
     assert len(result.stdout.split("\n")) - 1 == 4 * rows_per_line
     assert "replaced invalid UTF-8 on 1 line(s): [3]" in result.stderr
