@@ -40,7 +40,7 @@ from typing import Any
 
 from nmt.limits import tokens
 from nmt.search_settings import SearchSettings
-from nmt.translations import Attention, Hypothesis, Translation
+from nmt.translations import Attention, Hypothesis, Translation, in_line_order
 
 log = logging.getLogger(__name__)
 
@@ -214,11 +214,7 @@ class CTranslate2Translator:
 
     def translate(self, lines: list[str], beam_size: int | None = None, nbest: int | None = None,
                   attention: Iterable[int] | bool = ()) -> list[Translation]:
-        out = [Translation() for _ in lines]
-        for batch in self.batches(lines, beam_size, nbest, attention):
-            for i, translation in batch:
-                out[i] = translation
-        return out
+        return in_line_order(self.batches(lines, beam_size, nbest, attention), len(lines), Translation)
 
     # --- scoring ------------------------------------------------------------------------------
     def score_batches(self, sources: list[str], targets: list[str],
@@ -240,11 +236,7 @@ class CTranslate2Translator:
         yield [(i, [float(v) for v in r.log_probs]) for i, r in zip(todo, results)]
 
     def score(self, sources: list[str], targets: list[str]) -> list[list[float] | None]:
-        out: list[list[float] | None] = [None] * len(sources)
-        for batch in self.score_batches(sources, targets):
-            for i, values in batch:
-                out[i] = values
-        return out
+        return in_line_order(self.score_batches(sources, targets), len(sources), lambda: None)
 
     # --- describing ---------------------------------------------------------------------------
     has_attention = True

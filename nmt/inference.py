@@ -40,7 +40,7 @@ from nmt.kernels import on_cpu
 from nmt.kernels.malloc import bound_onednn_cache, keep_freed_memory
 from nmt.limits import model_max_src_len, model_max_tgt_len
 from nmt.search_settings import SearchSettings
-from nmt.translations import Attention, Hypothesis, Translation
+from nmt.translations import Attention, Hypothesis, Translation, in_line_order
 
 log = logging.getLogger(__name__)
 
@@ -197,11 +197,7 @@ class Translator:
     def translate(self, lines: list[str], beam_size: int | None = None, nbest: int | None = None,
                   attention: Iterable[int] | bool = (), search: Callable[..., Hypotheses] | None = None) -> list[Translation]:
         """One ``Translation`` per line, in order (no hypotheses for an empty line)."""
-        out = [Translation() for _ in lines]
-        for batch in self.batches(lines, beam_size, nbest, attention, search=search):
-            for i, translation in batch:
-                out[i] = translation
-        return out
+        return in_line_order(self.batches(lines, beam_size, nbest, attention, search=search), len(lines), Translation)
 
     def _translation(self, hyps: Hypotheses, r: int, source: list[int], with_attention: bool,
                      alpha: float | None) -> Translation:
@@ -248,11 +244,7 @@ class Translator:
         yield from run_batches(order, work, self.device, self.precision, self.workers)
 
     def score(self, sources: list[str], targets: list[str]) -> list[list[float] | None]:
-        out: list[list[float] | None] = [None] * len(sources)
-        for batch in self.score_batches(sources, targets):
-            for i, values in batch:
-                out[i] = values
-        return out
+        return in_line_order(self.score_batches(sources, targets), len(sources), lambda: None)
 
     # --- describing ---------------------------------------------------------------------------
     def count_tokens(self, texts: list[str]) -> int:

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -46,6 +49,16 @@ class Translation:
     @property
     def score(self) -> float:
         return self.hypotheses[0].score if self.hypotheses else 0.0
+
+
+def in_line_order(batches: Iterable[list[tuple[int, T]]], lines: int, empty: Callable[[], T]) -> list[T]:
+    """The items of ``batches`` (lists of ``(line index, item)``, in any order) as one list in line
+    order; a line no batch holds (an empty line) gets ``empty()``."""
+    out = [empty() for _ in range(lines)]
+    for batch in batches:
+        for i, item in batch:
+            out[i] = item
+    return out
 
 
 FORMATS = {"translate": ("text", "jsonl"), "nbest": ("tsv", "jsonl"), "score": ("tsv", "jsonl")}
