@@ -138,9 +138,15 @@ def test_every_rank_resumes_from_its_own_rng_state(monkeypatch):
         module._trainer = None
 
 
-def test_importing_nmt_registers_no_resolver_and_keeps_the_matplotlib_backend(tmp_path):
+@pytest.fixture(scope="module")
+def imports_then_entry_points(tmp_path_factory) -> tuple[list[str], str, Path]:
+    """One Python process: import every module with a side effect to fear and draw a heatmap
+    under the caller's matplotlib backend, then run each entry point's ``main`` composing only
+    (``--cfg job``), clearing the resolver before each. (Import checks of ``nmt.data``: static, in
+    tests/test_import_graph.py.)"""
+    png = tmp_path_factory.mktemp("side_effects") / "attention.png"
     code = """
-import sys
+import importlib, sys
 import matplotlib
 matplotlib.use("svg")  # the caller's backend, which nmt must keep
 from omegaconf import OmegaConf
@@ -148,28 +154,7 @@ import nmt, nmt.models.base, nmt.data.datamodule, nmt.plots, nmt.length_report, 
 import nmt.evaluate, nmt.serve.app
 import torch
 nmt.plots.plot_attention(torch.rand(3, 4), list("abcd"), list("xyz"), sys.argv[1])
-print(OmegaConf.has_resolver("pad_to"), matplotlib.get_backend())
-"""
-    assert python(code, str(tmp_path / "attention.png")).split() == ["False", "svg"]
-    assert (tmp_path / "attention.png").read_bytes()[:4] == b"\x89PNG"
-
-
-def test_nmt_data_imports_no_checkpoint_code():
-    code = """
-import importlib, pkgutil, sys
-import nmt.data
-for info in pkgutil.iter_modules(nmt.data.__path__):
-    importlib.import_module(f"nmt.data.{info.name}")
-print("nmt.checkpoint" in sys.modules)
-"""
-    assert python(code).split() == ["False"]
-    assert not [p for p in (ROOT / "nmt" / "data").glob("*.py") if "nmt.checkpoint" in p.read_text()]
-
-
-def test_every_entry_point_registers_the_resolvers_before_hydra_composes():
-    code = """
-import importlib, sys
-from omegaconf import OmegaConf
+print("## imported", OmegaConf.has_resolver("pad_to"), matplotlib.get_backend())
 for name in ["nmt.train", "nmt.translate", "nmt.evaluate", "nmt.average", "nmt.export", "nmt.serve.app",
              "nmt.data.prepare", "nmt.data.stats"]:
     main = importlib.import_module(name).main
@@ -179,8 +164,19 @@ for name in ["nmt.train", "nmt.translate", "nmt.evaluate", "nmt.average", "nmt.e
     main()
     print("##", name, OmegaConf.has_resolver("pad_to"))
 """
-    out = python(code)
-    assert [line.split()[2:] for line in out.splitlines() if line.startswith("## ")] == [["True"]] * 8
+    out = python(code, str(png))
+    return [line.split()[1:] for line in out.splitlines() if line.startswith("## ")], out, png
+
+
+def test_importing_nmt_registers_no_resolver_and_keeps_the_matplotlib_backend(imports_then_entry_points):
+    marks, _, png = imports_then_entry_points
+    assert marks[0] == ["imported", "False", "svg"]
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_every_entry_point_registers_the_resolvers_before_hydra_composes(imports_then_entry_points):
+    marks, out, _ = imports_then_entry_points
+    assert [m[1:] for m in marks[1:]] == [["True"]] * 8 and len(marks) == 9
     assert "vocab_size: 16" in out
 
 
