@@ -27,7 +27,7 @@ from nmt.train import train
 from nmt.inference import translate_lines
 from nmt.line_streams import read_lines
 from tests.callbacks import PoisonAt
-from tests.conftest import CONF_DIR, KERNELS, ROOT, TINY, compose_train
+from tests.conftest import CONF_DIR, KERNELS, ROOT, TINY, compose_train, translate_here
 
 pytestmark = pytest.mark.filterwarnings("ignore:The dirpath has changed")  # resuming writes a new run folder
 
@@ -422,13 +422,11 @@ def test_read_lines_invalid_utf8_names_the_line_or_replaces(tmp_path, caplog):
     assert "replaced invalid UTF-8 on 1 line(s): [3]" in caplog.text
 
 
-def test_translate_cli_on_odd_input(reference, tmp_path):
+def test_translate_cli_on_odd_input(reference, tmp_path, capsys):
     _, ckpt, _ = reference
     src = tmp_path / "in.txt"
     src.write_bytes("\n".join(ODD_LINES).encode() + b"\nbroken \xc3\x28 utf8\n")
-    base = [sys.executable, "translate.py", f"ckpt={ckpt}", f"input={src}", "decoding=greedy",
-            f"hydra.run.dir={tmp_path / 'tr'}"]
-    result = subprocess.run([*base, "errors=replace"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    result = translate_here(capsys, f"ckpt={ckpt}", f"input={src}", "decoding=greedy", "errors=replace")
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout.split("\n")
     assert out[-1] == "" and len(out) - 1 == len(ODD_LINES) + 1

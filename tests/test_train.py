@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,8 +16,8 @@ from nmt.checkpoint import load_checkpoint
 from nmt.data.tokenizer import PAD
 from nmt.decoding import beam_search, greedy_search
 from nmt.train import build_model, build_module, cpu_name, train
-from nmt.inference import translate_lines
-from tests.conftest import ROOT, TORCH_INIT, compose_train
+from nmt.inference import Translator, translate_lines
+from tests.conftest import CONF_DIR, ROOT, TORCH_INIT, compose_train, translate_here
 
 MODELS = ["lstm", "lstm_bahdanau", "lstm_luong", "transformer"]
 
@@ -170,23 +168,21 @@ def test_batches_decoded_side_by_side_give_the_serial_translations_and_attention
         translate_lines(*args, precision="fp16")
 
 
-def test_translate_cli_keeps_one_line_per_input_line(runs, tmp_path):
+def test_translate_cli_keeps_one_line_per_input_line(runs, tmp_path, capsys):
+    """translate.py's run: one line per input line, each the model's own beam-2 translation (an
+    empty line for an empty one), and the heatmaps of the lines asked for."""
     cfg, _ = runs("transformer")
     lines = (ROOT / "tests/data/tiny/test.src").read_text().splitlines()
     lines = lines[:5] + ["", "   "] + lines[5:10] + [""]
     src = tmp_path / "in.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "translate.py"), f"ckpt={last_checkpoint(cfg)}", f"input={src}",
-         "decoding.beam_size=2", f"hydra.run.dir={tmp_path / 'tr'}", "attention_lines=[0,1]"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
-    )
+    result = translate_here(capsys, f"ckpt={last_checkpoint(cfg)}", f"input={src}", "decoding.beam_size=2",
+                            f"attention_dir={tmp_path / 'attention'}", "attention_lines=[0,1]")
     assert result.returncode == 0, result.stderr
-    out = result.stdout.split("\n")
-    assert out[-1] == "" and len(out) - 1 == len(lines)
-    for line, hyp in zip(lines, out):
-        assert (hyp == "") == (line.strip() == "")
-    assert sorted(p.name for p in (tmp_path / "tr" / "attention").iterdir()) == ["line00001.png", "line00002.png"]
+    own = Translator.load(last_checkpoint(cfg), decoding=OmegaConf.load(CONF_DIR / "decoding" / "beam.yaml"))
+    assert result.stdout == "".join(t.text + "\n" for t in own.translate(lines, beam_size=2))
+    assert all(hyp for hyp, line in zip(result.stdout.split("\n"), lines) if line.strip())
+    assert sorted(p.name for p in (tmp_path / "attention").iterdir()) == ["line00001.png", "line00002.png"]
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])
