@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from nmt.checkpoint import FORMAT, nonfinite
+from nmt.checkpoint import FORMAT, load_optimizer_state, nonfinite
 from nmt.data.tokenizer import PAD
 from nmt.length_report import DEFAULT_EDGES, length_report, write_report
 from nmt.metrics import corpus_scores
@@ -109,6 +109,10 @@ class TranslationModule(L.LightningModule):
         self.tokenizer_protos: dict[str, bytes] | None = None
         self.loaded_step: int | None = None  # global step of the checkpoint loaded last (resume, test)
         self.monitor_step: int | None = None  # the step of the last validation score
+        # Set by train() for a fine-tuning run (init_from): where its weights came from (saved in its
+        # checkpoints, restored on resume), and with init_optimizer=keep the file's optimizer state.
+        self.init_origin: dict[str, Any] | None = None
+        self.init_optimizer_state: dict[str, Any] | None = None
 
     # --- training -------------------------------------------------------------------------
     def loss(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
@@ -213,6 +217,9 @@ class TranslationModule(L.LightningModule):
             log.info("16-mixed precision: the optimizer runs unfused so gradients can be unscaled and clipped")
             kwargs["fused"] = False
         optimizer = self.optimizer(params=self.parameters(), **kwargs)
+        if self.init_optimizer_state is not None:  # init_optimizer=keep: the moments, not the rates, of the file
+            load_optimizer_state(optimizer, self.init_optimizer_state, f"init_from={self.init_origin['path']}")
+            self.init_optimizer_state = None
         if self.scheduler is None:
             return optimizer
         built = self.scheduler(optimizer)
@@ -363,6 +370,8 @@ class TranslationModule(L.LightningModule):
             checkpoint["run_config"] = self.run_config
         if self.tokenizer_protos is not None:
             checkpoint["tokenizers"] = self.tokenizer_protos
+        if self.init_origin is not None:
+            checkpoint["init_from"] = self.init_origin
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """A resumed fit (or a module loaded outside a Trainer) takes the checkpoint's counters, best
@@ -378,6 +387,7 @@ class TranslationModule(L.LightningModule):
             checkpoint["state_dict"] = checkpoint["current_model_state"]
             log.info("the checkpoint holds an EMA of the weights; resuming without callbacks.ema trains the raw weights")
         self.best_bleu = checkpoint.get("best_bleu", -math.inf)
+        self.init_origin = checkpoint.get("init_from")  # a resumed fine-tuning run goes on recording its origin
         for name, value in checkpoint.get("counters", {}).items():
             if name in self.COUNTERS:  # a file sets these counters and nothing else of the module
                 setattr(self, name, value)

@@ -14,10 +14,16 @@ or vocabulary is refused before training starts. Checkpoints are written atomica
 (``trainer.plugins``) and read with ``weights_only=True`` (``allow_pickle=true`` reads trusted
 checkpoints of older versions). A run stopped by SIGTERM (or SLURM's SIGUSR1/SIGUSR2) saves
 ``last.ckpt`` and exits with status 128 + signal.
+
+``init_from=<checkpoint or release file>`` fine-tunes instead: a new run starts from the file's
+weights and vocabularies with a fresh optimizer (``init_optimizer=keep``: the file's optimizer
+state), schedule, counters and data order; the model config must be the file's architecture
+(``nmt.checkpoint.MAY_DIFFER``). ``ckpt_path`` wins over ``init_from`` (docs/finetuning.md).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -31,7 +37,7 @@ import hydra
 import pytorch_lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
@@ -39,7 +45,8 @@ from nmt import CONF_DIR, register_resolvers
 from nmt.builders import (build_callbacks, build_datamodule, build_loggers, build_model, build_module,
                           build_trainer, count_parameters)
 from nmt.callbacks import LastCheckpoint, budget_timer, ended_by
-from nmt.checkpoint import check_resume, tokenizer_protos
+from nmt.checkpoint import (INIT_OPTIMIZER, check_architecture, check_init_vocabularies, check_resume, init_origin,
+                            init_weights, read_init, tokenizer_protos)
 from nmt.length_report import markdown_table
 from nmt import kernels
 from nmt.kernels.malloc import bound_onednn_cache, keep_freed_memory, release_freed_memory
@@ -65,6 +72,52 @@ def resolve_ckpt_path(cfg: DictConfig) -> str | None:
     return path
 
 
+def read_init_from(cfg: DictConfig, ckpt_path: str | None) -> dict[str, Any] | None:
+    """Fine-tuning (``init_from``): the file's vocabularies become ``data.vocab_from`` unless that is
+    set; unless ``ckpt_path`` resumes (it wins), the file is read and its architecture compared
+    with ``cfg.model`` before any data is prepared. The checkpoint dict, or None."""
+    path, optimizer, weights = cfg.get("init_from"), cfg.get("init_optimizer", "fresh"), cfg.get("init_weights", "stored")
+    if optimizer not in INIT_OPTIMIZER:
+        raise ValueError(f"init_optimizer={optimizer}: choose {' or '.join(INIT_OPTIMIZER)}")
+    if weights not in ("stored", "raw"):
+        raise ValueError(f"init_weights={weights}: choose stored or raw")
+    if path is None:
+        if optimizer == "keep":
+            raise ValueError("init_optimizer=keep: there is no optimizer state to keep without init_from=<checkpoint>")
+        return None
+    path = str(path)
+    if cfg.data.get("vocab_from") is None:
+        with open_dict(cfg):
+            cfg.data.vocab_from = path
+    if ckpt_path:
+        log.info("ckpt_path=%s resumes its run (weights, optimizer, schedule, counters); init_from=%s gives the "
+                 "vocabulary only", ckpt_path, path)
+        return None
+    checkpoint = read_init(path, optimizer == "keep", cfg.optimizer.get("_target_"))
+    saved = checkpoint["run_config"]["model"]
+    probe = copy.deepcopy(cfg)  # the run's model config with the file's vocabulary sizes, resolved
+    with open_dict(probe):
+        for key in ("src_vocab_size", "tgt_vocab_size"):
+            if key in saved:
+                probe.model[key] = saved[key]
+    check_architecture(checkpoint, OmegaConf.to_container(probe.model, resolve=True), path)
+    log.info("fine-tuning from %s (%s, step %s): a fresh run with its weights%s", path, checkpoint.get("kind", "training"),
+             checkpoint.get("global_step"), " and optimizer state" if optimizer == "keep" else "")
+    return checkpoint
+
+
+def start_from(cfg: DictConfig, checkpoint: dict[str, Any], model: torch.nn.Module, module: L.LightningModule,
+               datamodule: L.LightningDataModule) -> None:
+    """Load the ``init_from`` file's weights into ``model`` and tell ``module`` where they came from
+    (and, with ``init_optimizer=keep``, the optimizer state its ``configure_optimizers`` takes)."""
+    path, weights, optimizer = str(cfg.init_from), cfg.get("init_weights", "stored"), cfg.get("init_optimizer", "fresh")
+    check_init_vocabularies(checkpoint, datamodule.src_vocab, datamodule.tgt_vocab, path, cfg.data.vocab_from)
+    init_weights(model, checkpoint, path, weights)
+    module.init_origin = init_origin(checkpoint, path, weights, optimizer)
+    if optimizer == "keep":
+        module.init_optimizer_state = checkpoint["optimizer_states"][0]
+
+
 def test_checkpoint(cfg: DictConfig, trainer: L.Trainer, ckpt_path: str | None, last: str | None) -> str | None:
     """What the test split is decoded with: the given checkpoint when not training, else the best
     checkpoint by val/bleu (``test_ckpt: best``) or the final weights (``test_ckpt: last``), read
@@ -84,6 +137,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(cfg.seed, workers=True)
     resolve_precision(cfg)
     ckpt_path = resolve_ckpt_path(cfg)
+    init = read_init_from(cfg, ckpt_path)
     weights_only = not cfg.get("allow_pickle", False)
     datamodule = build_datamodule(cfg.data)
     datamodule.setup("fit")
@@ -92,6 +146,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if ckpt_path:
         check_resume(ckpt_path, model, datamodule.src_vocab, datamodule.tgt_vocab, not weights_only)
     module = build_module(cfg, model)
+    if init is not None:
+        start_from(cfg, init, model, module, datamodule)
+        del init  # the weights are copied into the model; the module holds a kept optimizer state until fit
     module.run_config = OmegaConf.to_container(cfg, resolve=True)
     module.tokenizer_protos = tokenizer_protos(datamodule.src_vocab, datamodule.tgt_vocab)
     params = count_parameters(model)
@@ -212,6 +269,7 @@ def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: t
         "best_checkpoint": trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else None,
         "tested_checkpoint": tested,  # {"path", "step"} the test metrics were scored with
         "resumed_from": resumed_from,
+        "init_from": module.init_origin,  # what a fine-tuning run started from (None: fresh weights)
         "stopped_by": stopped_by,
         "skipped_steps": module.skipped_steps,
         "hardware": {  # what the wall-clock numbers were measured on
