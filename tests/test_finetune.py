@@ -224,6 +224,19 @@ def test_keeping_the_optimizer_state_of_another_optimizer_class_is_refused(sourc
         "torch.optim.AdamW; set init_optimizer=fresh or optimizer._target_=torch.optim.Adam")
 
 
+def test_another_vocabulary_than_the_files_is_refused(source, cfg_train, tmp_path):
+    from nmt.data.tokenizer import train_sentencepiece
+
+    tiny = Path(__file__).parent / "data" / "tiny"
+    lines = [line for side in ("src", "tgt") for line in (tiny / f"train.{side}").read_text().splitlines()]
+    other = train_sentencepiece(lines, tmp_path, {"vocab_size": 150, "hard_vocab_limit": False}).model_file
+    _, ckpt, _ = source
+    with pytest.raises(ValueError) as refused:
+        train(cfg_train([*SHORT, f"init_from={ckpt}", f"data.vocab_from={other}"]))
+    assert str(refused.value).startswith(f"init_from={ckpt}: data.vocab_from={other} gives another src vocabulary (")
+    assert str(refused.value).endswith("); leave data.vocab_from unset to train with the file's")
+
+
 # 6 steps with dropout, the cosine ending at step 6 whichever step a run stops at.
 RESUMED = ["trainer.deterministic=true", "model.dropout=0.3", "trainer.max_epochs=-1", "trainer.limit_val_batches=0",
            "test=false", "scheduler.warmup_steps=2", "scheduler.total_steps=6", "optimizer.lr=0.01"]
