@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from hydra import compose, initialize_config_dir
@@ -163,6 +163,25 @@ class Check:
         if self.mode.cuda:
             gc.collect()
             torch.cuda.empty_cache()
+
+    def per_preset(self, rows: list[dict[str, Any]], presets: Iterable[str], measure: Callable[[str], dict[str, Any]],
+                   describe: Callable[[str, dict[str, Any]], str], min_left: float = 5, free: bool = True) -> None:
+        """``measure(preset)`` for each preset into ``rows`` (said as ``describe(preset, row)``); a
+        preset that fails or finds the part's time spent is a row with its ``error``, the others
+        still run."""
+        for preset in presets:
+            if self.left() < min_left:
+                rows.append({"model": preset, "error": "skipped: the part's time is up"})
+                continue
+            try:
+                rows.append(measure(preset))
+                self.say(describe(preset, rows[-1]))
+            except PartTimeout:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                rows.append({"model": preset, "error": first_line(exc)})
+            if free:
+                self.free()
 
     # running parts
     def run(self, parts: dict[str, Callable[[Check, dict[str, Any]], None]]) -> None:

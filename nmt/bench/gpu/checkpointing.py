@@ -11,27 +11,16 @@ from typing import Any
 
 import torch
 
-from nmt.bench.gpu.check import Check, PartTimeout, first_line
+from nmt.bench.gpu.check import Check
 from nmt.bench.measure import SavedBytes, peak_memory_mb, reset_peak_memory, sync, to_device
 from nmt.builders import build_model, build_module
 
 
 def checkpointing(check: Check, result: dict[str, Any]) -> None:
     rows = result.setdefault("runs", [])
-    for preset in ("transformer_base", "lstm_bahdanau"):
-        if check.left() < 5:
-            rows.append({"model": preset, "error": "skipped: the part's time is up"})
-            continue
-        try:
-            rows.append(_memory(check, preset))
-            r = rows[-1]
-            check.say(f"checkpointing {preset}: peak {r['off']['peak_mb']:,.0f} -> {r['on']['peak_mb']:,.0f} MB, "
-                      f"saved for backward {r['off']['saved_mb']:,.1f} -> {r['on']['saved_mb']:,.1f} MB")
-        except PartTimeout:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            rows.append({"model": preset, "error": first_line(exc)})
-        check.free()
+    check.per_preset(rows, ("transformer_base", "lstm_bahdanau"), lambda preset: _memory(check, preset),
+                     lambda preset, r: f"checkpointing {preset}: peak {r['off']['peak_mb']:,.0f} -> {r['on']['peak_mb']:,.0f} MB, "
+                                       f"saved for backward {r['off']['saved_mb']:,.1f} -> {r['on']['saved_mb']:,.1f} MB")
     if any("error" in r for r in rows):
         raise RuntimeError("; ".join(f"{r['model']}: {r['error']}" for r in rows if "error" in r))
 

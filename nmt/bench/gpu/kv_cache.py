@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from nmt.bench.decoding import NoCache, decode_speed
-from nmt.bench.gpu.check import Check, PartTimeout, first_line
+from nmt.bench.gpu.check import Check
 from nmt.builders import build_model
 from nmt.decoding import beam_search
 
@@ -18,19 +18,8 @@ KV_TARGET = 5.0  # the speedup the cache should give
 
 def kv_cache(check: Check, result: dict[str, Any]) -> None:
     rows = result.setdefault("runs", [])
-    for preset in ("transformer", "transformer_base"):
-        if check.left() < 5:
-            rows.append({"model": preset, "error": "skipped: the part's time is up"})
-            continue
-        try:
-            rows.append(_kv(check, preset))
-            r = rows[-1]
-            check.say(f"kv cache {preset}: {r['speedup']:.2f}x ({r['weights']}), same outputs {r['same_outputs']}")
-        except PartTimeout:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            rows.append({"model": preset, "error": first_line(exc)})
-        check.free()
+    check.per_preset(rows, ("transformer", "transformer_base"), lambda preset: _kv(check, preset),
+                     lambda preset, r: f"kv cache {preset}: {r['speedup']:.2f}x ({r['weights']}), same outputs {r['same_outputs']}")
     if any("error" in r for r in rows):
         raise RuntimeError("; ".join(f"{r['model']}: {r['error']}" for r in rows if "error" in r))
 

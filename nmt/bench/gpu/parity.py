@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from nmt.bench.gpu.check import Check, PartTimeout, first_line
+from nmt.bench.gpu.check import Check
 from nmt.bench.gpu.training import PRESETS
 from nmt.bench.measure import to_device
 from nmt.builders import build_model, build_module
@@ -36,19 +36,10 @@ def parity(check: Check, result: dict[str, Any]) -> None:
     batch = first_sentences(next(iter(dm.train_dataloader())), PARITY_SENTENCES)
     result["batch"] = {"sentences": int(batch["src"].size(0)), "src_tokens": batch["num_src_tokens"],
                        "tgt_tokens": batch["num_tgt_tokens"], "training_steps": PARITY_STEPS}
-    for preset in PRESETS:
-        if check.left() < 3:
-            rows.append({"model": preset, "error": "skipped: the part's time is up"})
-            continue
-        try:
-            rows.append(_parity(check, preset, batch, dm))
-            r = rows[-1]
-            check.say(f"parity {preset}: fp32 {r['fp32']['rel_diff']:.2e} ({'pass' if r['fp32']['pass'] else 'FAIL'}), "
-                      f"bf16 {r['bf16']['rel_diff']:.2e} ({'pass' if r['bf16']['pass'] else 'FAIL'})")
-        except PartTimeout:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            rows.append({"model": preset, "error": first_line(exc)})
+    check.per_preset(rows, PRESETS, lambda preset: _parity(check, preset, batch, dm),
+                     lambda preset, r: f"parity {preset}: fp32 {r['fp32']['rel_diff']:.2e} ({'pass' if r['fp32']['pass'] else 'FAIL'}), "
+                                       f"bf16 {r['bf16']['rel_diff']:.2e} ({'pass' if r['bf16']['pass'] else 'FAIL'})",
+                     min_left=3, free=False)
     result["passed"] = all(r.get("fp32", {}).get("pass") and r.get("bf16", {}).get("pass") for r in rows)
     if any("error" in r for r in rows):
         raise RuntimeError("; ".join(f"{r['model']}: {r['error']}" for r in rows if "error" in r))
