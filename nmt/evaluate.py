@@ -99,6 +99,12 @@ def main() -> None:
 @hydra.main(config_path=CONF_DIR, config_name="evaluate", version_base="1.3")
 @ending_cleanly()  # a user's error: one line on stderr, status 1
 def run(cfg: DictConfig) -> None:
+    evaluate(cfg)
+
+
+def evaluate(cfg: DictConfig) -> None:
+    """Translate the test split with each of ``cfg.ckpts``, read ``cfg.hyps``, and write each
+    system's BLEU-by-length report and the comparison of all (with significance) to ``paths.output_dir``."""
     out_dir = Path(cfg.paths.output_dir)
     logging.getLogger("sacrebleu").setLevel(logging.WARNING)  # PairedTest logs each step of each bucket at INFO
     named = cfg.ckpts if isinstance(cfg.ckpts, DictConfig) else {}  # {name: file}, else names from the paths

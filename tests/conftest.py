@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,21 +89,39 @@ def heads(model: str) -> list[str]:
 def compose_train(tmp_path: Path, overrides: list[str] = (), model: str | None = "lstm_bahdanau") -> DictConfig:
     """The train config for a tiny run writing under ``tmp_path``, with Hydra's runtime set
     (``model=None`` keeps the model and its sizes from the config, e.g. an experiment's)."""
+    model_overrides = [f"model={model}", *heads(model)] if model else []
+    tiny = [o for o in TINY if model or not o.startswith("model.")]
+    return compose_run("train", tmp_path / "run", [*model_overrides, *tiny, f"kernels={KERNELS[0]}", *overrides],
+                       cache_dir=tmp_path.parent / "nmt-cache")
+
+
+def compose_run(config_name: str, out_dir: Path, overrides: list[str], cache_dir: Path | None = None) -> DictConfig:
+    """The config ``config_name`` with ``overrides``, as Hydra's entry point sees it: its runtime
+    set (``paths.output_dir`` is ``out_dir``), for running a command's body in this process."""
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        model_overrides = [f"model={model}", *heads(model)] if model else []
-        tiny = [o for o in TINY if model or not o.startswith("model.")]
-        cfg = compose("train", overrides=[*model_overrides, *tiny, f"kernels={KERNELS[0]}", *overrides],
-                      return_hydra_config=True)
+        cfg = compose(config_name, overrides=list(overrides), return_hydra_config=True)
     with open_dict(cfg):
-        cfg.hydra.runtime.output_dir = str(tmp_path / "run")
+        cfg.hydra.runtime.output_dir = str(out_dir)
         cfg.hydra.runtime.cwd = str(ROOT)
         cfg.hydra.job.num = 0
-        cfg.paths.cache_dir = str(tmp_path.parent / "nmt-cache")
+        if cache_dir is not None:
+            cfg.paths.cache_dir = str(cache_dir)
     HydraConfig().set_config(cfg)
     with open_dict(cfg):
         del cfg["hydra"]
+    out_dir.mkdir(parents=True, exist_ok=True)
     return cfg
+
+
+def evaluate_here(capsys, out_dir: Path, *overrides: str) -> Finished:
+    """``evaluate.py <overrides>`` in this process, writing to ``out_dir`` (its run folder), with
+    its exit status and nmt's log lines on stderr."""
+    from nmt.cli_io import ending_cleanly
+    from nmt.evaluate import evaluate
+
+    cfg = compose_run("evaluate", out_dir, [SEARCH_PATH, *overrides])
+    return captured(capsys, lambda: ending_cleanly()(evaluate)(cfg))
 
 
 @pytest.fixture
@@ -145,14 +164,24 @@ def translate_here(capsys, *overrides: str) -> Finished:
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("translate", overrides=list(overrides))
+
+    def body() -> None:
+        with ending_cleanly(), StopSignals() as signals:
+            translate_file(cfg, signals)
+
+    return captured(capsys, body)
+
+
+def captured(capsys, body: Callable[[], None]) -> Finished:
+    """What ``body`` printed and its exit status (0, or the code of the ``SystemExit`` it raised),
+    with nmt's log lines on stderr as Hydra's logging prints them."""
     capsys.readouterr()
     logger, handler = logging.getLogger("nmt"), logging.StreamHandler(sys.stderr)  # capsys's stderr
     level, status = logger.level, 0
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     try:
-        with ending_cleanly(), StopSignals() as signals:
-            translate_file(cfg, signals)
+        body()
     except SystemExit as stop:
         status = stop.code
     finally:

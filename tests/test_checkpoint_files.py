@@ -23,7 +23,7 @@ from nmt.export import export, export_release
 from nmt.builders import check_logger_packages
 from nmt.train import train
 from nmt.inference import translate_lines
-from tests.conftest import ROOT, compose_train
+from tests.conftest import ROOT, compose_train, evaluate_here, translate_here
 
 # Transformer, tiny; a budget of a few seconds stops it in the middle of an epoch, long before a
 # step checkpoint is due, with no validation (test_ckpt=last: the final weights are tested).
@@ -40,8 +40,8 @@ def budget_run(tmp_path_factory):
     return tmp_path, Path(cfg.paths.output_dir)
 
 
-def test_a_run_stopped_by_its_time_budget_saves_and_tests_its_final_weights(budget_run):
-    tmp_path, run = budget_run
+def test_a_run_stopped_by_its_time_budget_saves_and_tests_its_final_weights(budget_run, capsys):
+    _, run = budget_run
     summary = json.loads((run / "summary.json").read_text())
     last = run / "checkpoints" / "last.ckpt"
     assert 0 < summary["steps"] < 1_000_000  # stopped before any step checkpoint
@@ -49,13 +49,8 @@ def test_a_run_stopped_by_its_time_budget_saves_and_tests_its_final_weights(budg
     assert read_checkpoint(last)["global_step"] == summary["steps"]
     assert json.loads((run / "bleu_by_length.json").read_text())["checkpoint"] == summary["tested_checkpoint"]
 
-    # translate.py on last.ckpt writes exactly the test hypotheses of the run.
-    sources = run / "test_sources.txt"
-    result = subprocess.run(
-        [sys.executable, "translate.py", f"ckpt={last}", f"input={sources}", "decoding.beam_size=3",
-         f"hydra.run.dir={tmp_path / 'tr'}"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
-    )
+    # translate on last.ckpt writes exactly the test hypotheses of the run.
+    result = translate_here(capsys, f"ckpt={last}", f"input={run / 'test_sources.txt'}", "decoding.beam_size=3")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout == (run / "test_hyps.txt").read_text(encoding="utf-8")
 
@@ -263,18 +258,17 @@ def test_export_command_writes_release_files_and_ctranslate2_folders(budget_run,
         export(OmegaConf.create({**base, "format": "onnx", "out": str(tmp_path / "x")}))
 
 
-def test_evaluate_names_the_checkpoints_it_is_given(budget_run, tmp_path):
+def test_evaluate_names_the_checkpoints_it_is_given(budget_run, tmp_path, capsys):
     _, run = budget_run
     last = run / "checkpoints" / "last.ckpt"
     released = export_release(last, tmp_path / "model.ckpt")
-    base = [sys.executable, "evaluate.py", "n_bootstrap=10", "decoding=greedy", f"hydra.run.dir={tmp_path / 'eval'}"]
-    result = subprocess.run([*base, f"ckpts={{final: {last}, release: {released}}}"],
-                            capture_output=True, text=True, cwd=ROOT, timeout=300)
+    base = ["n_bootstrap=10", "decoding=greedy"]
+    result = evaluate_here(capsys, tmp_path / "eval", *base, f"ckpts={{final: {last}, release: {released}}}")
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "eval" / "comparison.json").read_text())
     assert set(report) == {"final", "release"} and report["final"]["bleu"] == report["release"]["bleu"]
-    result = subprocess.run([*base, f"ckpts=[{last},{last}]"], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert result.returncode != 0 and "name them: ckpts={name: file, ...}" in result.stderr
+    result = evaluate_here(capsys, tmp_path / "eval2", *base, f"ckpts=[{last},{last}]")
+    assert result.returncode == 1 and "name them: ckpts={name: file, ...}" in result.stderr
 
 
 def test_a_checkpoint_whose_config_would_build_something_else_is_refused(budget_run, tmp_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 from nmt.data import cache
 from nmt.data.prepare import prepare
 from nmt.data.sources import FileSource, SyntheticSource
-from tests.test_prepare import ROOT, TOKENIZER, corpus
+from tests.test_prepare import TOKENIZER, corpus
 
 DAY = 86400
 

@@ -30,7 +30,6 @@ from tests.conftest import CONF_DIR, ROOT, TORCH_INIT, compose_train  # noqa: E4
 
 TINY = ROOT / "tests" / "data" / "tiny"
 from nmt.ctranslate2_backend import CTranslate2Translator, decoding_cap  # noqa: E402
-from nmt.decoding import score_pairs  # noqa: E402
 from nmt.inference import Translator  # noqa: E402
 
 GREEDY = {"_target_": "nmt.decoding.greedy_search"}
@@ -98,7 +97,9 @@ def test_log_probs_equal_ours(vocab, tmp_path, overrides):
         torch.testing.assert_close(torch.tensor(results[i].log_probs), ours, atol=1e-4, rtol=1e-4)
 
 
-@pytest.fixture(scope="module", params=["pre_sinusoidal", "post_learned_untied"])
+# the second variant trains another model (~15 s): the slow tier; its log-probabilities match
+# ours in the default tier already (test_log_probs_equal_ours on the untrained model)
+@pytest.fixture(scope="module", params=["pre_sinusoidal", pytest.param("post_learned_untied", marks=pytest.mark.slow)])
 def trained(request, tmp_path_factory):
     """A tiny Transformer trained for real on the tiny corpus (long enough that greedy outputs
     are sentences, not one repeated piece), loaded from its checkpoint and exported."""

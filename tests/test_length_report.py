@@ -85,11 +85,8 @@ def test_files_are_written(tmp_path):
     assert paths["png"].read_bytes()[:4] == b"\x89PNG"
 
 
-def test_evaluate_compares_two_hypothesis_files(tmp_path):
-    import subprocess
-    import sys
-
-    from tests.conftest import ROOT, SEARCH_PATH
+def test_evaluate_compares_two_hypothesis_files(tmp_path, capsys):
+    from tests.conftest import ROOT, evaluate_here
 
     refs = (ROOT / "tests/data/tiny/test.tgt").read_text().splitlines()
     good = tmp_path / "good.txt"
@@ -97,11 +94,8 @@ def test_evaluate_compares_two_hypothesis_files(tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_text("\n".join(" ".join(r.split()[:2]) for r in refs) + "\n")
     out = tmp_path / "eval"
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "evaluate.py"), SEARCH_PATH, "data=tiny", f"hyps={{good: {good}, bad: {bad}}}",
-         "length_buckets=[5,10]", "n_bootstrap=50", f"hydra.run.dir={out}", f"paths.cache_dir={tmp_path / 'cache'}"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
-    )
+    result = evaluate_here(capsys, out, "data=tiny", f"hyps={{good: {good}, bad: {bad}}}", "length_buckets=[5,10]",
+                           "n_bootstrap=50", f"paths.cache_dir={tmp_path / 'cache'}")
     assert result.returncode == 0, result.stderr
     report = json.loads((out / "comparison.json").read_text())
     assert set(report) == {"good", "bad"}

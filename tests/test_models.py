@@ -3,11 +3,14 @@ test in both kernel modes (the CPU kernels and the plain PyTorch reference, ``nm
 
 from __future__ import annotations
 
+import copy
+import functools
+
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-from omegaconf import open_dict
+from omegaconf import DictConfig, open_dict
 
 from nmt.data.tokenizer import BOS, PAD
 from tests.conftest import CONF_DIR
@@ -43,11 +46,16 @@ TINY_SIZES = ["model.emb_size=16", "model.hidden_size=16", "model.dropout=0.0", 
               "position_shift=0"]  # training passes start at position 0, as decoding does (the shift: its own test)
 
 
-def build(name: str, vocab: int = VOCAB) -> torch.nn.Module:
+@functools.cache
+def composed(name: str) -> DictConfig:
+    """The model config of variant ``name`` (composing it costs more than building a tiny model)."""
     preset, overrides = VARIANTS[name]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=[f"model={preset}", *TINY_SIZES, *overrides])
-    model_cfg = cfg.model
+        return compose("train", overrides=[f"model={preset}", *TINY_SIZES, *overrides]).model
+
+
+def build(name: str, vocab: int = VOCAB) -> torch.nn.Module:
+    model_cfg = copy.deepcopy(composed(name))
     with open_dict(model_cfg):
         model_cfg.src_vocab_size = vocab
         model_cfg.tgt_vocab_size = vocab

@@ -13,7 +13,7 @@ from sacrebleu.significance import PairedTest
 
 from nmt.length_report import bleu_from_stats, sentence_stats
 from nmt.significance import sacrebleu_seed, significance
-from tests.conftest import ROOT, SEARCH_PATH
+from tests.conftest import ROOT, evaluate_here
 from tests.test_length_report import corpus
 
 FAST = {"bootstrap": 100, "randomization": 200}
@@ -114,22 +114,16 @@ def test_unknown_baseline_is_an_error():
         significance({"a": hyps, "b": hyps}, sources, refs, "nope", [10], **FAST)
 
 
-def test_evaluate_writes_the_significance_table(tmp_path):
-    import subprocess
-    import sys
-
+def test_evaluate_writes_the_significance_table(tmp_path, capsys):
     sources, refs, cut = tiny()
     good, bad = tmp_path / "good.txt", tmp_path / "bad.txt"
     good.write_text("\n".join(refs) + "\n")
     bad.write_text("\n".join(cut) + "\n")
     out = tmp_path / "eval"
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "evaluate.py"), SEARCH_PATH, "data=tiny", f"hyps={{good: {good}, bad: {bad}}}",
-         "baseline=bad", "length_buckets=[5,10]", "n_bootstrap=20", "significance.bootstrap=100",
-         "significance.randomization=200", "significance.min_sentences=3", f"hydra.run.dir={out}",
-         f"paths.cache_dir={tmp_path / 'cache'}"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
-    )
+    result = evaluate_here(capsys, out, "data=tiny", f"hyps={{good: {good}, bad: {bad}}}", "baseline=bad",
+                           "length_buckets=[5,10]", "n_bootstrap=20", "significance.bootstrap=100",
+                           "significance.randomization=200", "significance.min_sentences=3",
+                           f"paths.cache_dir={tmp_path / 'cache'}")
     assert result.returncode == 0, result.stderr
     table = (out / "comparison.md").read_text()
     assert "| system vs baseline | bucket | sentences | differing | delta BLEU [95% CI] | p bootstrap | p randomisation |" in table

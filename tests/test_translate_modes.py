@@ -132,12 +132,13 @@ def test_output_is_streamed_in_input_order_and_an_interrupted_run_keeps_its_fini
 def test_no_run_folder_unless_heatmaps_are_asked_for(ckpt, src, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
-    result = translate_command(ckpt, work, f"input={src}", "decoding=greedy", "progress=true")
+    result = translate_command(ckpt, work, f"input={src}", "decoding=greedy", "progress=true", "attention_lines=[1]",
+                               f"hydra.run.dir={tmp_path / 'run'}")  # heatmaps in the run folder given, nothing here
     assert list(work.iterdir()) == [] and "translating" in result.stderr
+    assert [p.name for p in (tmp_path / "run").rglob("*") if p.is_file()] == ["line00002.png"]
     translate_command(ckpt, work, f"input={src}", "decoding=greedy", "attention_lines=[0]")
     (png,) = (work / "outputs" / "translate").glob("*/attention/line00001.png")
-    translate_command(ckpt, work, f"input={src}", "decoding=greedy", "attention_lines=[1]", f"hydra.run.dir={tmp_path / 'run'}")
-    assert (tmp_path / "run" / "attention" / "line00002.png").is_file()
+    assert [p for p in work.rglob("*") if p.is_file()] == [png]
 
 
 @pytest.mark.parametrize("mode, rows_per_line", [(["decoding.beam_size=2", "decoding.nbest=2"], 2), (["decoding=sample"], 1)],
