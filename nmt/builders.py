@@ -16,6 +16,7 @@ from typing import Any
 
 import pytorch_lightning as L
 import torch
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint, ProgressBar
@@ -31,8 +32,13 @@ LOGGER_EXTRAS = {"WandbLogger": (("wandb",), "wandb"), "TensorBoardLogger": (("t
 
 def build_datamodule(data_cfg: DictConfig | dict[str, Any]) -> L.LightningDataModule:
     """Instantiate a data config; ``data.vocab_from`` is read with ``nmt.checkpoint.saved_vocabularies``."""
-    return instantiate(OmegaConf.create(data_cfg) if isinstance(data_cfg, dict) else data_cfg,
-                       vocab_loader=saved_vocabularies)
+    try:
+        return instantiate(OmegaConf.create(data_cfg) if isinstance(data_cfg, dict) else data_cfg,
+                           vocab_loader=saved_vocabularies)
+    except InstantiationException as e:  # a bad data key (ValueError, DataError): the data module's own message
+        if isinstance(e.__cause__, ValueError):
+            raise e.__cause__ from None
+        raise
 
 
 def build_model(cfg: DictConfig, src_vocab_size: int, tgt_vocab_size: int) -> torch.nn.Module:

@@ -116,6 +116,14 @@ def evaluate(cfg: DictConfig) -> None:
     hyp_files = dict(cfg.hyps or {})
     if not ckpts and not hyp_files:
         raise ValueError("nothing to evaluate: set ckpts=[<file>.ckpt, ...] and/or hyps={name: file, ...}")
+    variants = [str(v) for v in cfg.get("test_variants") or []]
+    if variants:
+        from nmt.data.augment import modifiers
+
+        modifiers([{"name": v, "rate": 1.0} for v in variants], key="test_variants")  # a bad name: before any work
+        if not ckpts:
+            raise ValueError("test_variants: the augmented copies are translated by the checkpoints of ckpts=[...]; "
+                             "hypothesis files (hyps=) are of the clean test set")
     data_cfg, data_source = cfg.get("data"), None
     decoding = OmegaConf.to_container(cfg.decoding)
     loaded = [Translator.load(p, device=str(cfg.device), kernels=str(cfg.get("kernels", "auto")),
@@ -152,6 +160,40 @@ def evaluate(cfg: DictConfig) -> None:
             reports[name]["significance"] = result
     paths = compare(reports, out_dir, title=cfg.get("title") or "")
     log.info("comparison -> %s\n%s", paths["md"], paths["md"].read_text())
+    if variants:
+        robust = robustness(cfg, dict(zip(names, loaded)), variants, (sources, refs, unit), reports, out_dir)
+        log.info("clean and augmented test sets -> %s\n%s", robust, robust.read_text())
+
+
+def robustness(cfg: DictConfig, translators: dict[str, Any], variants: list[str],
+               test: tuple[list[str], list[str], str], reports: dict[str, dict[str, Any]], out_dir: Path) -> Path:
+    """Each checkpoint on augmented copies of the test set (``nmt.data.augment.augmented_copy``:
+    ``upper`` in capitals, both sides; ``noise``: typing errors in the sources): a report per
+    system and copy (``<name>.<variant>/``) and ``robustness.{json,md}``, BLEU beside the clean set's."""
+    from nmt.data.augment import augmented_copy
+
+    sources, refs, unit = test
+    table = {name: {"clean": {"bleu": reports[name]["bleu"], "bleu_ci": reports[name]["bleu_ci"],
+                              "chrf": reports[name]["chrf"]}} for name in translators}
+    for variant in variants:
+        copy_sources, copy_refs = augmented_copy(variant, sources, refs, seed=int(cfg.seed))
+        for name, translator in translators.items():
+            hyps = [t.text for t in translator.translate(copy_sources)]
+            (out_dir / f"{name}.{variant}.hyp.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+            report = length_report(copy_sources, hyps, copy_refs, cfg.length_buckets, unit=unit,
+                                   tokenize=cfg.sacrebleu_tokenize, n_bootstrap=cfg.n_bootstrap)
+            write_report(report, out_dir / f"{name}.{variant}", name=f"{name} ({variant})")
+            table[name][variant] = {k: report[k] for k in ("bleu", "bleu_ci", "chrf")}
+    (out_dir / "robustness.json").write_text(json.dumps(table, indent=2) + "\n")
+    columns = ["clean", *variants]
+    lines = ["| system | " + " | ".join(f"{c} BLEU [95% CI]" for c in columns) + " |",
+             "|---|" + "---:|" * len(columns)]
+    for name, row in table.items():
+        cells = [f"{row[c]['bleu']:.1f} [{row[c]['bleu_ci'][0]:.1f}, {row[c]['bleu_ci'][1]:.1f}]" for c in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    path = out_dir / "robustness.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ from nmt import CONF_DIR, register_resolvers
 from nmt.builders import (build_callbacks, build_datamodule, build_loggers, build_model, build_module,
                           build_trainer, count_parameters)
 from nmt.callbacks import LastCheckpoint, budget_timer, ended_by
+from nmt.cli_io import ending_cleanly
 from nmt.checkpoint import (INIT_OPTIMIZER, check_architecture, check_init_vocabularies, check_resume, init_origin,
                             init_weights, read_init, tokenizer_protos)
 from nmt.length_report import markdown_table
@@ -297,7 +298,8 @@ def run(cfg: DictConfig) -> float | None:
     bound_onednn_cache()
     if kernels.on_cpu(cfg.kernels, training_device(cfg)):
         keep_freed_memory()  # the CPU kernels' allocator setting, for the whole process
-    metrics = train(cfg)
+    with ending_cleanly():  # a user's error (a bad key, a file that is not a model): one line, status 1
+        metrics = train(cfg)
     value = metrics.get(cfg.get("optimized_metric") or "")
     return None if value is None or math.isnan(value) else value
 

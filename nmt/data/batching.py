@@ -13,7 +13,7 @@ import copy
 import logging
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,17 @@ def padding_ratio(batches: Sequence[Sequence[int]], lengths: Sequence[int] | np.
     return 1.0 - real / padded if padded else 0.0
 
 
+class Batch(list):
+    """A batch's example indices and the epoch they belong to."""
+
+    def __init__(self, ids: list[int], epoch: int) -> None:
+        super().__init__(ids)
+        self.epoch = epoch
+
+    def __reduce__(self) -> tuple[Any, ...]:  # to DataLoader workers with its epoch
+        return Batch, (list(self), self.epoch)
+
+
 class TokenBatchSampler(Sampler[list[int]]):
     """Batches of indices for `DataLoader(batch_sampler=...)`.
 
@@ -116,18 +127,21 @@ class TokenBatchSampler(Sampler[list[int]]):
     per example), built once per epoch; a batch becomes a list only when it is yielded. With
     `share` (a folder), an epoch one process built is saved there and memory-mapped by the
     others with the same lengths and options (DDP ranks), instead of each sorting its own.
+    lengths_of_epoch: in training mode, a function giving an epoch's lengths where they change
+        from epoch to epoch (augmented pairs, `nmt.data.augment`); batches then come as `Batch`
+        lists that carry their epoch, for the dataset to build the same pairs.
     """
 
     def __init__(self, lengths: Sequence[int] | np.ndarray, max_tokens: int | None = 4096,
                  batch_size: int | None = None, shuffle: bool = True, seed: int = 0,
                  num_replicas: int = 1, rank: int = 0, drop_last: bool = False,
-                 share: Path | None = None) -> None:
+                 share: Path | None = None,
+                 lengths_of_epoch: Callable[[int], np.ndarray] | None = None) -> None:
         if max_tokens is None and batch_size is None:
             raise ValueError("set max_tokens or batch_size")
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} not in [0, {num_replicas})")
         self.lengths = _columns(lengths)
-        self.widths = self.lengths.max(1)  # the longer side of each example
         self.max_tokens, self.batch_size = max_tokens, batch_size
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.num_replicas, self.rank = num_replicas, rank
@@ -138,6 +152,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         self._num_batches: int | None = None
         self._built: dict[str, Any] = {}  # the last epoch built, shared with `replica` copies
         self.share = share
+        self.lengths_of_epoch = lengths_of_epoch if shuffle else None
 
     def replica(self, num_replicas: int, rank: int) -> TokenBatchSampler:
         """This sampler for one DDP rank, sharing the epochs already built."""
@@ -155,9 +170,10 @@ class TokenBatchSampler(Sampler[list[int]]):
             arrays = self._shared(epoch)
             if arrays is None:
                 rng = np.random.default_rng([self.seed, epoch])
-                ties = rng.random(len(self.lengths)) if self.shuffle else None  # by length, random ties
-                order = length_order(self.lengths, ties)
-                bounds = batch_bounds(self.widths[order], self.max_tokens, self.batch_size)
+                lengths = self.lengths if self.lengths_of_epoch is None else _columns(self.lengths_of_epoch(epoch))
+                ties = rng.random(len(lengths)) if self.shuffle else None  # by length, random ties
+                order = length_order(lengths, ties)
+                bounds = batch_bounds(lengths.max(1)[order], self.max_tokens, self.batch_size)
                 ids = rng.permutation(len(bounds) - 1) if self.shuffle else np.arange(len(bounds) - 1)
                 arrays = self._save(epoch, (order, bounds, ids))
             self._built.clear()
@@ -231,7 +247,8 @@ class TokenBatchSampler(Sampler[list[int]]):
         return 1.0 - real / padded if padded else 0.0
 
     def __len__(self) -> int:
-        if self._num_batches is None:  # the same every epoch: ties only swap equal lengths
+        # the same every epoch (ties only swap equal lengths), unless lengths_of_epoch changes them
+        if self._num_batches is None or self.lengths_of_epoch is not None:
             self._num_batches = len(self.rank_ids())
         return self._num_batches
 
@@ -253,7 +270,8 @@ class TokenBatchSampler(Sampler[list[int]]):
         start, self._yielded = self._pass
         for i in self.rank_ids(self.epoch, start).tolist():
             self._yielded += 1
-            yield order[bounds[i] : bounds[i + 1]].tolist()
+            ids = order[bounds[i] : bounds[i + 1]].tolist()
+            yield ids if self.lengths_of_epoch is None else Batch(ids, self.epoch)
         self.epoch += 1
         self._yielded = 0
         self._pass = (0, 0)

@@ -29,6 +29,7 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
+from nmt.data.augment import AugmentedSplit, Augmentation
 from nmt.data.batching import TokenBatchSampler, TokenizedSplit, collate
 from nmt.data.prepare import SIDES, TextColumn, prepare, read_manifest, select_train
 from nmt.data.sources import SPLITS, DataError, plain
@@ -117,6 +118,10 @@ class TranslationDataModule(L.LightningDataModule):
     vocab_loader: reads `vocab_from` into (source, target) tokenizers: the checkpoint reader
         `saved_vocabularies`, passed by `nmt.builders.build_datamodule` or named by the entry
         point's config (`vocab_loader` in prepare.yaml, stats.yaml); nmt.data reads no checkpoint.
+    augment: robustness augmentation of the training pairs, a list of `{name, rate}`
+        (`nmt.data.augment`: upper, title, noise); each epoch draws the pairs it changes. The
+        number of batches then varies by epoch: the trainer must reload its training loader
+        every epoch (`trainer.reload_dataloaders_every_n_epochs=1`, as `augment=robust` sets).
     """
 
     def __init__(self, source: Any, tokenizer: dict | DictConfig | None, src_lang: str,
@@ -125,7 +130,8 @@ class TranslationDataModule(L.LightningDataModule):
                  src_words: str = "words", num_workers: int = 0, cache_dir: str = ".cache",
                  seed: int = 0, eval_max_tokens: int | None = None, train_pairs: int | None = None,
                  train_max_words: int | None = None, vocab_from: str | None = None,
-                 vocab_loader: Callable[[str], tuple[Tokenizer, Tokenizer]] | None = None) -> None:
+                 vocab_loader: Callable[[str], tuple[Tokenizer, Tokenizer]] | None = None,
+                 augment: list | None = None) -> None:
         super().__init__()
         if too_long not in ("drop", "truncate"):
             raise ValueError(f"too_long must be 'drop' or 'truncate', got {too_long!r}")
@@ -151,6 +157,8 @@ class TranslationDataModule(L.LightningDataModule):
             raise ValueError(f"train_max_words must be a positive number of words or null, got {train_max_words}")
         self.train_max_words = train_max_words
         self.vocab_from, self.vocab_loader = vocab_from, vocab_loader
+        self.augmentation = Augmentation(plain(augment), seed)  # a bad entry raises here, naming data.augment[i]
+        self._train_items: Any = None  # what the training loader reads: the train split, augmented or not
         self.joint_vocab = bool(self.tokenizer_options["joint"])
         self.src_vocab: Tokenizer
         self.tgt_vocab: Tokenizer
@@ -239,10 +247,15 @@ class TranslationDataModule(L.LightningDataModule):
         train = self.datasets["train"]
         options = {"sampler": 1, "max_tokens": self.max_tokens, "batch_size": self.batch_size, "seed": self.seed,
                    "max_len": [self.max_src_len, self.max_tgt_len], "too_long": self.too_long,
-                   "train_max_words": self.train_max_words, "train_pairs": self.train_pairs}
+                   "train_max_words": self.train_max_words, "train_pairs": self.train_pairs,
+                   **({"augment": self.augmentation.describe()} if self.augmentation else {})}
         share = folder / "epochs" / hashlib.blake2b(json.dumps(options).encode(), digest_size=8).hexdigest()
+        self._train_items = train if not self.augmentation else AugmentedSplit(
+            train, (TextColumn(folder, "train.src"), TextColumn(folder, "train.tgt")),
+            (self.src_vocab, self.tgt_vocab), self.augmentation)
         self._train_sampler = TokenBatchSampler(train.lengths(), self.max_tokens, self.batch_size, seed=self.seed,
-                                                share=share)  # DDP ranks map the epochs rank 0 built
+                                                share=share,  # DDP ranks map the epochs rank 0 built
+                                                lengths_of_epoch=getattr(self._train_items, "lengths_of_epoch", None))
         self.train_padding = self._train_sampler.padding()  # builds epoch 0, which training reuses
         self.prepare_seconds = time.perf_counter() - start
         log.info("data ready in %.1fs: %s; training batches %d, padding %.1f%%",
@@ -333,8 +346,11 @@ class TranslationDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         self.setup()
         world, rank = self._replicas()
-        dataset = self.datasets["train"]
+        dataset = self._train_items
         assert self._train_sampler is not None
+        if self.augmentation and self.trainer is not None and self.trainer.reload_dataloaders_every_n_epochs != 1:
+            raise ValueError("data.augment changes the number of training batches from epoch to epoch: set "
+                             "trainer.reload_dataloaders_every_n_epochs=1 (augment=robust sets both)")
         sampler = self._train_sampler.replica(world, rank)  # shares the epoch built for `train_padding`
         if self.trainer is not None and self.trainer.overfit_batches > 0:
             sampler.shuffle = False  # epoch 0's batches again in every epoch: the same few to overfit
