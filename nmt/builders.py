@@ -23,6 +23,8 @@ from pytorch_lightning.callbacks import Callback, ModelCheckpoint, ProgressBar
 
 from nmt.callbacks import ScheduleHorizon
 from nmt.checkpoint import saved_vocabularies
+from nmt.decoding import search_of
+from nmt.search_settings import SearchSettings
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +60,8 @@ def build_module(cfg: DictConfig, model: torch.nn.Module) -> L.LightningModule:
         model=model,
         optimizer=instantiate(cfg.optimizer),
         scheduler=instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
-        val_decoding=instantiate(cfg.val_decoding),
-        test_decoding=instantiate(cfg.test_decoding),
+        val_decoding=search_of(SearchSettings.from_config(cfg.val_decoding)),
+        test_decoding=search_of(SearchSettings.from_config(cfg.test_decoding)),
     )
 
 

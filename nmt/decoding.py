@@ -11,6 +11,7 @@ smaller (EOS forced at the cap).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from torch import Tensor
 from nmt.kernels import Kernels
 from nmt.specials import BOS, EOS, PAD
 from nmt.models.base import select
+from nmt.search_settings import SearchSettings
 
 
 @dataclass
@@ -319,3 +321,17 @@ def beam_search(
         nbest_out = [[(ranked[i * n_best + r], scores[i][r]) for r in range(n_best) if scores[i][r] > float("-inf")]
                      for i in range(batch)]
     return Hypotheses(token_lists, best_scores[:, 0], attn_out, nbest_out)
+
+
+def search_of(settings: SearchSettings, beam_size: int | None = None, nbest: int | None = None) -> Callable[..., Hypotheses]:
+    """The search function of ``settings``, or beam search (greedy for a beam of 1) with its
+    length limits for another ``beam_size``/``nbest``."""
+    beam_size = settings.beam_size if beam_size is None else int(beam_size)
+    nbest = settings.nbest if nbest is None else int(nbest)
+    limits = {"max_len_a": settings.max_len_a, "max_len_b": settings.max_len_b}
+    if settings.search == "sample" and beam_size == settings.beam_size:
+        return functools.partial(sample_search, **limits, **settings.sampling)
+    if beam_size == 1 and nbest == 1:
+        return functools.partial(greedy_search, **limits)
+    return functools.partial(beam_search, beam_size=beam_size, alpha=settings.alpha, nbest=nbest,
+                             **limits)

@@ -34,7 +34,8 @@ import torch
 from nmt import decoding as search_functions
 from nmt.checkpoint import load_checkpoint
 from nmt.data.batching import TokenBatchSampler
-from nmt.data.tokenizer import EOS, PAD, Tokenizer
+from nmt.alignments import pharaoh
+from nmt.data.tokenizer import BOS, EOS, PAD, Tokenizer
 from nmt.decoding import Hypotheses, length_penalty
 from nmt.kernels import on_cpu
 from nmt.kernels.malloc import bound_onednn_cache, keep_freed_memory
@@ -116,20 +117,6 @@ def run_batches(batches: list[Any], work: Callable[[Any], Any], device: torch.de
             pool.shutdown(cancel_futures=True)  # after an error, the batches not started are dropped
 
 
-def build_search(settings: SearchSettings, beam_size: int | None = None, nbest: int | None = None) -> Callable[..., Hypotheses]:
-    """The search function of ``settings``, or beam search (greedy for a beam of 1) with its
-    length limits for another ``beam_size``/``nbest``."""
-    beam_size = settings.beam_size if beam_size is None else int(beam_size)
-    nbest = settings.nbest if nbest is None else int(nbest)
-    limits = {"max_len_a": settings.max_len_a, "max_len_b": settings.max_len_b}
-    if settings.search == "sample" and beam_size == settings.beam_size:
-        return functools.partial(search_functions.sample_search, **limits, **settings.sampling)
-    if beam_size == 1 and nbest == 1:
-        return functools.partial(search_functions.greedy_search, **limits)
-    return functools.partial(search_functions.beam_search, beam_size=beam_size, alpha=settings.alpha, nbest=nbest,
-                             **limits)
-
-
 class Translator:
     """A model with its vocabularies, limits and decoding, ready to translate and score."""
 
@@ -171,12 +158,15 @@ class Translator:
     # --- translating --------------------------------------------------------------------------
     def batches(self, lines: list[str], beam_size: int | None = None, nbest: int | None = None,
                 attention: Iterable[int] | bool = (), first_line: int = 1,
-                search: Callable[..., Hypotheses] | None = None) -> Iterator[list[tuple[int, Translation]]]:
+                search: Callable[..., Hypotheses] | None = None,
+                alignments: bool | None = None) -> Iterator[list[tuple[int, Translation]]]:
         """Translate the non-empty ``lines`` batch by batch: each batch's (0-based index into
         ``lines``, ``Translation``) pairs, as soon as it is decoded. ``attention``: the indices
         whose attention is returned (True: all); ``first_line``: the input line number of
-        ``lines[0]`` (for warnings)."""
-        search = search or build_search(self.settings, beam_size, nbest)
+        ``lines[0]`` (for warnings); ``alignments``: word-align every hypothesis (None: as
+        ``decoding.alignments`` says)."""
+        align = self.settings.alignments if alignments is None else alignments
+        search = search or search_functions.search_of(self.settings, beam_size, nbest)
         alpha = float(search.keywords.get("alpha", 0.0)) if isinstance(search, functools.partial) and \
             search.func is search_functions.beam_search else None
         todo = [i for i, line in enumerate(lines) if line.strip()]
@@ -189,15 +179,20 @@ class Translator:
         def work(batch: list[int]) -> list[tuple[int, Translation]]:
             src, src_mask = pad([encoded[j] for j in batch], self.device)
             hyps = search(self.model, src, src_mask, need_attn=any(todo[j] in wanted for j in batch))
-            return [(todo[j], self._translation(hyps, r, encoded[j], todo[j] in wanted, alpha))
+            done = [(todo[j], self._translation(hyps, r, encoded[j], todo[j] in wanted, alpha))
                     for r, j in enumerate(batch)]
+            if align:
+                self._align(done, hyps, [encoded[j] for j in batch])
+            return done
 
         yield from run_batches(list(order), work, self.device, self.precision, self.workers)
 
     def translate(self, lines: list[str], beam_size: int | None = None, nbest: int | None = None,
-                  attention: Iterable[int] | bool = (), search: Callable[..., Hypotheses] | None = None) -> list[Translation]:
+                  attention: Iterable[int] | bool = (), search: Callable[..., Hypotheses] | None = None,
+                  alignments: bool | None = None) -> list[Translation]:
         """One ``Translation`` per line, in order (no hypotheses for an empty line)."""
-        return in_line_order(self.batches(lines, beam_size, nbest, attention, search=search), len(lines), Translation)
+        return in_line_order(self.batches(lines, beam_size, nbest, attention, search=search, alignments=alignments),
+                             len(lines), Translation)
 
     def _translation(self, hyps: Hypotheses, r: int, source: list[int], with_attention: bool,
                      alpha: float | None) -> Translation:
@@ -214,6 +209,33 @@ class Translator:
             attention = Attention(self.src_vocab.pieces(source), self.tgt_vocab.pieces(hyps.tokens[r] + [EOS]),
                                   weights.tolist())
         return Translation(hypotheses, attention)
+
+    def _align(self, done: list[tuple[int, Translation]], hyps: Hypotheses, sources: list[list[int]]) -> None:
+        """Set each hypothesis' Pharaoh word alignment (``nmt.alignments``), from the attention of
+        a teacher-forced pass over it: every n-best entry gets its own."""
+        ranked = [hyps.nbest[r] if hyps.nbest is not None else [(hyps.tokens[r], 0.0)] for r in range(len(sources))]
+        pairs = [(r, tokens) for r, entries in enumerate(ranked) for tokens, _ in entries]
+        texts = iter(self.alignments([sources[r] for r, _ in pairs], [tokens for _, tokens in pairs]))
+        for _, translation in done:  # its hypotheses are ``ranked``'s, in order
+            for hypothesis in translation.hypotheses:
+                hypothesis.alignment = next(texts)
+
+    def alignments(self, sources: list[list[int]], targets: list[list[int]]) -> list[str]:
+        """Pharaoh word alignments of (source ids + EOS, target ids without BOS/EOS) pairs: each
+        target subword to the source subword its attention weighs most, in the model's alignment
+        layer (``Seq2Seq.alignment_attention``), lifted to words. Empty strings for a model
+        without attention or an empty side."""
+        if not sources:
+            return []
+        src, src_mask = pad(sources, self.device)
+        tgt_in, _ = pad([[BOS, *t] for t in targets], self.device)
+        with torch.inference_mode():
+            weights = self.model.alignment_attention(src, src_mask, tgt_in)
+        if weights is None:
+            return ["" for _ in sources]
+        weights = weights.float().cpu()
+        return [pharaoh(self.src_vocab.pieces(s[:-1]), self.tgt_vocab.pieces(t), weights[i, : len(t), : len(s) - 1].tolist())
+                for i, (s, t) in enumerate(zip(sources, targets))]
 
     @property
     def has_attention(self) -> bool:

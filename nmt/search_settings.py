@@ -12,8 +12,8 @@ from typing import Any
 SEARCHES = {"nmt.decoding.beam_search": "beam", "nmt.decoding.greedy_search": "greedy",
             "nmt.decoding.sample_search": "sample"}
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "seed")
-KEYS = {"beam": ("beam_size", "alpha", "nbest", "max_len_a", "max_len_b"), "greedy": ("max_len_a", "max_len_b"),
-        "sample": ("max_len_a", "max_len_b", *SAMPLING_KEYS)}
+KEYS = {"beam": ("beam_size", "alpha", "nbest", "max_len_a", "max_len_b", "alignments"),
+        "greedy": ("max_len_a", "max_len_b", "alignments"), "sample": ("max_len_a", "max_len_b", "alignments", *SAMPLING_KEYS)}
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class SearchSettings:
     max_len_a: float = 1.5  # at most a * source tokens + b output tokens
     max_len_b: int = 10
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_k, top_p, seed
+    alignments: bool = False  # a Pharaoh word alignment beside each hypothesis (not a search option)
 
     @classmethod
     def from_config(cls, decoding: Mapping[str, Any] | None) -> SearchSettings:
@@ -50,7 +51,10 @@ class SearchSettings:
         if search != "beam":
             values["beam_size"] = 1
         sampling = {k: decoding[k] for k in SAMPLING_KEYS if k in decoding}
-        settings = cls(**values, sampling=sampling)
+        alignments = decoding.get("alignments", False)
+        if not isinstance(alignments, bool):
+            raise ValueError(f"decoding.alignments={alignments!r}: give true or false")
+        settings = cls(**values, sampling=sampling, alignments=alignments)
         if settings.beam_size < 1:
             raise ValueError(f"decoding.beam_size={settings.beam_size}: must be at least 1")
         if not 1 <= settings.nbest <= settings.beam_size:

@@ -58,7 +58,7 @@ ERRORS = ("strict", "replace")
 
 def translate_stream(cfg: DictConfig, translator: Any, writer: OrderedWriter, attention_dir: Path | None) -> int:
     """Translate the input chunk by chunk into ``writer``; returns the number of input lines."""
-    nbest = translator.settings.nbest
+    nbest, aligned = translator.settings.nbest, translator.settings.alignments
     fmt = output_format(str(cfg.format), "translate", nbest)
     wanted = set(cfg.attention_lines)
     replaced: list[int] = []
@@ -66,13 +66,13 @@ def translate_stream(cfg: DictConfig, translator: Any, writer: OrderedWriter, at
     for chunk in chunked(iter_lines(cfg.input, cfg.errors, replaced), int(cfg.chunk_lines)):
         for i, line in enumerate(chunk):
             if not line.strip():
-                writer.put(offset + i, translation_rows(offset + i + 1, Translation(), fmt, nbest))
+                writer.put(offset + i, translation_rows(offset + i + 1, Translation(), fmt, nbest, aligned))
         writer.flush()
         attention = {i - offset for i in wanted if offset <= i < offset + len(chunk)}
         for batch in translator.batches(chunk, attention=attention, first_line=offset + 1):
             for i, translation in batch:
                 number = offset + i + 1
-                writer.put(offset + i, translation_rows(number, translation, fmt, nbest))
+                writer.put(offset + i, translation_rows(number, translation, fmt, nbest, aligned))
                 if translation.attention is not None and attention_dir is not None:
                     save_attention(translation, number, attention_dir)
             writer.flush()

@@ -28,6 +28,7 @@ class Hypothesis:
     text: str
     score: float  # what the search ranks by (beam search: logprob / GNMT length penalty)
     logprob: float  # the sum of the tokens' log-probabilities, EOS included
+    alignment: str | None = None  # Pharaoh word alignment "0-0 1-2 ..." (decoding.alignments=true)
 
 
 @dataclass
@@ -77,21 +78,27 @@ def output_format(fmt: str, mode: str, nbest: int) -> str:
     return fmt
 
 
-def translation_rows(number: int, translation: Translation, fmt: str, nbest: int = 1) -> list[str]:
-    """The output rows of input line ``number``: one, or ``nbest`` ranked ones."""
+def translation_rows(number: int, translation: Translation, fmt: str, nbest: int = 1,
+                     alignments: bool = False) -> list[str]:
+    """The output rows of input line ``number``: one, or ``nbest`` ranked ones; with
+    ``alignments``, each hypothesis' Pharaoh alignment follows its text (after a tab; JSON:
+    ``"alignment"``), empty for an empty line."""
     if nbest <= 1:
+        best = translation.hypotheses[0] if translation.hypotheses else Hypothesis("", 0.0, 0.0)
         if fmt == "jsonl":
-            return [json.dumps({"line": number, "text": translation.text, "score": round(translation.score, 4)},
-                               ensure_ascii=False)]
-        return [translation.text]
+            row = {"line": number, "text": best.text, "score": round(best.score, 4)}
+            return [json.dumps(row | ({"alignment": best.alignment or ""} if alignments else {}), ensure_ascii=False)]
+        return [best.text + (f"\t{best.alignment or ''}" if alignments else "")]
     rows = []
     for rank in range(1, nbest + 1):
         hyp = translation.hypotheses[rank - 1] if rank <= len(translation.hypotheses) else Hypothesis("", 0.0, 0.0)
         if fmt == "jsonl":
-            rows.append(json.dumps({"line": number, "rank": rank, "score": round(hyp.score, 4),
-                                    "logprob": round(hyp.logprob, 4), "text": hyp.text}, ensure_ascii=False))
+            row = {"line": number, "rank": rank, "score": round(hyp.score, 4), "logprob": round(hyp.logprob, 4),
+                   "text": hyp.text}
+            rows.append(json.dumps(row | ({"alignment": hyp.alignment or ""} if alignments else {}), ensure_ascii=False))
         else:
-            rows.append(f"{number}\t{rank}\t{hyp.score:.4f}\t{hyp.logprob:.4f}\t{hyp.text}")
+            rows.append(f"{number}\t{rank}\t{hyp.score:.4f}\t{hyp.logprob:.4f}\t{hyp.text}"
+                        + (f"\t{hyp.alignment or ''}" if alignments else ""))
     return rows
 
 
@@ -111,10 +118,15 @@ def score_row(number: int, values: list[float] | None, fmt: str, per_token: bool
 
 
 def response_item(translation: Translation, nbest: int, attention: bool) -> dict[str, Any]:
-    """One sentence of the server's answer: ``{"text", "score", "nbest"?, "attention"?}``."""
+    """One sentence of the server's answer: ``{"text", "score", "alignment"?, "nbest"?, "attention"?}``
+    (``alignment``: when the translator aligned it, ``decoding.alignments``)."""
     item: dict[str, Any] = {"text": translation.text, "score": round(translation.score, 4)}
+    aligned = bool(translation.hypotheses) and translation.hypotheses[0].alignment is not None
+    if aligned:
+        item["alignment"] = translation.hypotheses[0].alignment
     if nbest > 1:
-        item["nbest"] = [{"text": h.text, "score": round(h.score, 4)} for h in translation.hypotheses]
+        item["nbest"] = [{"text": h.text, "score": round(h.score, 4), **({"alignment": h.alignment} if aligned else {})}
+                         for h in translation.hypotheses]
     if attention and translation.attention is not None:
         a = translation.attention
         item["attention"] = {"source": a.source, "target": a.target,

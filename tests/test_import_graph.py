@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nmt"
 # Lower numbers are lower layers; a module may import only modules of lower layers, or of its own
 # layer inside its own sub-package (nmt.data.*, nmt.kernels.*, nmt.models.*, nmt.serve.*).
 LAYERS = {
-    0: ["nmt", "nmt.specials", "nmt.limits", "nmt.search_settings", "nmt.translations", "nmt.line_streams",
+    0: ["nmt", "nmt.specials", "nmt.limits", "nmt.search_settings", "nmt.translations", "nmt.line_streams", "nmt.alignments",
         "nmt.cli_io", "nmt.cpu_threads", "nmt.metrics", "nmt.plots", "nmt.run_files", "nmt.schedules",
         "nmt.machine", "nmt.serve", "nmt.serve.batching", "nmt.serve.guard", "nmt.kernels*"],
     1: ["nmt.data*", "nmt.models*"],

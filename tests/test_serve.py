@@ -26,7 +26,8 @@ from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 from nmt.checkpoint import load_checkpoint  # noqa: E402
 from nmt.serve.app import create_app, load  # noqa: E402
 from nmt.inference import translate_lines  # noqa: E402
-from hydra.utils import instantiate  # noqa: E402
+from nmt.decoding import search_of  # noqa: E402
+from nmt.search_settings import SearchSettings  # noqa: E402
 from tests.conftest import CONF_DIR, ROOT, serve_cfg  # noqa: E402
 
 LINES = (ROOT / "tests/data/tiny/test.src").read_text().splitlines()[:24]
@@ -49,8 +50,8 @@ def client(ckpt):
 def reference(ckpt: Path, lines: list[str], decoding: str = "greedy", **options) -> list[str]:
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        search = instantiate(compose("translate", overrides=[f"ckpt={ckpt}", f"decoding={decoding}",
-                                                             *[f"decoding.{k}={v}" for k, v in options.items()]]).decoding)
+        search = search_of(SearchSettings.from_config(compose("translate", overrides=[
+            f"ckpt={ckpt}", f"decoding={decoding}", *[f"decoding.{k}={v}" for k, v in options.items()]]).decoding))
     loaded = load_checkpoint(ckpt)
     return translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, search)[0]
 

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 from hydra.core.global_hydra import GlobalHydra
-from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from sacrebleu.metrics import BLEU, CHRF
 
 from nmt.checkpoint import load_checkpoint
 from nmt.data.tokenizer import PAD
-from nmt.decoding import beam_search, greedy_search
+from nmt.decoding import beam_search, greedy_search, search_of
+from nmt.search_settings import SearchSettings
 from nmt.train import build_model, build_module, cpu_name, train
 from nmt.inference import Translator, translate_lines
 from tests.conftest import CONF_DIR, ROOT, TORCH_INIT, compose_train, translate_here
@@ -83,7 +83,7 @@ def test_train_checkpoint_test_translate(runs, model):
     sources = (ROOT / "tests/data/tiny/test.src").read_text().splitlines()
     refs = (ROOT / "tests/data/tiny/test.tgt").read_text().splitlines()
     hyps = (out_dir / "test_hyps.txt").read_text().splitlines()
-    again, _ = translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, sources, instantiate(cfg.test_decoding))
+    again, _ = translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, sources, search_of(SearchSettings.from_config(cfg.test_decoding)))
     assert again == hyps and len(hyps) == len(refs)
     assert metrics["test/bleu"] == pytest.approx(BLEU().corpus_score(hyps, [refs]).score, rel=1e-6)
     assert metrics["test/chrf"] == pytest.approx(CHRF().corpus_score(hyps, [refs]).score, rel=1e-6)

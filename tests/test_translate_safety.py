@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from hydra.utils import instantiate
+from nmt.decoding import search_of
+from nmt.search_settings import SearchSettings
 from omegaconf import OmegaConf
 
 from nmt.checkpoint import load_checkpoint
@@ -175,7 +176,7 @@ def own_translations(ckpt: Path, lines: list[str]) -> list[str]:
     """The model's translations of ``lines`` as translate.py decodes them (greedy, kernels=auto)."""
     loaded = load_checkpoint(ckpt)
     loaded.model.set_kernels("auto")
-    search = instantiate(OmegaConf.load(CONF_DIR / "decoding" / "greedy.yaml"))
+    search = search_of(SearchSettings.from_config(OmegaConf.load(CONF_DIR / "decoding" / "greedy.yaml")))
     return translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, search,
                            max_src_len=model_max_src_len(loaded.run_config))[0]
 

@@ -124,54 +124,72 @@ class Clause:
     adv: int | None = None
 
 
-def _src_np(np: NP, out: list[str]) -> None:
-    out.append(SRC["det"][np.det])
-    out.extend(SRC["adj"][a] for a in np.adjs)
-    out.append(SRC["noun"][np.noun] + "s" if np.plural else SRC["noun"][np.noun])
+Words = list[tuple[str, tuple[int, str]]]  # each word with the key of the element it renders
+
+
+def _src_np(np: NP, out: Words) -> None:
+    out.append((SRC["det"][np.det], (id(np), "det")))
+    out.extend((SRC["adj"][a], (id(np), f"adj{k}")) for k, a in enumerate(np.adjs))
+    out.append((SRC["noun"][np.noun] + "s" if np.plural else SRC["noun"][np.noun], (id(np), "noun")))
     if isinstance(np.mod, PP):
-        out.append(SRC["prep"][np.mod.prep])
+        out.append((SRC["prep"][np.mod.prep], (id(np.mod), "prep")))
         _src_np(np.mod.np, out)
     elif isinstance(np.mod, Rel):
-        out += [SRC["rel"][0], SRC["verb"][np.mod.verb]]
+        out += [(SRC["rel"][0], (id(np.mod), "rel")), (SRC["verb"][np.mod.verb], (id(np.mod), "verb"))]
         if np.mod.obj is not None:
             _src_np(np.mod.obj, out)
 
 
-def _tgt_np(np: NP, out: list[str]) -> None:
+def _tgt_np(np: NP, out: Words) -> None:
     agr = (GENDER[np.noun], np.plural)
     num = "n" if np.plural else ""
-    out += [TGT["det"][np.det] + DET_SUFFIX[agr], TGT["noun"][np.noun] + num]
-    out.extend(TGT["adj"][a] + num for a in np.adjs)
+    out += [(TGT["det"][np.det] + DET_SUFFIX[agr], (id(np), "det")), (TGT["noun"][np.noun] + num, (id(np), "noun"))]
+    out.extend((TGT["adj"][a] + num, (id(np), f"adj{k}")) for k, a in enumerate(np.adjs))
     if isinstance(np.mod, PP):
-        out.append(TGT["prep"][np.mod.prep])
+        out.append((TGT["prep"][np.mod.prep], (id(np.mod), "prep")))
         _tgt_np(np.mod.np, out)
     elif isinstance(np.mod, Rel):
-        out.append(TGT["rel"][0])
+        out.append((TGT["rel"][0], (id(np.mod), "rel")))
         if np.mod.obj is not None:
             _tgt_np(np.mod.obj, out)
-        out.append(TGT["verb"][np.mod.verb] + VERB_SUFFIX[agr])
+        out.append((TGT["verb"][np.mod.verb] + VERB_SUFFIX[agr], (id(np.mod), "verb")))
 
 
 def render(clauses: list[Clause]) -> tuple[str, str]:
     """Source and target sentence of a parsed or generated sentence."""
-    src: list[str] = []
-    tgt: list[str] = []
+    src, tgt, _ = render_aligned(clauses)
+    return src, tgt
+
+
+def render_aligned(clauses: list[Clause]) -> tuple[str, str, str]:
+    """Source, target and their gold word alignment in Pharaoh format (``"0-0 1-2 ..."``, source
+    index first): every target word renders exactly one source word (rule 1), so the alignment is
+    one-to-one and covers both sides."""
+    src: Words = []
+    tgt: Words = []
     for c in clauses:
         if c.conj is not None:
-            src.append(SRC["conj"][c.conj])
-            tgt.append(TGT["conj"][c.conj])
+            src.append((SRC["conj"][c.conj], (id(c), "conj")))
+            tgt.append((TGT["conj"][c.conj], (id(c), "conj")))
         _src_np(c.subj, src)
-        src.append(SRC["verb"][c.verb])
+        src.append((SRC["verb"][c.verb], (id(c), "verb")))
         _tgt_np(c.subj, tgt)
         if c.obj is not None:
             _src_np(c.obj, src)
         if c.adv is not None:
-            src.append(SRC["adv"][c.adv])
-            tgt.append(TGT["adv"][c.adv])
+            src.append((SRC["adv"][c.adv], (id(c), "adv")))
+            tgt.append((TGT["adv"][c.adv], (id(c), "adv")))
         if c.obj is not None:
             _tgt_np(c.obj, tgt)
-        tgt.append(TGT["verb"][c.verb] + VERB_SUFFIX[GENDER[c.subj.noun], c.subj.plural])
-    return " ".join(src), " ".join(tgt)
+        tgt.append((TGT["verb"][c.verb] + VERB_SUFFIX[GENDER[c.subj.noun], c.subj.plural], (id(c), "verb")))
+    where = {key: i for i, (_, key) in enumerate(src)}
+    links = " ".join(f"{where[key]}-{t}" for t, (_, key) in enumerate(tgt))
+    return " ".join(w for w, _ in src), " ".join(w for w, _ in tgt), links
+
+
+def gold_alignment(source: str) -> str:
+    """The Pharaoh word alignment of ``source`` and its translation (``translate(source)``)."""
+    return render_aligned(parse(source))[2]
 
 
 def _np(rng: random.Random, depth: int) -> NP:

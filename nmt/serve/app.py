@@ -1,8 +1,8 @@
 """Serve a model over HTTP: ``nmt-serve ckpt=<checkpoint or release file> [host= port= precision=
 decoding=...]`` (see ``nmt/conf/serve.yaml``).
 
-``POST /translate`` ``{"text": [...], "beam_size"?, "nbest"?, "attention"?}`` returns
-``{"translations": [{"text", "score", "nbest"?, "attention"?}, ...]}`` in request order; concurrent
+``POST /translate`` ``{"text": [...], "beam_size"?, "nbest"?, "attention"?, "alignments"?}`` returns
+``{"translations": [{"text", "score", "alignment"?, "nbest"?, "attention"?}, ...]}`` in request order; concurrent
 requests are decoded together (``nmt.serve.batching``) by the translator ``nmt-translate`` uses
 (``nmt.backends``: a checkpoint, a release file or a CTranslate2 folder), so a sentence gets the
 translation ``translate.py`` gives it with the same decoding. ``GET /health``,
@@ -46,10 +46,11 @@ log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parent / "static"
 
 
-def answer(translator: Any, texts: list[str], options: tuple[int, int, bool]) -> list[dict[str, Any]]:
-    """The ``translations`` of a request: ``options`` are its (beam_size, nbest, attention)."""
-    beam_size, nbest, attention = options
-    translations = translator.translate(texts, beam_size, nbest, attention=bool(attention))
+def answer(translator: Any, texts: list[str], options: tuple[int, int, bool, bool]) -> list[dict[str, Any]]:
+    """The ``translations`` of a request: ``options`` are its (beam_size, nbest, attention, alignments)."""
+    beam_size, nbest, attention, alignments = options
+    extra = {"alignments": True} if alignments else {}  # the torch backend's option (parse_request checks)
+    translations = translator.translate(texts, beam_size, nbest, attention=bool(attention), **extra)
     return [response_item(t, nbest, attention) for t in translations]
 
 
@@ -156,7 +157,8 @@ def create_app(translator: Any, cfg: DictConfig) -> FastAPI:
         body = content_type_error(request) or await read_body(request, max_body, float(limits.read_timeout_s))
         if isinstance(body, JSONResponse):
             return body
-        parsed = parse_request(body, limits, translator.settings.beam_size)
+        parsed = parse_request(body, limits, translator.settings.beam_size, translator.backend == "torch",
+                               translator.settings.alignments)
         if isinstance(parsed, JSONResponse):
             return parsed
         texts, options = parsed

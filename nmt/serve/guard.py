@@ -28,7 +28,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-OPTIONS = {"text", "beam_size", "nbest", "attention"}
+OPTIONS = {"text", "beam_size", "nbest", "attention", "alignments"}
 MAX_DIGITS = 20  # an integer literal longer than this is refused before int() reads it
 OPEN_PATHS = ("/health", "/")  # and /static/...: the page loads without a key, then asks for one
 
@@ -132,8 +132,9 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def parse_request(body: bytes, limits: DictConfig, default_beam: int) -> tuple[list[str], tuple[int, int, bool]] | JSONResponse:
-    """The sentences and (beam_size, nbest, attention) of a request body, or the error response."""
+def parse_request(body: bytes, limits: DictConfig, default_beam: int, can_align: bool = True,
+                  default_align: bool = False) -> tuple[list[str], tuple[int, int, bool, bool]] | JSONResponse:
+    """The sentences and (beam_size, nbest, attention, alignments) of a request body, or the error response."""
     try:
         request = json.loads(body.decode("utf-8"), parse_int=_bounded_int, parse_constant=_no_constant)
     except UnicodeDecodeError as e:
@@ -177,7 +178,12 @@ def parse_request(body: bytes, limits: DictConfig, default_beam: int) -> tuple[l
     attention = request.get("attention", False)
     if not isinstance(attention, bool):
         return error(400, f'"attention" must be true or false, not {_shown(attention)}')
-    return texts, (values["beam_size"], values["nbest"], attention)
+    alignments = request.get("alignments", default_align)
+    if not isinstance(alignments, bool):
+        return error(400, f'"alignments" must be true or false, not {_shown(alignments)}')
+    if alignments and not can_align:
+        return error(400, '"alignments": word alignments come from the torch backend; this server runs a CTranslate2 folder')
+    return texts, (values["beam_size"], values["nbest"], attention, alignments)
 
 
 class HeaderTimeoutH11Protocol(H11Protocol):
