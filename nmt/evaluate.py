@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nmt import CONF_DIR, register_resolvers
 from nmt.cli_io import ending_cleanly
-from nmt import file_config
+from nmt import file_config, word_frequency
 from nmt.checkpoint import CheckpointError, saved_vocabularies
 from nmt.inference import Translator
 from nmt.length_report import length_report, markdown_table, plot_bleu_by_length, write_report
@@ -42,6 +43,24 @@ def system_name(ckpt: Path) -> str:
 def load_test_split(data_cfg: DictConfig | dict, source: str | None = None) -> tuple[list[str], list[str], str]:
     """Raw sources and references of a data config's test split, and its length unit. A config read
     from the file ``source`` (a checkpoint's) is checked and built by ``nmt.file_config``."""
+    datamodule = load_data(data_cfg, source)
+    sources, refs = datamodule.raw("test")
+    return sources, refs, datamodule.src_words
+
+
+def training_counts(datamodule: Any, chunk: int = 50_000) -> Counter[str]:
+    """Word counts of the target side of the pairs the data config trains on (read in chunks)."""
+    from nmt.data.prepare import TextColumn
+
+    column, index = TextColumn(datamodule.prepared_dir, "train.tgt"), datamodule.datasets["train"].index
+    total: Counter[str] = Counter()
+    for start in range(0, len(index), chunk):
+        total.update(word_frequency.counts(column.take(index[start : start + chunk])))
+    return total
+
+
+def load_data(data_cfg: DictConfig | dict, source: str | None = None) -> Any:
+    """The data module of a data config, set up for testing (see ``load_test_split``)."""
     if source is None:
         from nmt.builders import build_datamodule  # Lightning's import: only where a data config is built
 
@@ -53,8 +72,7 @@ def load_test_split(data_cfg: DictConfig | dict, source: str | None = None) -> t
         except file_config.ConfigRefused as e:
             raise CheckpointError(str(e)) from None
     datamodule.setup("test")
-    sources, refs = datamodule.raw("test")
-    return sources, refs, datamodule.src_words
+    return datamodule
 
 
 SIGNIFICANCE_COLUMNS = ["vs_baseline", "differing", "delta_bleu", "delta_ci_low", "delta_ci_high", "p_bootstrap",
@@ -84,8 +102,10 @@ def compare(reports: dict[str, dict[str, Any]], out_dir: Path, title: str = "") 
                                  b.get("length_ratio"), *test])
             writer.writerow([name, "all", report["count"], report["bleu"], report["chrf"], *report["bleu_ci"],
                              report.get("length_ratio"), *tests[-1]])
-    table = significance_table(reports)
-    paths["md"].write_text(markdown_table(reports) + ("\n" + table if table else ""))
+    table, frequency = significance_table(reports), word_frequency.markdown(reports)
+    paths["md"].write_text(markdown_table(reports) + ("\n" + table if table else "")
+                           + ("\nWord F-measure by the word's count on the training target side:\n\n" + frequency
+                              if frequency else ""))
     plot_bleu_by_length(reports, paths["png"], title=title)
     return paths
 
@@ -134,7 +154,9 @@ def evaluate(cfg: DictConfig) -> None:
         data_cfg, data_source = loaded[0].run_config.get("data"), str(ckpts[0])
         if isinstance(data_cfg, dict):  # prepared data goes to this machine's cache, not the one the file names
             data_cfg = {**data_cfg, "cache_dir": str(cfg.paths.cache_dir)}
-    sources, refs, unit = load_test_split(data_cfg, data_source)
+    datamodule = load_data(data_cfg, data_source)
+    (sources, refs), unit = datamodule.raw("test"), datamodule.src_words
+    frequency = training_counts(datamodule) if cfg.get("word_frequency", True) else None
     hyps: dict[str, list[str]] = {}
     for name, translator in zip(names, loaded):
         hyps[name] = [t.text for t in translator.translate(sources)]
@@ -150,6 +172,9 @@ def evaluate(cfg: DictConfig) -> None:
                             n_bootstrap=cfg.n_bootstrap)
         for name, h in hyps.items()
     }
+    if frequency is not None:
+        for name, h in hyps.items():
+            reports[name]["frequency"] = word_frequency.bands(h, refs, frequency, n_bootstrap=cfg.n_bootstrap)
     for name, report in reports.items():
         write_report(report, out_dir / name, name=name)
     if len(hyps) > 1:
@@ -158,6 +183,11 @@ def evaluate(cfg: DictConfig) -> None:
                              tokenize=cfg.sacrebleu_tokenize, **cfg.significance)
         for name, result in tests.items():
             reports[name]["significance"] = result
+        if frequency is not None:
+            for name in hyps:
+                if name != baseline:
+                    reports[name]["frequency_vs_baseline"] = {"baseline": baseline, "rows": word_frequency.paired(
+                        hyps[name], hyps[baseline], refs, frequency, n_bootstrap=int(cfg.significance.bootstrap))}
     paths = compare(reports, out_dir, title=cfg.get("title") or "")
     log.info("comparison -> %s\n%s", paths["md"], paths["md"].read_text())
     if variants:

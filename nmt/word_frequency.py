@@ -1,0 +1,139 @@
+"""Word accuracy by training frequency: where, beyond length, a system fails.
+
+compare-mt's word-accuracy analysis (Neubig et al. 2019): every reference and output word falls
+in a band by how often it occurs on the target side of the training corpus (unseen, 1, 2, 3, 4,
+5-9, 10-99, 100-999, 1000 and more), and each band gets the precision, recall and F-measure of
+the output's words against the reference's. A match is a word both sentences hold, counted at
+most as often as the fewer of the two have it (BLEU's clipped unigram matches). Words are
+sacreBLEU's 13a tokens, so punctuation counts as words, as in BLEU. Rare words are where NMT
+systems fail first (Koehn and Knowles 2017). The F-measure of each band has a 95% bootstrap
+interval over sentences, and ``paired`` tests a system against a baseline band by band.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
+
+CUTOFFS = (1, 2, 3, 4, 5, 10, 100, 1000)  # compare-mt's default band edges
+_tokenize = Tokenizer13a()
+
+
+def words(text: str) -> list[str]:
+    return _tokenize(text).split()
+
+
+def counts(lines: Iterable[str]) -> Counter[str]:
+    """Training-corpus word counts (of the target side, for ``bands``)."""
+    total: Counter[str] = Counter()
+    for line in lines:
+        total.update(words(line))
+    return total
+
+
+def labels(cutoffs: Sequence[int] = CUTOFFS) -> list[str]:
+    """``["unseen", "1", "2", "3", "4", "5-9", "10-99", "100-999", ">=1000"]`` for the default edges."""
+    out = ["unseen" if cutoffs[0] == 1 else f"<{cutoffs[0]}"]
+    for low, high in zip(cutoffs, cutoffs[1:]):
+        out.append(str(low) if high == low + 1 else f"{low}-{high - 1}")
+    return out + [f">={cutoffs[-1]}"]
+
+
+def _band(frequency: int, cutoffs: Sequence[int]) -> int:
+    return int(np.searchsorted(cutoffs, frequency, side="right"))
+
+
+def sentence_counts(hyps: Sequence[str], refs: Sequence[str], frequency: Mapping[str, int],
+                    cutoffs: Sequence[int] = CUTOFFS) -> np.ndarray:
+    """(sentences, bands, 3) int64: per sentence and band, the reference's words, the output's
+    words, and the matches."""
+    if len(hyps) != len(refs):
+        raise ValueError(f"{len(hyps)} hypotheses for {len(refs)} references")
+    out = np.zeros((len(hyps), len(cutoffs) + 1, 3), dtype=np.int64)
+    for i, (hyp, ref) in enumerate(zip(hyps, refs)):
+        h, r = Counter(words(hyp)), Counter(words(ref))
+        for word, n in r.items():
+            out[i, _band(frequency.get(word, 0), cutoffs), 0] += n
+        for word, n in h.items():
+            band = _band(frequency.get(word, 0), cutoffs)
+            out[i, band, 1] += n
+            out[i, band, 2] += min(n, r.get(word, 0))
+    return out
+
+
+def _fmeasure(totals: np.ndarray) -> np.ndarray:
+    """(..., bands, 3) summed counts -> (..., bands) F-measure in percent (0 where a band is empty)."""
+    ref, hyp, match = totals[..., 0], totals[..., 1], totals[..., 2]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        f = np.where(ref + hyp > 0, 200.0 * match / (ref + hyp), 0.0)  # 2PR / (P + R) = 2m / (ref + hyp)
+    return f
+
+
+def _resamples(n: int, n_bootstrap: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, n, size=(n_bootstrap, n)) if n else np.zeros((0, 0), dtype=np.int64)
+
+
+def bands(hyps: Sequence[str], refs: Sequence[str], frequency: Mapping[str, int], cutoffs: Sequence[int] = CUTOFFS,
+          n_bootstrap: int = 1000, seed: int = 12345) -> list[dict[str, Any]]:
+    """Per frequency band: words in the references and outputs, matches, precision, recall and
+    F-measure (percent) with a 95% bootstrap interval over sentences."""
+    per = sentence_counts(hyps, refs, frequency, cutoffs)
+    totals = per.sum(0)
+    f = _fmeasure(totals)
+    samples = _fmeasure(per[_resamples(len(per), n_bootstrap, seed)].sum(1)) if n_bootstrap and len(per) else None
+    out = []
+    for b, label in enumerate(labels(cutoffs)):
+        ref, hyp, match = (int(v) for v in totals[b])
+        low, high = (np.percentile(samples[:, b], [2.5, 97.5]) if samples is not None else (f[b], f[b]))
+        out.append({"band": label, "ref_words": ref, "hyp_words": hyp, "matches": match,
+                    "precision": 100.0 * match / hyp if hyp else 0.0, "recall": 100.0 * match / ref if ref else 0.0,
+                    "f": float(f[b]), "f_ci_low": float(low), "f_ci_high": float(high)})
+    return out
+
+
+def paired(hyps: Sequence[str], baseline: Sequence[str], refs: Sequence[str], frequency: Mapping[str, int],
+           cutoffs: Sequence[int] = CUTOFFS, n_bootstrap: int = 1000, seed: int = 12345) -> list[dict[str, Any]]:
+    """Per band, the F-measure of ``hyps`` minus the baseline's, its 95% paired-bootstrap interval
+    and p-value (the share of resamples in which the difference is not above zero, two-sided)."""
+    a, b = sentence_counts(hyps, refs, frequency, cutoffs), sentence_counts(baseline, refs, frequency, cutoffs)
+    delta = _fmeasure(a.sum(0)) - _fmeasure(b.sum(0))
+    index = _resamples(len(a), n_bootstrap, seed)
+    samples = _fmeasure(a[index].sum(1)) - _fmeasure(b[index].sum(1)) if len(a) and n_bootstrap else None
+    out = []
+    for k, label in enumerate(labels(cutoffs)):
+        row: dict[str, Any] = {"band": label, "delta_f": float(delta[k])}
+        if samples is not None:
+            low, high = np.percentile(samples[:, k], [2.5, 97.5])
+            side = np.mean(samples[:, k] <= 0) if delta[k] > 0 else np.mean(samples[:, k] >= 0)
+            row |= {"ci_low": float(low), "ci_high": float(high), "p": float(min(1.0, 2 * side))}
+        out.append(row)
+    return out
+
+
+def markdown(reports: Mapping[str, Mapping[str, Any]]) -> str:
+    """Word F-measure by training frequency, one column per system (with a ``frequency`` entry);
+    a system with a ``frequency_vs_baseline`` entry adds its delta and p-value per band."""
+    names = [n for n, r in reports.items() if r.get("frequency")]
+    if not names:
+        return ""
+    first = reports[names[0]]["frequency"]
+    lines = ["| training frequency | reference words | " + " | ".join(f"{n} word F [95% CI]" for n in names) + " |",
+             "|---|---:|" + "---:|" * len(names)]
+    for k, band in enumerate(first):
+        cells = [f"{reports[n]['frequency'][k]['f']:.1f} [{reports[n]['frequency'][k]['f_ci_low']:.1f}, "
+                 f"{reports[n]['frequency'][k]['f_ci_high']:.1f}]" for n in names]
+        lines.append(f"| {band['band']} | {band['ref_words']} | " + " | ".join(cells) + " |")
+    tested = [n for n in names if reports[n].get("frequency_vs_baseline")]
+    if tested:
+        lines += ["", "| system vs baseline | training frequency | delta word F [95% CI] | p |", "|---|---|---:|---:|"]
+        for n in tested:
+            test = reports[n]["frequency_vs_baseline"]
+            for row in test["rows"]:
+                ci = f" [{row['ci_low']:+.1f}, {row['ci_high']:+.1f}]" if "ci_low" in row else ""
+                p = f"{row['p']:.3f}" if "p" in row else ""
+                lines.append(f"| {n} vs {test['baseline']} | {row['band']} | {row['delta_f']:+.1f}{ci} | {p} |")
+    return "\n".join(lines) + "\n"
