@@ -25,9 +25,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from nmt import CONF_DIR, register_resolvers
 from nmt.cli_io import ending_cleanly
-from nmt import file_config, word_frequency
+from nmt import file_config, reordering, word_frequency
 from nmt.checkpoint import CheckpointError, saved_vocabularies
-from nmt.inference import Translator
+from nmt.inference import Translator, encode_sources
 from nmt.length_report import length_report, markdown_table, plot_bleu_by_length, write_report
 from nmt.significance import significance, significance_table
 
@@ -57,6 +57,29 @@ def training_counts(datamodule: Any, chunk: int = 50_000) -> Counter[str]:
     for start in range(0, len(index), chunk):
         total.update(word_frequency.counts(column.take(index[start : start + chunk])))
     return total
+
+
+def reference_alignments(datamodule: Any, translators: dict[str, Any], sources: list[str],
+                         refs: list[str]) -> tuple[str, list[set[tuple[int, int]]]] | None:
+    """Word alignments of the test pairs and where they come from: the synthetic generator's gold
+    ones, else the forced alignment of the references by the first checkpoint with attention;
+    None when there is neither."""
+    from nmt.alignments import parse
+    from nmt.data.sources import SyntheticSource
+    from nmt.data.synthetic import gold_alignment
+
+    if isinstance(datamodule.source, SyntheticSource):
+        return "gold", [parse(gold_alignment(s)) for s in sources]
+    for name, translator in translators.items():
+        if translator.has_attention:
+            links = []
+            for start in range(0, len(sources), 256):
+                part = slice(start, start + 256)
+                src_ids = encode_sources(sources[part], translator.src_vocab, translator.max_src_len)
+                tgt_ids = [t[:-1] for t in encode_sources(refs[part], translator.tgt_vocab, translator.max_tgt_len)]
+                links += [parse(a) for a in translator.alignments(src_ids, tgt_ids)]
+            return f"{name}'s forced", links
+    return None
 
 
 def load_data(data_cfg: DictConfig | dict, source: str | None = None) -> Any:
@@ -103,9 +126,11 @@ def compare(reports: dict[str, dict[str, Any]], out_dir: Path, title: str = "") 
             writer.writerow([name, "all", report["count"], report["bleu"], report["chrf"], *report["bleu_ci"],
                              report.get("length_ratio"), *tests[-1]])
     table, frequency = significance_table(reports), word_frequency.markdown(reports)
+    source = next((r["reordering_alignments"] for r in reports.values() if r.get("reordering_alignments")), "")
+    beyond = reordering.markdown(reports, source)
     paths["md"].write_text(markdown_table(reports) + ("\n" + table if table else "")
                            + ("\nWord F-measure by the word's count on the training target side:\n\n" + frequency
-                              if frequency else ""))
+                              if frequency else "") + ("\n" + beyond if beyond else ""))
     plot_bleu_by_length(reports, paths["png"], title=title)
     return paths
 
@@ -158,8 +183,13 @@ def evaluate(cfg: DictConfig) -> None:
     (sources, refs), unit = datamodule.raw("test"), datamodule.src_words
     frequency = training_counts(datamodule) if cfg.get("word_frequency", True) else None
     hyps: dict[str, list[str]] = {}
+    entropies: dict[str, list[float | None]] = {}
     for name, translator in zip(names, loaded):
-        hyps[name] = [t.text for t in translator.translate(sources)]
+        translations = translator.translate(sources, attention=bool(cfg.get("reordering", True)))
+        hyps[name] = [t.text for t in translations]
+        if any(t.attention is not None for t in translations):
+            entropies[name] = [None if t.attention is None else reordering.sentence_entropy(t.attention.weights)
+                               for t in translations]
         (out_dir / f"{name}.hyp.txt").write_text("".join(h + "\n" for h in hyps[name]), encoding="utf-8")
     for name, file in hyp_files.items():
         lines = Path(file).read_text(encoding="utf-8").split("\n")
@@ -175,6 +205,17 @@ def evaluate(cfg: DictConfig) -> None:
     if frequency is not None:
         for name, h in hyps.items():
             reports[name]["frequency"] = word_frequency.bands(h, refs, frequency, n_bootstrap=cfg.n_bootstrap)
+    aligned = reference_alignments(datamodule, dict(zip(names, loaded)), sources, refs) if cfg.get("reordering", True) \
+        else None
+    if aligned is not None:
+        distances = [reordering.reordering_distance(links, len(s.split()), len(r.split()))
+                     for links, s, r in zip(aligned[1], sources, refs)]
+        for name, h in hyps.items():
+            reports[name]["reordering"] = reordering.bleu_by_reordering(
+                h, refs, distances, tokenize=cfg.sacrebleu_tokenize, n_bootstrap=cfg.n_bootstrap)
+            reports[name]["reordering_alignments"] = aligned[0]
+    for name, values in entropies.items():
+        reports[name]["attention_entropy"] = reordering.entropy_by_length(sources, values, cfg.length_buckets, unit)
     for name, report in reports.items():
         write_report(report, out_dir / name, name=name)
     if len(hyps) > 1:

@@ -19,7 +19,7 @@ LAYERS = {
         "nmt.cli_io", "nmt.cpu_threads", "nmt.metrics", "nmt.plots", "nmt.run_files", "nmt.schedules",
         "nmt.machine", "nmt.serve", "nmt.serve.batching", "nmt.serve.guard", "nmt.kernels*"],
     1: ["nmt.data*", "nmt.models*"],
-    2: ["nmt.decoding", "nmt.file_config", "nmt.length_report", "nmt.word_frequency"],
+    2: ["nmt.decoding", "nmt.file_config", "nmt.length_report", "nmt.word_frequency", "nmt.reordering"],
     3: ["nmt.checkpoint", "nmt.significance", "nmt.export_ctranslate2", "nmt.ctranslate2_backend"],
     4: ["nmt.lit_module", "nmt.callbacks", "nmt.inference"],
     5: ["nmt.builders", "nmt.backends"],
