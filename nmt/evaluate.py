@@ -59,6 +59,19 @@ def training_counts(datamodule: Any, chunk: int = 50_000) -> Counter[str]:
     return total
 
 
+def translate_with_entropy(translator: Any, sources: list[str], attention: bool) -> tuple[list[str], list[float | None]]:
+    """Each source's translation and, with ``attention``, the entropy of its attention
+    (``nmt.reordering.sentence_entropy``; None without attention), a batch's weights dropped
+    once read, so memory does not grow with the test set."""
+    texts, entropy = [""] * len(sources), [None] * len(sources)
+    for batch in translator.batches(sources, attention=attention):
+        for i, translation in batch:
+            texts[i] = translation.text
+            if translation.attention is not None:
+                entropy[i] = reordering.sentence_entropy(translation.attention.weights)
+    return texts, entropy
+
+
 def reference_alignments(datamodule: Any, translators: dict[str, Any], sources: list[str],
                          refs: list[str]) -> tuple[str, list[set[tuple[int, int]]]] | None:
     """Word alignments of the test pairs and where they come from: the synthetic generator's gold
@@ -185,11 +198,10 @@ def evaluate(cfg: DictConfig) -> None:
     hyps: dict[str, list[str]] = {}
     entropies: dict[str, list[float | None]] = {}
     for name, translator in zip(names, loaded):
-        translations = translator.translate(sources, attention=bool(cfg.get("reordering", True)))
-        hyps[name] = [t.text for t in translations]
-        if any(t.attention is not None for t in translations):
-            entropies[name] = [None if t.attention is None else reordering.sentence_entropy(t.attention.weights)
-                               for t in translations]
+        texts, entropy = translate_with_entropy(translator, sources, bool(cfg.get("reordering", True)))
+        hyps[name] = texts
+        if any(e is not None for e in entropy):
+            entropies[name] = entropy
         (out_dir / f"{name}.hyp.txt").write_text("".join(h + "\n" for h in hyps[name]), encoding="utf-8")
     for name, file in hyp_files.items():
         lines = Path(file).read_text(encoding="utf-8").split("\n")
