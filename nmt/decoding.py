@@ -69,6 +69,35 @@ def _log_probs(logits: Tensor, vocab_size: int, kernels: Kernels) -> Tensor:
     return x
 
 
+def _forced(x: Tensor, prefix: Tensor | None, t: int, rows: Tensor | None = None, beams: int = 1) -> Tensor:
+    """Log-probs ``x`` (rows * beams, W) where step ``t`` is inside a sentence's target prefix
+    (``prefix`` (B, P), PAD after its end; ``rows``: the batch rows still decoding): every token
+    but the prefix's is -inf there, and the prefix token keeps the model's log-prob (scores stay
+    the model's)."""
+    if prefix is None or t >= prefix.size(1):
+        return x
+    token = prefix[:, t] if rows is None else prefix[rows, t]
+    token = token.repeat_interleave(beams)
+    on = token != PAD
+    if not bool(on.any()):
+        return x
+    keep = x.gather(1, token.unsqueeze(1))
+    forced = torch.full_like(x, float("-inf")).scatter_(1, token.unsqueeze(1), keep)
+    return torch.where(on.unsqueeze(1), forced, x)
+
+
+def _check_prefix(prefix: Tensor | None, max_len: Tensor) -> None:
+    """A prefix must leave room for EOS within the sentence's cap."""
+    if prefix is None:
+        return
+    lengths = (prefix != PAD).sum(1)
+    over = (lengths >= max_len).nonzero().flatten().tolist()
+    if over:
+        i = over[0]
+        raise ValueError(f"a target prefix of {int(lengths[i])} tokens for sentence {i} of the batch reaches its length "
+                         f"cap of {int(max_len[i])} tokens (decoding.max_len_a * source tokens + max_len_b)")
+
+
 def _top_candidates(x: Tensor, beam_scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """The ``k`` best continuations of each sentence's beams: scores beam_score + log-prob
     (n, k) and their flat indices beam * W + token into (n, K * W), for log-probs ``x``
@@ -98,11 +127,14 @@ def _to_lists(tokens: Tensor) -> list[list[int]]:
 
 
 def _sequential_search(model, src: Tensor, src_mask: Tensor, pick: Callable[[Tensor], Tensor], max_len_a: float,
-                       max_len_b: int, need_attn: bool, max_len: Tensor | None = None) -> Hypotheses:
+                       max_len_b: int, need_attn: bool, max_len: Tensor | None = None,
+                       prefix: Tensor | None = None) -> Hypotheses:
     """One hypothesis per sentence, a token at a time: ``pick(log_probs (B, W)) -> tokens (B,)``;
-    the score is the sum of the model's log-probs of the picked tokens."""
+    the score is the sum of the model's log-probs of the picked tokens. ``prefix`` (B, P): each
+    sentence's output starts with these tokens (PAD-padded; see ``_forced``)."""
     batch = src.size(0)
     max_len = _max_lengths(src_mask, max_len_a, max_len_b, max_len)
+    _check_prefix(prefix, max_len)
     memory = model.encode(src, src_mask)
     state = model.init_state(memory)
     prev = src.new_full((batch,), BOS)
@@ -112,7 +144,7 @@ def _sequential_search(model, src: Tensor, src_mask: Tensor, pick: Callable[[Ten
     for t in range(int(max_len.max())):
         logits, state, attn = model.decode_step(prev, memory, state, need_attn=need_attn)
         need_attn = need_attn and attn is not None  # models without attention give None
-        x = _log_probs(logits, model.tgt_vocab_size, model.kernels)
+        x = _forced(_log_probs(logits, model.tgt_vocab_size, model.kernels), prefix, t)
         token = pick(x)
         at_cap = t >= max_len - 1
         token = torch.where(at_cap & ~finished, torch.full_like(token, EOS), token)
@@ -135,12 +167,13 @@ def _sequential_search(model, src: Tensor, src_mask: Tensor, pick: Callable[[Ten
 @torch.no_grad()
 def greedy_search(
     model, src: Tensor, src_mask: Tensor, max_len_a: float = 1.5, max_len_b: int = 10, need_attn: bool = False,
-    max_len: Tensor | None = None,
+    max_len: Tensor | None = None, prefix: Tensor | None = None,
 ) -> Hypotheses:
     """Pick the most probable token at every step. src, src_mask: (B, S); ``max_len`` (B,): caps
-    below the source-length ones (validation's, from the references)."""
+    below the source-length ones (validation's, from the references); ``prefix`` (B, P): target
+    tokens each output starts with (PAD-padded)."""
     return _sequential_search(model, src, src_mask, lambda x: x.argmax(dim=-1), max_len_a, max_len_b, need_attn,
-                              max_len)
+                              max_len, prefix)
 
 
 def _sampler(temperature: float, top_k: int, top_p: float, generator: torch.Generator) -> Callable[[Tensor], Tensor]:
@@ -169,6 +202,7 @@ def _sampler(temperature: float, top_k: int, top_p: float, generator: torch.Gene
 def sample_search(
     model, src: Tensor, src_mask: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
     max_len_a: float = 1.5, max_len_b: int = 10, need_attn: bool = False, max_len: Tensor | None = None,
+    prefix: Tensor | None = None,
 ) -> Hypotheses:
     """One sampled translation per sentence (back-translation, data augmentation), with
     temperature, top-k and top-p (Holtzman et al. 2020). The draws come from a generator seeded
@@ -180,7 +214,7 @@ def sample_search(
     generator = torch.Generator(device=src.device)
     generator.manual_seed(hash((int(seed), tuple(src.shape), int(src.sum()))) & 0xFFFF_FFFF_FFFF)
     pick = _sampler(float(temperature), int(top_k), float(top_p), generator)
-    return _sequential_search(model, src, src_mask, pick, max_len_a, max_len_b, need_attn, max_len)
+    return _sequential_search(model, src, src_mask, pick, max_len_a, max_len_b, need_attn, max_len, prefix)
 
 
 @torch.no_grad()
@@ -220,8 +254,10 @@ def beam_search(
     need_attn: bool = False,
     nbest: int = 1,
     max_len: Tensor | None = None,
+    prefix: Tensor | None = None,
 ) -> Hypotheses:
-    """Batched beam search; a sentence stops once ``beam_size`` hypotheses have ended, or once
+    """Batched beam search (``prefix`` (B, P): target tokens every hypothesis of a sentence starts
+    with, PAD-padded); a sentence stops once ``beam_size`` hypotheses have ended, or once
     none of its live hypotheses can still beat its ``nbest``-th best (which changes no result),
     and then leaves the batch (the others decode on fewer rows); the search stops when every
     sentence has. Hypotheses are ranked by score / length_penalty; ``nbest`` > 1 also returns
@@ -231,6 +267,7 @@ def beam_search(
     batch, k, n_best = src.size(0), beam_size, nbest
     device = src.device
     max_len = _max_lengths(src_mask, max_len_a, max_len_b, max_len)
+    _check_prefix(prefix, max_len)
     steps = int(max_len.max())
     # One copy of a sentence's memory serves its K beams (rows s*K .. s*K + K - 1 of the state):
     # attention reads it once for all of them.
@@ -256,7 +293,7 @@ def beam_search(
         logits, state, attn = model.decode_step(prev, memory, state, need_attn=need_attn)
         if need_attn and attn is None:  # a model without attention
             need_attn, best_attn = False, None
-        x = _log_probs(logits, model.tgt_vocab_size, model.kernels)  # (n*K, W)
+        x = _forced(_log_probs(logits, model.tgt_vocab_size, model.kernels), prefix, t, active, k)  # (n*K, W)
         width = x.size(-1)
         at_cap = t >= max_len - 1  # (n,)
         if bool(at_cap.any()):  # only EOS may follow at the length cap

@@ -35,7 +35,7 @@ from nmt import decoding as search_functions
 from nmt.checkpoint import load_checkpoint
 from nmt.data.batching import TokenBatchSampler
 from nmt.alignments import pharaoh
-from nmt.data.tokenizer import BOS, EOS, PAD, Tokenizer
+from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 from nmt.decoding import Hypotheses, length_penalty
 from nmt.kernels import on_cpu
 from nmt.kernels.malloc import bound_onednn_cache, keep_freed_memory
@@ -158,13 +158,14 @@ class Translator:
     # --- translating --------------------------------------------------------------------------
     def batches(self, lines: list[str], beam_size: int | None = None, nbest: int | None = None,
                 attention: Iterable[int] | bool = (), first_line: int = 1,
-                search: Callable[..., Hypotheses] | None = None,
-                alignments: bool | None = None) -> Iterator[list[tuple[int, Translation]]]:
+                search: Callable[..., Hypotheses] | None = None, alignments: bool | None = None,
+                prefixes: list[str] | None = None) -> Iterator[list[tuple[int, Translation]]]:
         """Translate the non-empty ``lines`` batch by batch: each batch's (0-based index into
         ``lines``, ``Translation``) pairs, as soon as it is decoded. ``attention``: the indices
         whose attention is returned (True: all); ``first_line``: the input line number of
         ``lines[0]`` (for warnings); ``alignments``: word-align every hypothesis (None: as
-        ``decoding.alignments`` says)."""
+        ``decoding.alignments`` says); ``prefixes``: per line, the text its translation starts
+        with ("" for none; ``target_prefixes``)."""
         align = self.settings.alignments if alignments is None else alignments
         search = search or search_functions.search_of(self.settings, beam_size, nbest)
         alpha = float(search.keywords.get("alpha", 0.0)) if isinstance(search, functools.partial) and \
@@ -173,12 +174,20 @@ class Translator:
         wanted = set(todo) if attention is True else set(attention or ())
         encoded = encode_sources([lines[i] for i in todo], self.src_vocab, self.max_src_len,
                                  numbers=[first_line + i for i in todo])
+        forced = None
+        if prefixes is not None:
+            ids = self.prefix_ids([prefixes[i] for i in todo], [lines[i] for i in todo],
+                                  numbers=[first_line + i for i in todo])
+            forced = ids
         order = TokenBatchSampler([len(e) for e in encoded], max_tokens=self.max_tokens, batch_size=None,
                                   shuffle=False, seed=0)
 
         def work(batch: list[int]) -> list[tuple[int, Translation]]:
             src, src_mask = pad([encoded[j] for j in batch], self.device)
-            hyps = search(self.model, src, src_mask, need_attn=any(todo[j] in wanted for j in batch))
+            extra = {}
+            if forced is not None and any(forced[j] for j in batch):
+                extra["prefix"] = pad([forced[j] or [PAD] for j in batch], self.device)[0]
+            hyps = search(self.model, src, src_mask, need_attn=any(todo[j] in wanted for j in batch), **extra)
             done = [(todo[j], self._translation(hyps, r, encoded[j], todo[j] in wanted, alpha))
                     for r, j in enumerate(batch)]
             if align:
@@ -189,10 +198,10 @@ class Translator:
 
     def translate(self, lines: list[str], beam_size: int | None = None, nbest: int | None = None,
                   attention: Iterable[int] | bool = (), search: Callable[..., Hypotheses] | None = None,
-                  alignments: bool | None = None) -> list[Translation]:
+                  alignments: bool | None = None, prefixes: list[str] | None = None) -> list[Translation]:
         """One ``Translation`` per line, in order (no hypotheses for an empty line)."""
-        return in_line_order(self.batches(lines, beam_size, nbest, attention, search=search, alignments=alignments),
-                             len(lines), Translation)
+        return in_line_order(self.batches(lines, beam_size, nbest, attention, search=search, alignments=alignments,
+                                          prefixes=prefixes), len(lines), Translation)
 
     def _translation(self, hyps: Hypotheses, r: int, source: list[int], with_attention: bool,
                      alpha: float | None) -> Translation:
@@ -243,6 +252,28 @@ class Translator:
         if self._attention is None:
             self._attention = self.translate(["a"], attention=True)[0].attention is not None
         return self._attention
+
+    def prefix_ids(self, prefixes: list[str], sources: list[str], where: str = "prefix",
+                   numbers: list[int] | None = None) -> list[list[int]]:
+        """The target ids each translation of ``sources`` must start with (``prefixes``: one text
+        per source; "" for none), or a one-line ValueError naming the line (``numbers``: their
+        line numbers, default 1..n): a piece the target vocabulary lacks, or a prefix that leaves
+        no room for EOS under the source's length cap."""
+        numbers = numbers or list(range(1, len(sources) + 1))
+        source_ids = encode_sources(sources, self.src_vocab, self.max_src_len, numbers)
+        out = []
+        for text, src, number in zip(prefixes, source_ids, numbers):
+            ids = self.tgt_vocab.encode(text) if text.strip() else []
+            if UNK in ids:
+                raise ValueError(f"{where}, line {number}: {text!r} holds characters the target vocabulary lacks "
+                                 "(they would be <unk>)")
+            cap = min(int(self.settings.max_len_a * len(src) + self.settings.max_len_b), self.max_tgt_len)
+            if len(ids) >= cap:
+                raise ValueError(f"{where}, line {number}: {len(ids)} target tokens, but the line's translation is "
+                                 f"capped at {cap} (decoding.max_len_a * source tokens + decoding.max_len_b, EOS "
+                                 "included)")
+            out.append(ids)
+        return out
 
     # --- scoring ------------------------------------------------------------------------------
     def score_batches(self, sources: list[str], targets: list[str],

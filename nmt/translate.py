@@ -48,7 +48,8 @@ from omegaconf import DictConfig, OmegaConf
 from nmt import CONF_DIR, register_resolvers
 from nmt.backends import backend_of, model_file, open_translator, search_settings
 from nmt.cli_io import StopSignals, Stopped, check_paths, close_output, ending_cleanly, open_output
-from nmt.line_streams import OrderedWriter, Progress, chunked, count_lines, iter_lines, read_pairs, report_replaced
+from nmt.line_streams import (OrderedWriter, Progress, chunked, count_lines, iter_lines, read_lines, read_pairs,
+                              report_replaced)
 from nmt.translations import Translation, output_format, score_row, translation_rows
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,25 @@ log = logging.getLogger(__name__)
 ERRORS = ("strict", "replace")
 
 
-def translate_stream(cfg: DictConfig, translator: Any, writer: OrderedWriter, attention_dir: Path | None) -> int:
+def read_prefixes(cfg: DictConfig, translator: Any) -> list[str] | None:
+    """The ``prefixes`` file's lines (the text each translation starts with; an empty line: none),
+    checked before any output: a line per input line, no piece the target vocabulary lacks, room
+    for EOS under the length cap (each error names the line)."""
+    if not cfg.get("prefixes"):
+        return None
+    if cfg.mode == "score" or translator.backend != "torch":
+        raise ValueError(f"prefixes={cfg.prefixes}: target prefixes are for mode=translate on the torch backend")
+    if cfg.input is None:
+        raise ValueError(f"prefixes={cfg.prefixes}: give the input as a file (input=<file>), a line per prefix line")
+    lines, sources = read_lines(cfg.prefixes, cfg.errors), read_lines(cfg.input, cfg.errors)
+    if len(sources) != len(lines):
+        raise ValueError(f"prefixes={cfg.prefixes}: {len(lines)} lines, but input={cfg.input} has {len(sources)}")
+    translator.prefix_ids(lines, sources, where=f"prefixes={cfg.prefixes}")
+    return lines
+
+
+def translate_stream(cfg: DictConfig, translator: Any, writer: OrderedWriter, attention_dir: Path | None,
+                     prefixes: list[str] | None = None) -> int:
     """Translate the input chunk by chunk into ``writer``; returns the number of input lines."""
     nbest, aligned = translator.settings.nbest, translator.settings.alignments
     fmt = output_format(str(cfg.format), "translate", nbest)
@@ -69,7 +88,8 @@ def translate_stream(cfg: DictConfig, translator: Any, writer: OrderedWriter, at
                 writer.put(offset + i, translation_rows(offset + i + 1, Translation(), fmt, nbest, aligned))
         writer.flush()
         attention = {i - offset for i in wanted if offset <= i < offset + len(chunk)}
-        for batch in translator.batches(chunk, attention=attention, first_line=offset + 1):
+        extra = {} if prefixes is None else {"prefixes": prefixes[offset : offset + len(chunk)] + [""] * len(chunk)}
+        for batch in translator.batches(chunk, attention=attention, first_line=offset + 1, **extra):
             for i, translation in batch:
                 number = offset + i + 1
                 writer.put(offset + i, translation_rows(number, translation, fmt, nbest, aligned))
@@ -160,8 +180,9 @@ def translate_file(cfg: DictConfig, signals: StopSignals) -> None:
     error before the first line leaves an existing output file as it was."""
     check_options(cfg)
     check_paths({"input": cfg.input, **({"target": cfg.get("target")} if cfg.mode == "score" else {}),
-                 "ckpt": model_file(cfg)}, cfg.output)
+                 **({"prefixes": cfg.prefixes} if cfg.get("prefixes") else {}), "ckpt": model_file(cfg)}, cfg.output)
     translator = open_translator(cfg)
+    prefixes = read_prefixes(cfg, translator)
     out: IO[str] = sys.stdout if cfg.output is None else open_output(cfg.output)
     signals.defer()  # from here on, a signal stops the run between whole lines
     show = cfg.progress == "auto" and cfg.input is not None and sys.stderr.isatty() or cfg.progress is True
@@ -171,7 +192,7 @@ def translate_file(cfg: DictConfig, signals: StopSignals) -> None:
         if cfg.mode == "score":
             lines = score_stream(cfg, translator, writer)
         else:
-            lines = translate_stream(cfg, translator, writer, attention_folder(cfg))
+            lines = translate_stream(cfg, translator, writer, attention_folder(cfg), prefixes)
     except Stopped as stop:
         stop.note = f"; the first {writer.next} lines are written to {cfg.output or 'stdout'}"
         raise
