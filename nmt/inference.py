@@ -35,6 +35,7 @@ from nmt import decoding as search_functions
 from nmt.checkpoint import load_checkpoint
 from nmt.data.batching import TokenBatchSampler
 from nmt.alignments import pharaoh
+from nmt.constrained_decoding import check_constraints, constrained_beam_search
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 from nmt.decoding import Hypotheses, length_penalty
 from nmt.kernels import on_cpu
@@ -159,13 +160,15 @@ class Translator:
     def batches(self, lines: list[str], beam_size: int | None = None, nbest: int | None = None,
                 attention: Iterable[int] | bool = (), first_line: int = 1,
                 search: Callable[..., Hypotheses] | None = None, alignments: bool | None = None,
-                prefixes: list[str] | None = None) -> Iterator[list[tuple[int, Translation]]]:
+                prefixes: list[str] | None = None,
+                constraints: list[list[str]] | None = None) -> Iterator[list[tuple[int, Translation]]]:
         """Translate the non-empty ``lines`` batch by batch: each batch's (0-based index into
         ``lines``, ``Translation``) pairs, as soon as it is decoded. ``attention``: the indices
         whose attention is returned (True: all); ``first_line``: the input line number of
         ``lines[0]`` (for warnings); ``alignments``: word-align every hypothesis (None: as
         ``decoding.alignments`` says); ``prefixes``: per line, the text its translation starts
-        with ("" for none; ``target_prefixes``)."""
+        with ("" for none; ``prefix_ids``); ``constraints``: per line, the phrases its translation
+        must hold (lexically constrained beam search, ``nmt.constrained_decoding``)."""
         align = self.settings.alignments if alignments is None else alignments
         search = search or search_functions.search_of(self.settings, beam_size, nbest)
         alpha = float(search.keywords.get("alpha", 0.0)) if isinstance(search, functools.partial) and \
@@ -174,11 +177,20 @@ class Translator:
         wanted = set(todo) if attention is True else set(attention or ())
         encoded = encode_sources([lines[i] for i in todo], self.src_vocab, self.max_src_len,
                                  numbers=[first_line + i for i in todo])
+        if constraints is not None and prefixes is not None:
+            raise ValueError("constraints and prefixes: give one of the two")
+        required = None
+        if constraints is not None:
+            required = self.constraint_ids([constraints[i] for i in todo], [lines[i] for i in todo],
+                                           numbers=[first_line + i for i in todo])
+            search = functools.partial(constrained_beam_search, beam_size=int(beam_size or self.settings.beam_size),
+                                       alpha=self.settings.alpha, nbest=int(nbest or self.settings.nbest),
+                                       max_len_a=self.settings.max_len_a, max_len_b=self.settings.max_len_b)
+            alpha = self.settings.alpha
         forced = None
         if prefixes is not None:
-            ids = self.prefix_ids([prefixes[i] for i in todo], [lines[i] for i in todo],
-                                  numbers=[first_line + i for i in todo])
-            forced = ids
+            forced = self.prefix_ids([prefixes[i] for i in todo], [lines[i] for i in todo],
+                                     numbers=[first_line + i for i in todo])
         order = TokenBatchSampler([len(e) for e in encoded], max_tokens=self.max_tokens, batch_size=None,
                                   shuffle=False, seed=0)
 
@@ -187,6 +199,8 @@ class Translator:
             extra = {}
             if forced is not None and any(forced[j] for j in batch):
                 extra["prefix"] = pad([forced[j] or [PAD] for j in batch], self.device)[0]
+            if required is not None:
+                extra["constraints"] = [required[j] for j in batch]
             hyps = search(self.model, src, src_mask, need_attn=any(todo[j] in wanted for j in batch), **extra)
             done = [(todo[j], self._translation(hyps, r, encoded[j], todo[j] in wanted, alpha))
                     for r, j in enumerate(batch)]
@@ -198,10 +212,11 @@ class Translator:
 
     def translate(self, lines: list[str], beam_size: int | None = None, nbest: int | None = None,
                   attention: Iterable[int] | bool = (), search: Callable[..., Hypotheses] | None = None,
-                  alignments: bool | None = None, prefixes: list[str] | None = None) -> list[Translation]:
+                  alignments: bool | None = None, prefixes: list[str] | None = None,
+                  constraints: list[list[str]] | None = None) -> list[Translation]:
         """One ``Translation`` per line, in order (no hypotheses for an empty line)."""
         return in_line_order(self.batches(lines, beam_size, nbest, attention, search=search, alignments=alignments,
-                                          prefixes=prefixes), len(lines), Translation)
+                                          prefixes=prefixes, constraints=constraints), len(lines), Translation)
 
     def _translation(self, hyps: Hypotheses, r: int, source: list[int], with_attention: bool,
                      alpha: float | None) -> Translation:
@@ -272,6 +287,32 @@ class Translator:
                 raise ValueError(f"{where}, line {number}: {len(ids)} target tokens, but the line's translation is "
                                  f"capped at {cap} (decoding.max_len_a * source tokens + decoding.max_len_b, EOS "
                                  "included)")
+            out.append(ids)
+        return out
+
+    def constraint_ids(self, constraints: list[list[str]], sources: list[str], where: str = "constraints",
+                       numbers: list[int] | None = None) -> list[list[tuple[int, ...]]]:
+        """The target ids of each source's constraints (phrases its translation must hold), or a
+        one-line ValueError naming the line: an empty phrase, characters the target vocabulary
+        lacks, or phrases that do not fit under the source's length cap."""
+        numbers = numbers or list(range(1, len(sources) + 1))
+        source_ids = encode_sources(sources, self.src_vocab, self.max_src_len, numbers)
+        out = []
+        for phrases, src, number in zip(constraints, source_ids, numbers):
+            ids = []
+            for phrase in phrases:
+                if not phrase.strip():
+                    raise ValueError(f"{where}, line {number}: an empty constraint (phrases are separated by tabs)")
+                encoded = tuple(self.tgt_vocab.encode(phrase))
+                if UNK in encoded:
+                    raise ValueError(f"{where}, line {number}: {phrase!r} holds characters the target vocabulary "
+                                     "lacks (they would be <unk>)")
+                ids.append(encoded)
+            cap = int(self.settings.max_len_a * len(src) + self.settings.max_len_b)
+            try:
+                check_constraints(ids, cap)
+            except ValueError as e:
+                raise ValueError(f"{where}, line {number}: {e}") from None
             out.append(ids)
         return out
 

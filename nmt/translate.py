@@ -74,8 +74,28 @@ def read_prefixes(cfg: DictConfig, translator: Any) -> list[str] | None:
     return lines
 
 
+def read_constraints(cfg: DictConfig, translator: Any) -> list[list[str]] | None:
+    """The ``constraints`` file's lines, each the tab-separated phrases its translation must hold
+    (an empty line: none), checked before any output as ``read_prefixes``."""
+    if not cfg.get("constraints"):
+        return None
+    if cfg.mode == "score" or translator.backend != "torch":
+        raise ValueError(f"constraints={cfg.constraints}: constrained decoding is for mode=translate on the torch backend")
+    if cfg.get("prefixes"):
+        raise ValueError("constraints and prefixes: give one of the two")
+    if cfg.input is None:
+        raise ValueError(f"constraints={cfg.constraints}: give the input as a file (input=<file>), a line per "
+                         "constraints line")
+    lines, sources = read_lines(cfg.constraints, cfg.errors), read_lines(cfg.input, cfg.errors)
+    if len(sources) != len(lines):
+        raise ValueError(f"constraints={cfg.constraints}: {len(lines)} lines, but input={cfg.input} has {len(sources)}")
+    phrases = [line.split("\t") if line.strip() else [] for line in lines]
+    translator.constraint_ids(phrases, sources, where=f"constraints={cfg.constraints}")
+    return phrases
+
+
 def translate_stream(cfg: DictConfig, translator: Any, writer: OrderedWriter, attention_dir: Path | None,
-                     prefixes: list[str] | None = None) -> int:
+                     prefixes: list[str] | None = None, constraints: list[list[str]] | None = None) -> int:
     """Translate the input chunk by chunk into ``writer``; returns the number of input lines."""
     nbest, aligned = translator.settings.nbest, translator.settings.alignments
     fmt = output_format(str(cfg.format), "translate", nbest)
@@ -88,7 +108,11 @@ def translate_stream(cfg: DictConfig, translator: Any, writer: OrderedWriter, at
                 writer.put(offset + i, translation_rows(offset + i + 1, Translation(), fmt, nbest, aligned))
         writer.flush()
         attention = {i - offset for i in wanted if offset <= i < offset + len(chunk)}
-        extra = {} if prefixes is None else {"prefixes": prefixes[offset : offset + len(chunk)] + [""] * len(chunk)}
+        extra: dict[str, Any] = {}
+        if prefixes is not None:
+            extra["prefixes"] = prefixes[offset : offset + len(chunk)]
+        if constraints is not None:
+            extra["constraints"] = constraints[offset : offset + len(chunk)]
         for batch in translator.batches(chunk, attention=attention, first_line=offset + 1, **extra):
             for i, translation in batch:
                 number = offset + i + 1
@@ -183,6 +207,7 @@ def translate_file(cfg: DictConfig, signals: StopSignals) -> None:
                  **({"prefixes": cfg.prefixes} if cfg.get("prefixes") else {}), "ckpt": model_file(cfg)}, cfg.output)
     translator = open_translator(cfg)
     prefixes = read_prefixes(cfg, translator)
+    constraints = read_constraints(cfg, translator)
     out: IO[str] = sys.stdout if cfg.output is None else open_output(cfg.output)
     signals.defer()  # from here on, a signal stops the run between whole lines
     show = cfg.progress == "auto" and cfg.input is not None and sys.stderr.isatty() or cfg.progress is True
@@ -192,7 +217,7 @@ def translate_file(cfg: DictConfig, signals: StopSignals) -> None:
         if cfg.mode == "score":
             lines = score_stream(cfg, translator, writer)
         else:
-            lines = translate_stream(cfg, translator, writer, attention_folder(cfg), prefixes)
+            lines = translate_stream(cfg, translator, writer, attention_folder(cfg), prefixes, constraints)
     except Stopped as stop:
         stop.note = f"; the first {writer.next} lines are written to {cfg.output or 'stdout'}"
         raise

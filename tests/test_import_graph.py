@@ -20,7 +20,7 @@ LAYERS = {
         "nmt.machine", "nmt.serve", "nmt.serve.batching", "nmt.serve.guard", "nmt.kernels*"],
     1: ["nmt.data*", "nmt.models*"],
     2: ["nmt.decoding", "nmt.file_config", "nmt.length_report", "nmt.word_frequency", "nmt.reordering"],
-    3: ["nmt.checkpoint", "nmt.significance", "nmt.export_ctranslate2", "nmt.ctranslate2_backend"],
+    3: ["nmt.checkpoint", "nmt.significance", "nmt.export_ctranslate2", "nmt.ctranslate2_backend", "nmt.constrained_decoding"],
     4: ["nmt.lit_module", "nmt.callbacks", "nmt.inference"],
     5: ["nmt.builders", "nmt.backends"],
     6: ["nmt.train", "nmt.translate", "nmt.evaluate", "nmt.export", "nmt.average", "nmt.serve.app", "nmt.runs_table"],

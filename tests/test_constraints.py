@@ -1,0 +1,117 @@
+"""Lexically constrained beam search (nmt.constrained_decoding): every phrase appears, for every
+model; the bank allocation; translate.py's constraints= file and its one-line errors."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt.constrained_decoding import Progress, _allocate, check_constraints, constrained_beam_search
+from nmt.decoding import beam_search, score_pairs
+from tests.conftest import ROOT, compose_train, translate_here
+from tests.test_models import VOCAB, batch, build
+
+PRESETS = ["lstm", "lstm_bahdanau", "lstm_luong", "transformer", "hybrid_lstm_transformer"]
+
+
+def holds(tokens: list[int], phrase: tuple[int, ...]) -> bool:
+    return any(tuple(tokens[i : i + len(phrase)]) == phrase for i in range(len(tokens) - len(phrase) + 1))
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_constraint_appears_in_the_output_of_every_model(name):
+    model = build(name)
+    src, src_mask, _ = batch()
+    rng = random.Random(0)
+    for trial in range(3):
+        constraints = [[tuple(rng.randrange(4, VOCAB) for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(0, 3))]
+                       for _ in range(src.size(0))]
+        hyps = constrained_beam_search(model, src, src_mask, constraints, beam_size=4, max_len_b=12, nbest=2)
+        for tokens, cons, ranked in zip(hyps.tokens, constraints, hyps.nbest):
+            assert all(holds(tokens, p) for p in cons), (tokens, cons)
+            assert all(all(holds(t, p) for p in cons) for t, _ in ranked) and ranked[0][0] == tokens
+        # the score is the model's log-prob of the output over the length penalty
+        tgt = torch.zeros(src.size(0), max(len(t) for t in hyps.tokens) + 1, dtype=torch.long)
+        for i, t in enumerate(hyps.tokens):
+            tgt[i, : len(t) + 1] = torch.tensor([*t, 3])
+        logprob = score_pairs(model, src, src_mask, tgt).sum(1)
+        penalty = ((5.0 + torch.tensor([len(t) + 1 for t in hyps.tokens]).float()) / 6.0) ** 0.6
+        torch.testing.assert_close(hyps.scores.float(), logprob / penalty, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["lstm_bahdanau", "transformer"])
+def test_without_constraints_it_finds_what_beam_search_finds_or_better(name):
+    model = build(name)
+    src, src_mask, _ = batch()
+    free = beam_search(model, src, src_mask, beam_size=4, max_len_b=8)
+    ours = constrained_beam_search(model, src, src_mask, [[], [], []], beam_size=4, max_len_b=8)
+    assert all(a >= b - 1e-4 for a, b in zip(ours.scores.tolist(), free.scores.tolist()))
+
+
+def test_progress_tracks_met_constraints_and_loses_a_broken_one():
+    cons = [(5, 6, 7), (9,)]
+    p = Progress().after(5, cons).after(6, cons)
+    assert p.inside == (0, 2) and p.tokens_met(cons) == 2 and p.wanted(cons) == {7}
+    assert p.after(8, cons) == Progress() and p.after(9, cons) == Progress(frozenset({1}))  # broken; 9 meets #1
+    done = p.after(7, cons)
+    assert done.met == {0} and done.inside is None and done.wanted(cons) == {9} and done.tokens_met(cons) == 3
+    assert Progress().after(5, cons).after(5, cons).inside == (0, 1)  # a restart of the same constraint
+
+
+def test_banks_share_the_beam_and_pass_on_what_they_cannot_fill():
+    assert _allocate([0, 0, 0, 1, 2], 3) == [0, 3, 4]   # one place per bank
+    assert _allocate([0, 0, 0, 0, 2], 4) == [0, 1, 2, 4]  # two banks of two; the top bank has one: its place passes on
+    assert _allocate([1, 1], 5) == [0, 1]
+
+
+def test_constraints_that_do_not_fit_are_refused():
+    with pytest.raises(ValueError, match="an empty constraint"):
+        check_constraints([(5,), ()], 10)
+    with pytest.raises(ValueError, match="the constraints hold 10 target tokens, but the translation is capped at 10"):
+        check_constraints([(5,) * 4, (6,) * 6], 10)
+
+
+LINES = (ROOT / "tests/data/tiny/test.src").read_text().splitlines()[:6]
+REFS = (ROOT / "tests/data/tiny/test.tgt").read_text().splitlines()[:6]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    from nmt.train import train
+
+    cfg = compose_train(tmp_path_factory.mktemp("constraints"), ["trainer.max_epochs=2", "test=false"], model="transformer")
+    train(cfg)
+    return Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+
+
+def test_translate_writes_every_constraint_of_its_line(ckpt, tmp_path, capsys):
+    src, cons = tmp_path / "in.txt", tmp_path / "constraints.txt"
+    src.write_text("\n".join(LINES) + "\n")
+    phrases = [[r.split()[-1], r.split()[0]] if i % 2 else [" ".join(r.split()[1:3])] for i, r in enumerate(REFS)]
+    phrases[2] = []
+    cons.write_text("\n".join("\t".join(p) for p in phrases) + "\n")
+    result = translate_here(capsys, f"ckpt={ckpt}", f"input={src}", f"constraints={cons}", "decoding.beam_size=4")
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = result.stdout.splitlines()
+    assert len(rows) == 6
+    for row, wanted in zip(rows, phrases):
+        assert all(f" {p} " in f" {row} " for p in wanted), (row, wanted)
+
+
+@pytest.mark.parametrize("content, message", [
+    ("a\n", "constraints={c}: 1 lines, but input={i} has 6"),
+    ("\n\nfa\t\n\n\n\n", "constraints={c}, line 3: an empty constraint (phrases are separated by tabs)"),
+    ("\nda ÆØÅ\n\n\n\n\n", "constraints={c}, line 2: 'da ÆØÅ' holds characters the target vocabulary lacks"),
+    (" ".join(["fa"] * 300) + "\n\n\n\n\n\n", "constraints={c}, line 1: the constraints hold "),
+])
+def test_bad_constraints_are_one_line_naming_the_line_and_write_nothing(ckpt, tmp_path, capsys, content, message):
+    src, cons, out = tmp_path / "in.txt", tmp_path / "constraints.txt", tmp_path / "out.txt"
+    src.write_text("\n".join(LINES) + "\n")
+    cons.write_text(content)
+    out.write_text("kept\n")
+    result = translate_here(capsys, f"ckpt={ckpt}", f"input={src}", f"constraints={cons}", f"output={out}")
+    assert result.returncode == 1 and f"error: {message.format(c=cons, i=src)}" in result.stderr
+    assert out.read_text() == "kept\n"
