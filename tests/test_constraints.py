@@ -115,3 +115,29 @@ def test_bad_constraints_are_one_line_naming_the_line_and_write_nothing(ckpt, tm
     result = translate_here(capsys, f"ckpt={ckpt}", f"input={src}", f"constraints={cons}", f"output={out}")
     assert result.returncode == 1 and f"error: {message.format(c=cons, i=src)}" in result.stderr
     assert out.read_text() == "kept\n"
+
+
+def test_the_server_takes_constraints_and_prefixes_per_sentence(ckpt):
+    from fastapi.testclient import TestClient
+
+    from nmt.serve.app import create_app, load
+    from tests.conftest import serve_cfg
+
+    cfg = serve_cfg(ckpt)
+    phrase = REFS[0].split()[1]
+    with TestClient(create_app(load(cfg), cfg)) as client:
+        body = client.post("/translate", json={"text": LINES[:2], "constraints": [[phrase], []], "beam_size": 3}).json()
+        assert f" {phrase} " in f" {body['translations'][0]['text']} "
+        start = " ".join(REFS[1].split()[:2])
+        body = client.post("/translate", json={"text": LINES[:2], "prefix": ["", start]}).json()
+        assert body["translations"][1]["text"].startswith(start)
+        for request, status, message in [
+            ({"constraints": [["fa"]]}, 400, '"constraints" must be a list of 2 lists of phrases, one per sentence'),
+            ({"prefix": "fa"}, 400, '"prefix" must be a list of 2 strings, one per sentence ("" for none)'),
+            ({"prefix": ["", ""], "constraints": [[], []]}, 400, '"prefix" and "constraints": give one of the two'),
+            ({"constraints": [[""], []]}, 400, "constraints, sentence 0: an empty constraint"),
+            ({"constraints": [["x"] * 11, []]}, 413, "sentence 0 has 11 constraints; the limit is 10"),
+            ({"prefix": ["", "ÆØÅ"]}, 400, "prefix, sentence 1: 'ÆØÅ' holds characters the target vocabulary lacks"),
+        ]:
+            answer = client.post("/translate", json={"text": LINES[:2], **request})
+            assert answer.status_code == status and answer.json()["error"].startswith(message), answer.json()

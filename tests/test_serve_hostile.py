@@ -323,7 +323,7 @@ def check(name: str, strategy: st.SearchStrategy, prop: Callable[[Any], None], e
     print(f"{name}: {TRIED[name]} inputs, {sum(TRIED.values())} in all")
 
 
-FIELDS = st.sampled_from(["text", "beam_size", "nbest", "attention", "alignments"]) | st.text(max_size=8)
+FIELDS = st.sampled_from(["text", "beam_size", "nbest", "attention", "alignments", "prefix", "constraints"]) | st.text(max_size=8)
 VALUES = st.recursive(st.none() | st.booleans() | st.integers(-10**30, 10**30) | st.floats() | st.text(max_size=30),
                       lambda inner: st.lists(inner, max_size=4) | st.dictionaries(FIELDS, inner, max_size=4), max_leaves=12)
 LITERALS = (st.integers(-10**6, 10**6).map(str) | st.integers(15, 6000).map(lambda n: "9" * n)
@@ -346,10 +346,10 @@ def test_parse_request_answers_every_body_with_a_request_or_a_4xx(serve_ckpt, tr
         if isinstance(result, JSONResponse):
             assert result.status_code in (400, 413) and json.loads(result.body)["error"]
         else:
-            texts, (beam_size, nbest, attention, alignments) = result
+            texts, (beam_size, nbest, attention, alignments, guide) = result
             assert all(isinstance(t, str) and len(t) <= limits.max_chars for t in texts) and len(texts) <= limits.max_sentences
             assert 1 <= nbest <= beam_size <= limits.max_beam_size and isinstance(attention, bool)
-            assert isinstance(alignments, bool)
+            assert isinstance(alignments, bool) and (guide is None or len(guide) == len(texts))
 
     check("parse_request", BODIES, prop, 600)
 

@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import threading
 import time
+from dataclasses import dataclass
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -46,10 +47,24 @@ log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parent / "static"
 
 
-def answer(translator: Any, texts: list[str], options: tuple[int, int, bool, bool]) -> list[dict[str, Any]]:
-    """The ``translations`` of a request: ``options`` are its (beam_size, nbest, attention, alignments)."""
-    beam_size, nbest, attention, alignments = options
-    extra = {"alignments": True} if alignments else {}  # the torch backend's option (parse_request checks)
+@dataclass(frozen=True, eq=False)
+class Guide:
+    """A request's prefixes or constraints, one per sentence: compared by identity, so a guided
+    request decodes in a call of its own (its guides stay in line with its sentences)."""
+
+    rows: tuple[tuple[str, tuple[str, ...]], ...]
+
+
+def answer(translator: Any, texts: list[str], options: tuple[Any, ...]) -> list[dict[str, Any]]:
+    """The ``translations`` of a request: ``options`` are its (beam_size, nbest, attention,
+    alignments, guide)."""
+    beam_size, nbest, attention, alignments, guide = options
+    extra: dict[str, Any] = {"alignments": True} if alignments else {}  # the torch backend's options (parse_request checks)
+    if guide is not None:
+        if any(prefix for prefix, _ in guide.rows):
+            extra["prefixes"] = [prefix for prefix, _ in guide.rows]
+        else:
+            extra["constraints"] = [list(phrases) for _, phrases in guide.rows]
     translations = translator.translate(texts, beam_size, nbest, attention=bool(attention), **extra)
     return [response_item(t, nbest, attention) for t in translations]
 
@@ -162,6 +177,17 @@ def create_app(translator: Any, cfg: DictConfig) -> FastAPI:
         if isinstance(parsed, JSONResponse):
             return parsed
         texts, options = parsed
+        if options[-1] is not None:  # a bad prefix or constraint: a 400 naming the sentence, before any decoding
+            rows = options[-1]
+            try:
+                if any(prefix for prefix, _ in rows):
+                    translator.prefix_ids([p for p, _ in rows], texts, where="prefix", numbers=list(range(len(texts))))
+                else:
+                    translator.constraint_ids([list(c) for _, c in rows], texts, where="constraints",
+                                              numbers=list(range(len(texts))))
+            except ValueError as e:
+                return error(400, str(e).replace(", line ", ", sentence "))
+            options = (*options[:-1], Guide(rows))
         tokens = translator.count_tokens(texts)
         try:
             results = await batcher.submit(texts, options, tokens)

@@ -28,7 +28,8 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-OPTIONS = {"text", "beam_size", "nbest", "attention", "alignments"}
+OPTIONS = {"text", "beam_size", "nbest", "attention", "alignments", "prefix", "constraints"}
+MAX_CONSTRAINTS = 10  # phrases a sentence may require
 MAX_DIGITS = 20  # an integer literal longer than this is refused before int() reads it
 OPEN_PATHS = ("/health", "/")  # and /static/...: the page loads without a key, then asks for one
 
@@ -133,8 +134,9 @@ def _shown(value: Any) -> str:
 
 
 def parse_request(body: bytes, limits: DictConfig, default_beam: int, can_align: bool = True,
-                  default_align: bool = False) -> tuple[list[str], tuple[int, int, bool, bool]] | JSONResponse:
-    """The sentences and (beam_size, nbest, attention, alignments) of a request body, or the error response."""
+                  default_align: bool = False) -> tuple[list[str], tuple[Any, ...]] | JSONResponse:
+    """The sentences and (beam_size, nbest, attention, alignments, guide) of a request body, or
+    the error response; guide: None, or per sentence (prefix, constraint phrases)."""
     try:
         request = json.loads(body.decode("utf-8"), parse_int=_bounded_int, parse_constant=_no_constant)
     except UnicodeDecodeError as e:
@@ -183,7 +185,39 @@ def parse_request(body: bytes, limits: DictConfig, default_beam: int, can_align:
         return error(400, f'"alignments" must be true or false, not {_shown(alignments)}')
     if alignments and not can_align:
         return error(400, '"alignments": word alignments come from the torch backend; this server runs a CTranslate2 folder')
-    return texts, (values["beam_size"], values["nbest"], attention, alignments)
+    guide = _guide(request, texts, limits, can_align)
+    if isinstance(guide, JSONResponse):
+        return guide
+    return texts, (values["beam_size"], values["nbest"], attention, alignments, guide)
+
+
+def _guide(request: dict[str, Any], texts: list[str], limits: DictConfig,
+           torch_backend: bool) -> tuple[tuple[str, tuple[str, ...]], ...] | None | JSONResponse:
+    """Per sentence (prefix, constraint phrases) of ``"prefix"`` (a string per sentence) and
+    ``"constraints"`` (a list of phrases per sentence), or None when the request has neither."""
+    prefix, constraints = request.get("prefix"), request.get("constraints")
+    if prefix is None and constraints is None:
+        return None
+    if not torch_backend:
+        return error(400, '"prefix" and "constraints" are decoded by the torch backend; this server runs a CTranslate2 folder')
+    if prefix is not None and constraints is not None:
+        return error(400, '"prefix" and "constraints": give one of the two')
+    if prefix is not None:
+        if not isinstance(prefix, list) or len(prefix) != len(texts) or not all(isinstance(p, str) for p in prefix):
+            return error(400, f'"prefix" must be a list of {len(texts)} strings, one per sentence ("" for none)')
+        if any(len(p) > limits.max_chars for p in prefix):
+            return error(413, f"a prefix over max_chars={limits.max_chars} characters", "max_chars", limits.max_chars)
+        return tuple((p, ()) for p in prefix)
+    if not isinstance(constraints, list) or len(constraints) != len(texts) or not all(
+            isinstance(c, list) and all(isinstance(p, str) for p in c) for c in constraints):
+        return error(400, f'"constraints" must be a list of {len(texts)} lists of phrases, one per sentence ([] for none)')
+    for i, phrases in enumerate(constraints):
+        if len(phrases) > MAX_CONSTRAINTS:
+            return error(413, f"sentence {i} has {len(phrases)} constraints; the limit is {MAX_CONSTRAINTS}")
+        if sum(len(p) for p in phrases) > limits.max_chars:
+            return error(413, f"the constraints of sentence {i} have over max_chars={limits.max_chars} characters",
+                         "max_chars", limits.max_chars)
+    return tuple(("", tuple(c)) for c in constraints)
 
 
 class HeaderTimeoutH11Protocol(H11Protocol):
