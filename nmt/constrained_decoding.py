@@ -10,7 +10,8 @@ then shared out over banks by the number of constraint tokens met (0 .. C), the 
 each, a bank's unused places going to the others, best scores first within a bank, so that
 hypotheses that have met more constraints are not crowded out by ones that score better
 without them. EOS is allowed only once every constraint is met, so every hypothesis that ends
-holds them all; the length cap must leave room for them (``check_constraints``). Scores are the
+holds them all; the length cap must leave room for them (``check_constraints``). Phrases are
+met as whole words: the token after one must start a word. Scores are the
 model's log-probs over the GNMT length penalty, as beam search's.
 """
 
@@ -34,6 +35,7 @@ class Progress:
 
     met: frozenset[int] = frozenset()
     inside: tuple[int, int] | None = None
+    just_met: bool = False  # the last token ended a constraint: the next must start a word
 
     def tokens_met(self, constraints: list[Phrase]) -> int:
         return sum(len(constraints[c]) for c in self.met) + (self.inside[1] if self.inside else 0)
@@ -51,7 +53,7 @@ class Progress:
 
     def _advanced(self, c: int, done: int, constraints: list[Phrase]) -> Progress:
         if done == len(constraints[c]):
-            return Progress(self.met | {c})
+            return Progress(self.met | {c}, None, True)
         return Progress(self.met, (c, done))
 
     def wanted(self, constraints: list[Phrase]) -> set[int]:
@@ -93,8 +95,10 @@ def _allocate(banks: list[int], k: int) -> list[int]:
 @torch.no_grad()
 def constrained_beam_search(model, src: Tensor, src_mask: Tensor, constraints: list[list[Phrase]], beam_size: int = 5,
                             alpha: float = 0.6, max_len_a: float = 1.5, max_len_b: int = 10,
-                            need_attn: bool = False, nbest: int = 1) -> Hypotheses:
-    """Beam search in which sentence i's output holds every phrase of ``constraints[i]``."""
+                            need_attn: bool = False, nbest: int = 1, continuation: Tensor | None = None) -> Hypotheses:
+    """Beam search in which sentence i's output holds every phrase of ``constraints[i]``.
+    ``continuation`` (vocabulary,) bools: the pieces that continue a word (no "▁"); a constraint
+    is then met only as whole words: the token after it must start a word (or be EOS)."""
     caps = _max_lengths(src_mask, max_len_a, max_len_b)
     results, scores = [], []
     for i in range(src.size(0)):
@@ -102,7 +106,7 @@ def constrained_beam_search(model, src: Tensor, src_mask: Tensor, constraints: l
         check_constraints(cons, int(caps[i]))
         length = int(src_mask[i].sum())
         tokens, score = _one(model, src[i : i + 1, :length], src_mask[i : i + 1, :length], cons, beam_size, alpha,
-                             int(caps[i]), nbest)
+                             int(caps[i]), nbest, continuation)
         results.append(tokens)
         scores.append(score)
     best = [r[0][0] for r in results]
@@ -111,7 +115,7 @@ def constrained_beam_search(model, src: Tensor, src_mask: Tensor, constraints: l
 
 
 def _one(model, src: Tensor, src_mask: Tensor, constraints: list[Phrase], k: int, alpha: float, cap: int,
-         nbest: int) -> tuple[list[tuple[list[int], float]], float]:
+         nbest: int, continuation: Tensor | None) -> tuple[list[tuple[list[int], float]], float]:
     """The ``nbest`` best (tokens, score) of one sentence, best first."""
     device = src.device
     memory = model.encode(src, src_mask)
@@ -126,6 +130,10 @@ def _one(model, src: Tensor, src_mask: Tensor, constraints: list[Phrase], k: int
         total = torch.tensor([b[1] for b in beams], device=device).unsqueeze(1) + x
         open_ = torch.tensor([len(b[2].met) < len(constraints) for b in beams], device=device)
         total[:, EOS] = total[:, EOS].masked_fill(open_, float("-inf"))  # EOS only once every constraint is met
+        if continuation is not None:  # a constraint just met ends its word
+            for b, (_, _, progress) in enumerate(beams):
+                if progress.just_met:
+                    total[b, : continuation.numel()] = total[b, : continuation.numel()].masked_fill(continuation, float("-inf"))
         if t == cap - 1:  # at the cap only EOS may follow
             total[:, :EOS] = float("-inf")
             total[:, EOS + 1 :] = float("-inf")

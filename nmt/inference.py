@@ -185,7 +185,8 @@ class Translator:
                                            numbers=[first_line + i for i in todo])
             search = functools.partial(constrained_beam_search, beam_size=int(beam_size or self.settings.beam_size),
                                        alpha=self.settings.alpha, nbest=int(nbest or self.settings.nbest),
-                                       max_len_a=self.settings.max_len_a, max_len_b=self.settings.max_len_b)
+                                       max_len_a=self.settings.max_len_a, max_len_b=self.settings.max_len_b,
+                                       continuation=self._continuation())
             alpha = self.settings.alpha
         forced = None
         if prefixes is not None:
@@ -289,6 +290,11 @@ class Translator:
                                  "included)")
             out.append(ids)
         return out
+
+    def _continuation(self) -> torch.Tensor:
+        """(target vocabulary,) bools: the pieces that continue a word (no leading "▁", not special)."""
+        pieces = self.tgt_vocab.pieces(range(self.tgt_vocab.vocab_size))
+        return torch.tensor([i > EOS and not p.startswith("\u2581") for i, p in enumerate(pieces)], device=self.device)
 
     def constraint_ids(self, constraints: list[list[str]], sources: list[str], where: str = "constraints",
                        numbers: list[int] | None = None) -> list[list[tuple[int, ...]]]:

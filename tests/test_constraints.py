@@ -55,9 +55,10 @@ def test_progress_tracks_met_constraints_and_loses_a_broken_one():
     cons = [(5, 6, 7), (9,)]
     p = Progress().after(5, cons).after(6, cons)
     assert p.inside == (0, 2) and p.tokens_met(cons) == 2 and p.wanted(cons) == {7}
-    assert p.after(8, cons) == Progress() and p.after(9, cons) == Progress(frozenset({1}))  # broken; 9 meets #1
+    assert p.after(8, cons) == Progress() and p.after(9, cons) == Progress(frozenset({1}), None, True)  # broken; 9 meets #1
     done = p.after(7, cons)
     assert done.met == {0} and done.inside is None and done.wanted(cons) == {9} and done.tokens_met(cons) == 3
+    assert done.just_met and not done.after(4, cons).just_met
     assert Progress().after(5, cons).after(5, cons).inside == (0, 1)  # a restart of the same constraint
 
 
@@ -141,3 +142,17 @@ def test_the_server_takes_constraints_and_prefixes_per_sentence(ckpt):
         ]:
             answer = client.post("/translate", json={"text": LINES[:2], **request})
             assert answer.status_code == status and answer.json()["error"].startswith(message), answer.json()
+
+
+def test_a_constraint_is_met_only_as_whole_words():
+    """With ``continuation``, the token after a met phrase starts a word: here only UNK starts
+    one, so each phrase is followed by UNK or ends the output."""
+    model = build("transformer")
+    src, src_mask, _ = batch()
+    continuation = torch.ones(VOCAB, dtype=torch.bool)
+    continuation[:4] = False  # PAD, UNK, BOS, EOS
+    constraints = [[(7, 8)], [(9,)], [(11,)]]
+    hyps = constrained_beam_search(model, src, src_mask, constraints, beam_size=3, continuation=continuation)
+    for tokens, (phrase,) in zip(hyps.tokens, constraints):
+        ends = [i + len(phrase) for i in range(len(tokens)) if tuple(tokens[i : i + len(phrase)]) == phrase]
+        assert ends and all(end == len(tokens) or tokens[end] == 1 for end in ends), tokens
