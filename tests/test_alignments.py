@@ -60,7 +60,7 @@ def test_the_synthetic_gold_alignment_is_one_to_one_and_follows_the_grammar():
 
 @pytest.fixture(scope="module", params=["lstm", "lstm_bahdanau", "lstm_luong", "transformer"])
 def model_run(request, tmp_path_factory):
-    cfg = compose_train(tmp_path_factory.mktemp(request.param), ["trainer.max_epochs=2", "test=false"],
+    cfg = compose_train(tmp_path_factory.mktemp(request.param), ["trainer.max_epochs=1", "test=false"],
                         model=request.param)
     train(cfg)
     return request.param, Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
@@ -131,7 +131,7 @@ def test_the_server_answers_alignments_when_asked(serve_ckpt):
     from nmt.serve.app import create_app, load
     from tests.conftest import serve_cfg
 
-    cfg = serve_cfg(serve_ckpt)
+    cfg = serve_cfg(serve_ckpt, "batching.process=false")
     with TestClient(create_app(load(cfg), cfg)) as client:
         body = client.post("/translate", json={"text": LINES[:2], "alignments": True, "beam_size": 2, "nbest": 2}).json()
         for item in body["translations"]:

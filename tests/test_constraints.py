@@ -124,7 +124,7 @@ def test_the_server_takes_constraints_and_prefixes_per_sentence(ckpt):
     from nmt.serve.app import create_app, load
     from tests.conftest import serve_cfg
 
-    cfg = serve_cfg(ckpt)
+    cfg = serve_cfg(ckpt, "batching.process=false")
     phrase = REFS[0].split()[1]
     with TestClient(create_app(load(cfg), cfg)) as client:
         body = client.post("/translate", json={"text": LINES[:2], "constraints": [[phrase], []], "beam_size": 3}).json()

@@ -127,7 +127,7 @@ def _load_worker(cfg: dict[str, Any]) -> None:
     threading.Thread(target=exit_with_parent, daemon=True).start()
 
 
-def _worker_translate(texts: list[str], options: tuple[int, int, bool]) -> list[dict[str, Any]]:
+def _worker_translate(texts: list[str], options: tuple[Any, ...]) -> list[dict[str, Any]]:
     return answer(_worker, texts, options)
 
 
