@@ -184,15 +184,15 @@ class Seq2Seq(nn.Module):
         for Transformers; an LSTM's loop over time steps unrolls into a graph per length."""
         self.features = torch.compile(self.features, dynamic=True)
 
-    def alignment_attention(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor | None:
+    def alignment_attention(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, layer: int = -1) -> Tensor | None:
         """(B, T, S) attention of each target position over the source, the one word alignments
         are read from (``nmt.alignments``): an RNN's attention; a Transformer's cross-attention in
-        its penultimate decoder layer (the last of a 1-layer decoder), averaged over heads, where
-        Garg et al. (2019) found the best alignments. None without attention."""
+        ``layer`` of its decoder, averaged over heads. The last layer by default: it aligns best
+        in our presets (docs/alignments.md; Garg et al. 2019 found the penultimate of a 6-layer
+        decoder best, ``layer=-2``). The heat maps show the same weights. None without attention."""
         weights = self.cross_attention(src, src_mask, tgt_in)
         if weights is None:
             return None
-        layer = weights.size(1) - 2 if weights.size(1) > 1 else 0
         return weights[:, layer].mean(1)
 
     def cross_attention(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor | None:
