@@ -17,6 +17,7 @@ model's log-probs over the GNMT length penalty, as beam search's.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,7 @@ from nmt.decoding import Hypotheses, _log_probs, _max_lengths, length_penalty
 from nmt.models.base import select
 from nmt.specials import BOS, EOS
 
+log = logging.getLogger(__name__)
 Phrase = tuple[int, ...]
 
 
@@ -160,7 +162,9 @@ def _one(model, src: Tensor, src_mask: Tensor, constraints: list[Phrase], k: int
         state = select(state, origin)
         prev = torch.tensor([c[2] for c in kept], device=device)
         beams = [(beams[b][0] + [w], score, progress) for score, b, w, progress in kept]
-    if not ended:  # no hypothesis could end (cannot happen while the cap leaves room): the best one
+    if not ended:  # no hypothesis met every constraint by the cap (check_constraints leaves room, so rare)
+        log.warning("constrained search: no hypothesis holds all %d constraints within the cap of %d tokens; "
+                    "returning the best one", len(constraints), cap)
         ended = [(max(b[1] for b in beams), max(beams, key=lambda b: b[1])[0])]
     ranked = sorted(ended, key=lambda e: -e[0])[:nbest]
     return [(tokens, score) for score, tokens in ranked], ranked[0][0]

@@ -46,6 +46,12 @@ def _max_lengths(src_mask: Tensor, max_len_a: float, max_len_b: int, max_len: Te
     return cap.clamp(min=1)  # (B,)
 
 
+def length_cap(source_tokens: int, max_len_a: float, max_len_b: int) -> int:
+    """The cap ``_max_lengths`` gives a source of ``source_tokens`` tokens (EOS included), computed
+    the same way (fp32), for checks made before decoding."""
+    return int(_max_lengths(torch.ones(1, source_tokens, dtype=torch.bool), max_len_a, max_len_b)[0])
+
+
 CHUNK = 64  # beam search compares the maxima of chunks of this many log-probs before the log-probs
 
 

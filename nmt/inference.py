@@ -179,7 +179,7 @@ class Translator:
                                  numbers=[first_line + i for i in todo])
         if constraints is not None and prefixes is not None:
             raise ValueError("constraints and prefixes: give one of the two")
-        required = None
+        required, plain_search = None, search
         if constraints is not None:
             required = self.constraint_ids([constraints[i] for i in todo], [lines[i] for i in todo],
                                            numbers=[first_line + i for i in todo])
@@ -200,9 +200,13 @@ class Translator:
             extra = {}
             if forced is not None and any(forced[j] for j in batch):
                 extra["prefix"] = pad([forced[j] or [PAD] for j in batch], self.device)[0]
+            batch_search = search
             if required is not None:
-                extra["constraints"] = [required[j] for j in batch]
-            hyps = search(self.model, src, src_mask, need_attn=any(todo[j] in wanted for j in batch), **extra)
+                if any(required[j] for j in batch):
+                    extra["constraints"] = [required[j] for j in batch]
+                else:  # no line of this batch has constraints: the plain search, as without the option
+                    batch_search = plain_search
+            hyps = batch_search(self.model, src, src_mask, need_attn=any(todo[j] in wanted for j in batch), **extra)
             done = [(todo[j], self._translation(hyps, r, encoded[j], todo[j] in wanted, alpha))
                     for r, j in enumerate(batch)]
             if align:
@@ -245,22 +249,24 @@ class Translator:
             for hypothesis in translation.hypotheses:
                 hypothesis.alignment = next(texts)
 
-    def alignments(self, sources: list[list[int]], targets: list[list[int]]) -> list[str]:
+    def alignments(self, sources: list[list[int]], targets: list[list[int]], chunk: int = 32) -> list[str]:
         """Pharaoh word alignments of (source ids + EOS, target ids without BOS/EOS) pairs: each
         target subword to the source subword its attention weighs most, in the model's alignment
         layer (``Seq2Seq.alignment_attention``), lifted to words. Empty strings for a model
         without attention or an empty side."""
-        if not sources:
-            return []
-        src, src_mask = pad(sources, self.device)
-        tgt_in, _ = pad([[BOS, *t] for t in targets], self.device)
-        with torch.inference_mode():
-            weights = self.model.alignment_attention(src, src_mask, tgt_in)
-        if weights is None:
-            return ["" for _ in sources]
-        weights = weights.float().cpu()
-        return [pharaoh(self.src_vocab.pieces(s[:-1]), self.tgt_vocab.pieces(t), weights[i, : len(t), : len(s) - 1].tolist())
-                for i, (s, t) in enumerate(zip(sources, targets))]
+        out: list[str] = []
+        for start in range(0, len(sources), chunk):  # every layer's weights of a chunk at a time: bounded memory
+            part_s, part_t = sources[start : start + chunk], targets[start : start + chunk]
+            src, src_mask = pad(part_s, self.device)
+            tgt_in, _ = pad([[BOS, *t] for t in part_t], self.device)
+            with torch.inference_mode():
+                weights = self.model.alignment_attention(src, src_mask, tgt_in)
+            if weights is None:
+                return ["" for _ in sources]
+            weights = weights.float().cpu()
+            out += [pharaoh(self.src_vocab.pieces(s[:-1]), self.tgt_vocab.pieces(t), weights[i, : len(t), : len(s) - 1].tolist())
+                    for i, (s, t) in enumerate(zip(part_s, part_t))]
+        return out
 
     @property
     def has_attention(self) -> bool:
@@ -283,7 +289,8 @@ class Translator:
             if UNK in ids:
                 raise ValueError(f"{where}, line {number}: {text!r} holds characters the target vocabulary lacks "
                                  "(they would be <unk>)")
-            cap = min(int(self.settings.max_len_a * len(src) + self.settings.max_len_b), self.max_tgt_len)
+            cap = min(search_functions.length_cap(len(src), self.settings.max_len_a, self.settings.max_len_b),
+                      self.max_tgt_len)
             if len(ids) >= cap:
                 raise ValueError(f"{where}, line {number}: {len(ids)} target tokens, but the line's translation is "
                                  f"capped at {cap} (decoding.max_len_a * source tokens + decoding.max_len_b, EOS "
@@ -292,9 +299,11 @@ class Translator:
         return out
 
     def _continuation(self) -> torch.Tensor:
-        """(target vocabulary,) bools: the pieces that continue a word (no leading "▁", not special)."""
+        """(target vocabulary,) bools: the pieces that continue a word: no leading "▁", not special,
+        starting with a letter or digit (punctuation such as "." or "," may follow a constraint)."""
         pieces = self.tgt_vocab.pieces(range(self.tgt_vocab.vocab_size))
-        return torch.tensor([i > EOS and not p.startswith("\u2581") for i, p in enumerate(pieces)], device=self.device)
+        return torch.tensor([i > EOS and not p.startswith("\u2581") and p[:1].isalnum() for i, p in enumerate(pieces)],
+                            device=self.device)
 
     def constraint_ids(self, constraints: list[list[str]], sources: list[str], where: str = "constraints",
                        numbers: list[int] | None = None) -> list[list[tuple[int, ...]]]:
@@ -314,7 +323,7 @@ class Translator:
                     raise ValueError(f"{where}, line {number}: {phrase!r} holds characters the target vocabulary "
                                      "lacks (they would be <unk>)")
                 ids.append(encoded)
-            cap = int(self.settings.max_len_a * len(src) + self.settings.max_len_b)
+            cap = search_functions.length_cap(len(src), self.settings.max_len_a, self.settings.max_len_b)
             try:
                 check_constraints(ids, cap)
             except ValueError as e:

@@ -1,9 +1,9 @@
 """BLEU by reordering distance, and attention entropy by length: two more views beside length.
 
 Reordering distance of a sentence pair: how far, in words, its aligned words move on average,
-``mean |s - t * (source words / target words)|`` over the word-alignment links (s, t): the
-target position scaled to the source's length, so that a longer or shorter translation alone is
-no reordering (a monotone translation scores 0). It is the distortion a phrase-based system pays
+``mean |s - t * (source words - 1) / (target words - 1)|`` over the word-alignment links (s, t):
+the target position scaled onto the source's, so that a longer or shorter translation alone adds
+little (a monotone translation of the same length scores 0). It is the distortion a phrase-based system pays
 for, per word. The synthetic pair's noun-adjective swaps move words by one, its verb-final
 clauses by the length of the object and adverb. The alignments are gold ones where the data
 have them (the synthetic generator's), else a model's forced alignment of the references. Every
@@ -31,10 +31,11 @@ EDGES = (0.25, 0.5, 0.75, 1.0, 1.5)  # bucket upper edges, in words; 0 gets a bu
 
 
 def reordering_distance(links: set[tuple[int, int]], src_words: int, tgt_words: int) -> float:
-    """Mean distance (words) aligned words move: |s - t * src_words / tgt_words| over the links."""
+    """Mean distance (words) aligned words move: |s - t * (src_words - 1) / (tgt_words - 1)| over
+    the links (the first and last target words scaled onto the first and last source words)."""
     if not links or not tgt_words:
         return 0.0
-    scale = src_words / tgt_words
+    scale = (src_words - 1) / (tgt_words - 1) if tgt_words > 1 else 0.0
     return sum(abs(s - t * scale) for s, t in links) / len(links)
 
 

@@ -204,7 +204,8 @@ def translate_file(cfg: DictConfig, signals: StopSignals) -> None:
     error before the first line leaves an existing output file as it was."""
     check_options(cfg)
     check_paths({"input": cfg.input, **({"target": cfg.get("target")} if cfg.mode == "score" else {}),
-                 **({"prefixes": cfg.prefixes} if cfg.get("prefixes") else {}), "ckpt": model_file(cfg)}, cfg.output)
+                 **({"prefixes": cfg.prefixes} if cfg.get("prefixes") else {}),
+                 **({"constraints": cfg.constraints} if cfg.get("constraints") else {}), "ckpt": model_file(cfg)}, cfg.output)
     translator = open_translator(cfg)
     prefixes = read_prefixes(cfg, translator)
     constraints = read_constraints(cfg, translator)

@@ -73,8 +73,14 @@ def _fmeasure(totals: np.ndarray) -> np.ndarray:
     return f
 
 
-def _resamples(n: int, n_bootstrap: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, n, size=(n_bootstrap, n)) if n else np.zeros((0, 0), dtype=np.int64)
+def _resampled(per: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """(resamples, bands, 3) summed counts of the resampled corpora: ``weights`` (resamples, N)
+    says how often each sentence is drawn (memory: resamples x N, not x bands too)."""
+    return (weights @ per.reshape(len(per), -1)).reshape(len(weights), *per.shape[1:])
+
+
+def _weights(n: int, n_bootstrap: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=n_bootstrap)
 
 
 def bands(hyps: Sequence[str], refs: Sequence[str], frequency: Mapping[str, int], cutoffs: Sequence[int] = CUTOFFS,
@@ -84,7 +90,7 @@ def bands(hyps: Sequence[str], refs: Sequence[str], frequency: Mapping[str, int]
     per = sentence_counts(hyps, refs, frequency, cutoffs)
     totals = per.sum(0)
     f = _fmeasure(totals)
-    samples = _fmeasure(per[_resamples(len(per), n_bootstrap, seed)].sum(1)) if n_bootstrap and len(per) else None
+    samples = _fmeasure(_resampled(per, _weights(len(per), n_bootstrap, seed))) if n_bootstrap and len(per) else None
     out = []
     for b, label in enumerate(labels(cutoffs)):
         ref, hyp, match = (int(v) for v in totals[b])
@@ -101,8 +107,8 @@ def paired(hyps: Sequence[str], baseline: Sequence[str], refs: Sequence[str], fr
     and p-value (the share of resamples in which the difference is not above zero, two-sided)."""
     a, b = sentence_counts(hyps, refs, frequency, cutoffs), sentence_counts(baseline, refs, frequency, cutoffs)
     delta = _fmeasure(a.sum(0)) - _fmeasure(b.sum(0))
-    index = _resamples(len(a), n_bootstrap, seed)
-    samples = _fmeasure(a[index].sum(1)) - _fmeasure(b[index].sum(1)) if len(a) and n_bootstrap else None
+    weights = _weights(len(a), n_bootstrap, seed) if len(a) and n_bootstrap else None
+    samples = _fmeasure(_resampled(a, weights)) - _fmeasure(_resampled(b, weights)) if weights is not None else None
     out = []
     for k, label in enumerate(labels(cutoffs)):
         row: dict[str, Any] = {"band": label, "delta_f": float(delta[k])}

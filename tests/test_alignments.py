@@ -143,6 +143,11 @@ def test_the_server_answers_alignments_when_asked(serve_ckpt):
             "/translate", json={"text": LINES[:2], "alignments": True}).json()["translations"]]
         bad = client.post("/translate", json={"text": ["a"], "alignments": "yes"})
         assert bad.status_code == 400 and bad.json()["error"] == '"alignments" must be true or false, not "yes"'
+    cfg = serve_cfg(serve_ckpt, "batching.process=false", "decoding.alignments=true")  # on unless a request says false
+    with TestClient(create_app(load(cfg), cfg)) as client:
+        assert all("alignment" in t for t in client.post("/translate", json={"text": LINES[:2]}).json()["translations"])
+        off = client.post("/translate", json={"text": LINES[:2], "alignments": False}).json()["translations"]
+        assert all("alignment" not in t for t in off)
 
 
 def test_a_ctranslate2_server_refuses_alignments_naming_the_backend():

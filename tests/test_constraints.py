@@ -3,6 +3,7 @@ model; the bank allocation; translate.py's constraints= file and its one-line er
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -139,8 +140,11 @@ def test_the_server_takes_constraints_and_prefixes_per_sentence(ckpt):
             ({"constraints": [[""], []]}, 400, "constraints, sentence 0: an empty constraint"),
             ({"constraints": [["x"] * 11, []]}, 413, "sentence 0 has 11 constraints; the limit is 10"),
             ({"prefix": ["", "ÆØÅ"]}, 400, "prefix, sentence 1: 'ÆØÅ' holds characters the target vocabulary lacks"),
+            ({"prefix": ["", "\ud800"]}, 400, "prefix 1: not valid Unicode"),
+            ({"constraints": [["a", "\udfff"], []]}, 400, "constraint 1 of sentence 0: not valid Unicode"),
         ]:
-            answer = client.post("/translate", json={"text": LINES[:2], **request})
+            answer = client.post("/translate", content=json.dumps({"text": LINES[:2], **request}),  # ASCII escapes
+                                 headers={"Content-Type": "application/json"})
             assert answer.status_code == status and answer.json()["error"].startswith(message), answer.json()
 
 

@@ -31,7 +31,7 @@ from nmt.data.prepare import TextColumn
 from nmt.data.tokenizer import Tokenizer
 
 KEY = "data.augment"
-_EPOCH_STREAM = 7  # a fixed word of the epoch's seed: its draws differ from the sampler's
+_EPOCH_STREAM, _PAIR_STREAM = 7, 8  # fixed words of the seeds: the draws differ from the sampler's and each other's
 
 
 def upper(src: str, tgt: str, rng: np.random.Generator, **_: Any) -> tuple[str, str]:
@@ -57,7 +57,7 @@ def typos(text: str, rng: np.random.Generator, chars: float) -> str:
         return text
     out = list(text)
     edits = rng.choice(letters, size=min(len(letters), max(1, round(chars * len(letters)))), replace=False)
-    alphabet = sorted(set(text) - {" "})
+    alphabet = sorted({c for c in text if not c.isspace()})
     for i in sorted(edits.tolist(), reverse=True):  # right to left: earlier positions stay put
         kind = int(rng.integers(4))
         if kind == 0:
@@ -131,7 +131,7 @@ class Augmentation:
     def chosen(self, epoch: int, pairs: int) -> np.ndarray:
         """(modifiers, pairs) bools: which modifier changes which pair in ``epoch``."""
         if self._chosen is None or self._chosen[:2] != (epoch, pairs):
-            rng = np.random.default_rng([self.seed, _EPOCH_STREAM, epoch])
+            rng = np.random.default_rng([self.seed, _EPOCH_STREAM, epoch])  # 3 words: never a pair's 4
             masks = np.stack([rng.random(pairs) < m.rate for m in self.modifiers]) if self.modifiers \
                 else np.zeros((0, pairs), dtype=bool)
             self._chosen = (epoch, pairs, masks)
@@ -146,7 +146,7 @@ class Augmentation:
         which = self.chosen(epoch, pairs)[:, pair]
         if not which.any():
             return src, tgt
-        rng = np.random.default_rng([self.seed, epoch, pair])
+        rng = np.random.default_rng([self.seed, _PAIR_STREAM, epoch, pair])
         for modifier, on in zip(self.modifiers, which):
             if on:
                 src, tgt = modifier(src, tgt, rng)
@@ -184,8 +184,9 @@ class AugmentedSplit(Dataset):
         if epoch is None:
             return [self.base[i] for i in indices]
         indices = list(indices)
-        changed = set(self.augmentation.changed(epoch, len(self)).tolist()) & set(indices)
-        encoded = dict(zip(sorted(changed), self._encoded(epoch, sorted(changed))))
+        which = self.augmentation.chosen(epoch, len(self))[:, indices].any(0)  # a lookup: O(batch), not O(corpus)
+        changed = sorted({i for i, on in zip(indices, which.tolist()) if on})
+        encoded = dict(zip(changed, self._encoded(epoch, changed)))
         return [(i, *encoded[i]) if i in encoded else self.base[i] for i in indices]
 
     def _encoded(self, epoch: int, pairs: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -271,7 +271,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         for i in self.rank_ids(self.epoch, start).tolist():
             self._yielded += 1
             ids = order[bounds[i] : bounds[i + 1]].tolist()
-            yield ids if self.lengths_of_epoch is None else Batch(ids, self.epoch)
+            yield ids if self.lengths_of_epoch is None else Batch(ids, self.epoch if self.shuffle else 0)
         self.epoch += 1
         self._yielded = 0
         self._pass = (0, 0)

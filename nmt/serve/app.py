@@ -59,7 +59,8 @@ def answer(translator: Any, texts: list[str], options: tuple[Any, ...]) -> list[
     """The ``translations`` of a request: ``options`` are its (beam_size, nbest, attention,
     alignments, guide)."""
     beam_size, nbest, attention, alignments, guide = options
-    extra: dict[str, Any] = {"alignments": True} if alignments else {}  # the torch backend's options (parse_request checks)
+    # the torch backend's options (parse_request refuses them for another backend)
+    extra: dict[str, Any] = {"alignments": bool(alignments)} if translator.backend == "torch" else {}
     if guide is not None:
         if any(prefix for prefix, _ in guide.rows):
             extra["prefixes"] = [prefix for prefix, _ in guide.rows]
@@ -185,7 +186,7 @@ def create_app(translator: Any, cfg: DictConfig) -> FastAPI:
                 else:
                     translator.constraint_ids([list(c) for _, c in rows], texts, where="constraints",
                                               numbers=list(range(len(texts))))
-            except ValueError as e:
+            except (ValueError, RuntimeError) as e:  # RuntimeError: sentencepiece on text it cannot take
                 return error(400, str(e).replace(", line ", ", sentence "))
             options = (*options[:-1], Guide(rows))
         tokens = translator.count_tokens(texts)

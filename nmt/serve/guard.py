@@ -207,7 +207,9 @@ def _guide(request: dict[str, Any], texts: list[str], limits: DictConfig,
             return error(400, f'"prefix" must be a list of {len(texts)} strings, one per sentence ("" for none)')
         if any(len(p) > limits.max_chars for p in prefix):
             return error(413, f"a prefix over max_chars={limits.max_chars} characters", "max_chars", limits.max_chars)
-        return tuple((p, ()) for p in prefix)
+        if (bad := _not_unicode(prefix)) is not None:
+            return error(400, f"prefix {bad}: not valid Unicode (a lone surrogate escape such as \\ud800)")
+        return tuple((p, ()) for p in prefix) if any(prefix) else None
     if not isinstance(constraints, list) or len(constraints) != len(texts) or not all(
             isinstance(c, list) and all(isinstance(p, str) for p in c) for c in constraints):
         return error(400, f'"constraints" must be a list of {len(texts)} lists of phrases, one per sentence ([] for none)')
@@ -217,7 +219,19 @@ def _guide(request: dict[str, Any], texts: list[str], limits: DictConfig,
         if sum(len(p) for p in phrases) > limits.max_chars:
             return error(413, f"the constraints of sentence {i} have over max_chars={limits.max_chars} characters",
                          "max_chars", limits.max_chars)
-    return tuple(("", tuple(c)) for c in constraints)
+        if (bad := _not_unicode(phrases)) is not None:
+            return error(400, f"constraint {bad} of sentence {i}: not valid Unicode (a lone surrogate escape such as \\ud800)")
+    return tuple(("", tuple(c)) for c in constraints) if any(constraints) else None
+
+
+def _not_unicode(texts: list[str]) -> int | None:
+    """The index of the first text that is not valid Unicode (a lone surrogate), if any."""
+    for i, text in enumerate(texts):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return i
+    return None
 
 
 class HeaderTimeoutH11Protocol(H11Protocol):
