@@ -5,7 +5,7 @@
 
 For each test pair, ``--words`` words of its reference (drawn with a fixed seed, each a
 constraint of its own) must appear in the translation. Each model translates the pairs with beam
-5, without and with the constraints (``Translator.translate(constraints=...)``), in alternating
+``--beam`` (5), without and with the constraints (``Translator.translate(constraints=...)``), in alternating
 rounds in this process. Reported: the share of constraints the output holds (as whole words),
 BLEU without and with, and the median seconds of each. Writes ``constraints.{json,md}``.
 """
@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=300)
     parser.add_argument("--words", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("docs/results/constraints"))
     args = parser.parse_args()
     register_resolvers()
@@ -50,7 +51,7 @@ def main() -> None:
     for spec in args.ckpt:
         name, _, path = spec.partition("=")
         translator = Translator.load(path, device="cpu", decoding={"_target_": "nmt.decoding.beam_search",
-                                                                  "beam_size": 5, "alpha": 0.6})
+                                                                  "beam_size": args.beam, "alpha": 0.6})
         sources, refs, _ = load_test_split({**translator.run_config["data"], "cache_dir": ".cache"}, path)
         sources, refs = sources[: args.pairs], refs[: args.pairs]
         rng = random.Random(0)
@@ -73,7 +74,7 @@ def main() -> None:
         }
         print(name, rows[name], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "constraints.json").write_text(json.dumps({"words": args.words, "rows": rows}, indent=2) + "\n")
+    (args.out / "constraints.json").write_text(json.dumps({"words": args.words, "beam": args.beam, "rows": rows}, indent=2) + "\n")
     lines = ["| model | constraints | held, free | held, constrained | BLEU free | BLEU constrained | s free | s constrained | x |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in rows.items():
