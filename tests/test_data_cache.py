@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from nmt.data import cache
 from nmt.data.prepare import prepare
 from nmt.data.sources import FileSource, SyntheticSource
@@ -73,6 +75,7 @@ def test_opening_a_folder_marks_it_used(tmp_path):
     assert entry.state == "stale" and entry.reason.endswith("valid.tgt is gone")
 
 
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_cache_command_lists_and_prunes(tmp_path):
     data = corpus(tmp_path)
     folder, _ = prepare(FileSource(str(data), "src", "tgt"), tmp_path, TOKENIZER, workers=0)

@@ -29,6 +29,7 @@ print((before_free - rss()) >> 20)  # MB handed back to the kernel
 """
 
 
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 @pytest.mark.skipif(not (sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"), reason="glibc only")
 def test_freed_tensor_memory_stays_in_the_process():
     def returned_mb(mode: str) -> int:

@@ -209,6 +209,7 @@ def test_a_source_with_only_load_is_still_read(tmp_path):
     assert dm.raw("valid") == (read_lines(TINY / "valid.src"), read_lines(TINY / "valid.tgt"))
 
 
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_prepare_command(tmp_path):
     result = subprocess.run([sys.executable, "-m", "nmt.data.prepare", SEARCH_PATH, "data=tiny",
                              f"paths.cache_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'run'}", "workers=0"],
@@ -219,6 +220,7 @@ def test_prepare_command(tmp_path):
     assert f"prepared data in {folder}" in result.stdout + result.stderr
 
 
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_preparation_killed_midway_is_never_used(tmp_path):
     """SIGKILL while the corpus is being streamed: only the temporary folder is left, and the next
     preparation ignores it."""

@@ -287,6 +287,7 @@ def test_real_server_refuses_an_endless_chunked_body_with_413(server):
     assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
 
 
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_sigterm_exits_while_a_client_stalls_mid_body(serve_ckpt, tmp_path):
     """shutdown_timeout_s bounds the wait for in-flight requests: a client that sent half a body
     and stalled no longer keeps the server from exiting."""

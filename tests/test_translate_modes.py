@@ -129,6 +129,7 @@ def test_output_is_streamed_in_input_order_and_an_interrupted_run_keeps_its_fini
     assert out.read_text(encoding="utf-8") == "".join(line + "\n" for line in whole.split("\n")[:35])
 
 
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_no_run_folder_unless_heatmaps_are_asked_for(ckpt, src, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
