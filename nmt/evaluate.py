@@ -141,6 +141,8 @@ def compare(reports: dict[str, dict[str, Any]], out_dir: Path, title: str = "") 
     table, frequency = significance_table(reports), word_frequency.markdown(reports)
     source = next((r["reordering_alignments"] for r in reports.values() if r.get("reordering_alignments")), "")
     beyond = reordering.markdown(reports, source)
+    tested = significance_table(reports, "reordering_vs_baseline")
+    beyond += ("\nBy reordering distance: " + tested) if tested else ""
     paths["md"].write_text(markdown_table(reports) + ("\n" + table if table else "")
                            + ("\nWord F-measure by the word's count on the training target side:\n\n" + frequency
                               if frequency else "") + ("\n" + beyond if beyond else ""))
@@ -226,6 +228,13 @@ def evaluate(cfg: DictConfig) -> None:
             reports[name]["reordering"] = reordering.bleu_by_reordering(
                 h, refs, distances, tokenize=cfg.sacrebleu_tokenize, n_bootstrap=cfg.n_bootstrap)
             reports[name]["reordering_alignments"] = aligned[0]
+        if len(hyps) > 1:  # paired tests per reordering bucket, as per length bucket
+            buckets = list(zip(reordering.reordering_labels(), reordering.reordering_buckets(distances)))
+            baseline = str(cfg.baseline) if cfg.get("baseline") is not None else next(iter(hyps))
+            tests = significance(hyps, sources, refs, baseline, cfg.length_buckets, unit=unit,
+                                 tokenize=cfg.sacrebleu_tokenize, buckets=buckets, **cfg.significance)
+            for name, result in tests.items():
+                reports[name]["reordering_vs_baseline"] = result
     for name, values in entropies.items():
         reports[name]["attention_entropy"] = reordering.entropy_by_length(sources, values, cfg.length_buckets, unit)
     for name, report in reports.items():

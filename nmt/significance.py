@@ -85,20 +85,24 @@ def significance(
     randomization: int = 10000,
     seed: int | None = 12345,
     min_sentences: int = 10,
+    buckets: Sequence[tuple[str, np.ndarray]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """``{system: {"baseline", "rows": [one per bucket, then "all"], ...}}`` for every non-baseline system.
 
     A row: bucket, count, differing (sentences whose hypotheses differ from the baseline's), delta
     (BLEU points), delta_ci_low/high, p_bootstrap, p_randomization; None where not computed.
     ``bootstrap``/``randomization`` = 0 turns that test (and, for bootstrap, the interval) off.
-    """
+    ``buckets``: (label, sentence indices) pairs to test instead of the length buckets of ``edges``
+    (the reordering buckets, ``nmt.reordering``)."""
     if baseline not in hyps:
         raise ValueError(f"baseline {baseline!r} is not one of the systems {list(hyps)}")
     bleu = BLEU(tokenize=tokenize) if tokenize else BLEU()
     stats = {name: sentence_stats(bleu, h, refs) for name, h in hyps.items()}
     others = [name for name in hyps if name != baseline]
-    labels = [label for label, _, _ in bucket_bounds(edges)] + ["all"]
-    indices = bucket_indices(sources, edges, unit) + [np.arange(len(refs))]
+    if buckets is None:
+        buckets = list(zip([label for label, _, _ in bucket_bounds(edges)], bucket_indices(sources, edges, unit)))
+    labels = [label for label, _ in buckets] + ["all"]
+    indices = [index for _, index in buckets] + [np.arange(len(refs))]
     out: dict[str, dict[str, Any]] = {
         name: {"baseline": baseline, "bootstrap": bootstrap, "randomization": randomization, "seed": seed,
                "min_sentences": min_sentences, "signatures": {}, "rows": []}
@@ -139,9 +143,10 @@ def _cell(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def significance_table(reports: dict[str, dict[str, Any]]) -> str:
-    """Markdown: system vs baseline, bucket, delta BLEU [95% CI], p bootstrap, p randomisation."""
-    tested = {name: r["significance"] for name, r in reports.items() if r.get("significance")}
+def significance_table(reports: dict[str, dict[str, Any]], key: str = "significance") -> str:
+    """Markdown: system vs baseline, bucket, delta BLEU [95% CI], p bootstrap, p randomisation, of
+    each report's ``key`` entry (``significance``: the length buckets)."""
+    tested = {name: r[key] for name, r in reports.items() if r.get(key)}
     if not tested:
         return ""
     first = next(iter(tested.values()))

@@ -73,6 +73,10 @@ def test_evaluate_buckets_synthetic_data_by_its_gold_reordering(tmp_path, capsys
     assert "BLEU by reordering distance (mean words an aligned word moves, gold alignments):" in md
     assert "| reordering (words) | sentences | mean | good BLEU [95% CI] | cut BLEU [95% CI] |" in md
     assert "attention_entropy" not in report["good"]  # hypothesis files carry no attention
+    test = report["cut"]["reordering_vs_baseline"]
+    assert test["baseline"] == "good" and [r["bucket"] for r in test["rows"]] == [*ro.reordering_labels(), "all"]
+    assert [r["count"] for r in test["rows"][:-1]] == [r["count"] for r in rows] and test["rows"][-1]["delta"] < -50
+    assert "By reordering distance: Paired tests against `good`" in md and "reordering_vs_baseline" not in report["good"]
 
 
 def test_evaluate_reports_attention_entropy_and_forced_reordering_of_a_checkpoint(serve_ckpt, tmp_path, capsys):
