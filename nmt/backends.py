@@ -45,9 +45,6 @@ def open_translator(cfg: DictConfig) -> Any:
         if str(cfg.precision) != "32":
             raise ValueError(f"precision={cfg.precision} is the torch backend's; a CTranslate2 folder computes in "
                              "the type it was exported with, or ctranslate2.compute_type=int8|bfloat16|...")
-        if settings.alignments:
-            raise ValueError("decoding.alignments=true: word alignments come from the torch backend; translate with "
-                             "the checkpoint or release file the folder was exported from (backend=torch)")
         try:
             from nmt.ctranslate2_backend import CTranslate2Translator
             import ctranslate2  # noqa: F401

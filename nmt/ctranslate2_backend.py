@@ -38,6 +38,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from nmt.alignments import pharaoh
 from nmt.limits import tokens
 from nmt.search_settings import SearchSettings
 from nmt.translations import Attention, Hypothesis, Translation, in_line_order
@@ -137,6 +138,8 @@ class CTranslate2Translator:
                                                  inter_threads=self.workers, intra_threads=int(intra_threads))
         self.max_src_len, self.max_tgt_len = int(self.meta["max_src_len"]), int(self.meta["max_tgt_len"])
         self.step, self.report = self.meta.get("step"), None
+        # older exports return the first head's attention only: no alignments from them
+        self.can_align = self.meta.get("attention") == "last decoder layer, mean of all heads"
         self._ctranslate2 = ctranslate2
 
     # --- translating --------------------------------------------------------------------------
@@ -148,10 +151,15 @@ class CTranslate2Translator:
         return [p[:limit] for p in pieces]
 
     def batches(self, lines: list[str], beam_size: int | None = None, nbest: int | None = None,
-                attention: Iterable[int] | bool = (), first_line: int = 1) -> Iterator[list[tuple[int, Translation]]]:
+                attention: Iterable[int] | bool = (), first_line: int = 1,
+                alignments: bool | None = None) -> Iterator[list[tuple[int, Translation]]]:
         """As ``nmt.inference.Translator.batches``: the (index, ``Translation``) pairs of each
         group of sentences with one length cap, as soon as CTranslate2 has decoded it."""
         s = self.settings
+        align = s.alignments if alignments is None else alignments
+        if align and not self.can_align:
+            raise ValueError(f"decoding.alignments=true: {self.folder} was exported before nmt-export kept every head's "
+                             "attention; export it again with nmt-export format=ctranslate2")
         beam_size = s.beam_size if beam_size is None else int(beam_size)
         nbest = s.nbest if nbest is None else int(nbest)
         sampling = s.search == "sample" and beam_size == s.beam_size
@@ -179,7 +187,7 @@ class CTranslate2Translator:
             if cap <= 0:  # only the forced EOS fits: an empty translation
                 pending.append((rows, None, False, cap))
                 continue
-            with_attention = any(todo[j] in wanted for j in rows)
+            with_attention = align or any(todo[j] in wanted for j in rows)
             results = self.translator.translate_batch(
                 [sources[j] for j in rows], max_decoding_length=cap, min_decoding_length=0, max_input_length=0,
                 max_batch_size=self.max_tokens, batch_type="tokens", asynchronous=True,
@@ -190,11 +198,11 @@ class CTranslate2Translator:
             for k, j in enumerate(rows):
                 result = results[k].result() if results is not None else None
                 out.append((todo[j], self._translation(result, sources[j], alpha, slope, cap,
-                                                       with_attention and todo[j] in wanted)))
+                                                       with_attention and todo[j] in wanted, align)))
             yield out
 
     def _translation(self, result: Any, source: list[str], alpha: float, slope: float, cap: int,
-                     with_attention: bool) -> Translation:
+                     with_attention: bool, align: bool = False) -> Translation:
         """One sentence's result; ``slope`` the length penalty CTranslate2 searched with, ``cap``
         its ``max_decoding_length`` (a hypothesis of that many pieces stopped there, without EOS)."""
         if result is None:
@@ -206,6 +214,9 @@ class CTranslate2Translator:
             logprob = float(score) * counted ** slope if slope else float(score)
             hypotheses.append(Hypothesis(self.tgt_sp.decode([self.tgt_sp.piece_to_id(p) for p in pieces]),
                                          logprob / gnmt_penalty(n, alpha) if alpha else logprob, logprob))
+        if align:  # each hypothesis' attention, as the torch backend's teacher-forced pass reads it
+            for hypothesis, pieces, weights in zip(hypotheses, result.hypotheses, result.attention or []):
+                hypothesis.alignment = pharaoh(source, pieces, [row[: len(source)] for row in weights[: len(pieces)]])
         attention = None
         if with_attention and result.attention:
             attention = Attention(source + ["</s>"], result.hypotheses[0] + ["</s>"],
@@ -213,8 +224,9 @@ class CTranslate2Translator:
         return Translation(hypotheses, attention)
 
     def translate(self, lines: list[str], beam_size: int | None = None, nbest: int | None = None,
-                  attention: Iterable[int] | bool = ()) -> list[Translation]:
-        return in_line_order(self.batches(lines, beam_size, nbest, attention), len(lines), Translation)
+                  attention: Iterable[int] | bool = (), alignments: bool | None = None) -> list[Translation]:
+        return in_line_order(self.batches(lines, beam_size, nbest, attention, alignments=alignments), len(lines),
+                             Translation)
 
     # --- scoring ------------------------------------------------------------------------------
     def score_batches(self, sources: list[str], targets: list[str],

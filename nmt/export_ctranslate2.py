@@ -69,7 +69,8 @@ def check_exportable(model: nn.Module, run_config: dict) -> None:
 
 
 def _w(t: Tensor) -> Tensor:
-    return t.detach().to("cpu", torch.float32).contiguous()
+    """A copy: CTranslate2 quantizes the spec's weights in place, which must not touch the model's."""
+    return t.detach().to("cpu", torch.float32, copy=True).contiguous()
 
 
 def _linear(spec, *layers: nn.Linear) -> None:
@@ -119,7 +120,9 @@ def build_spec(model: nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer):
                          f"from the tokenizers' ({src_size}, {tgt_size})")
     spec = TransformerSpec(
         TransformerEncoderSpec(len(enc.layers), enc.layers[0].self_attn.num_heads, pre_norm=enc.layers[0].pre_norm),
-        TransformerDecoderSpec(len(dec.layers), dec.layers[0].self_attn.num_heads, pre_norm=dec.layers[0].pre_norm),
+        # attention returned (heat maps, alignments): the last layer's, averaged over all heads, as nmt's
+        TransformerDecoderSpec(len(dec.layers), dec.layers[0].self_attn.num_heads, pre_norm=dec.layers[0].pre_norm,
+                               alignment_layer=-1, alignment_heads=dec.layers[0].cross_attn.num_heads),
     )
     _inputs(spec.encoder, enc, src_size)
     for layer_spec, layer in zip(spec.encoder.layer, enc.layers):
@@ -170,6 +173,7 @@ def _metadata(model: nn.Module, run_config: dict, quantization: str | None) -> d
         "decoding": decoding,  # nmt.decoding: GNMT length penalty alpha, max_len_a * src_len + max_len_b
         "special_ids": {"pad": PAD, "unk": UNK, "bos": BOS, "eos": EOS},
         "never_generated": [PAD, BOS],
+        "attention": "last decoder layer, mean of all heads",  # what return_attention gives (alignments)
         "quantization": quantization,
         "run": {"task_name": run_config.get("task_name"), "tags": run_config.get("tags"),  # what nmt-serve's /info shows
                 "hidden_size": run_config.get("model", {}).get("hidden_size"),

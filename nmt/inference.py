@@ -122,6 +122,7 @@ class Translator:
     """A model with its vocabularies, limits and decoding, ready to translate and score."""
 
     backend = "torch"
+    can_align = True  # decoding.alignments (every model; an empty alignment without attention)
 
     def __init__(self, model: torch.nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer,
                  run_config: dict[str, Any] | None = None, decoding: Mapping[str, Any] | SearchSettings | None = None,

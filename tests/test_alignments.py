@@ -150,12 +150,14 @@ def test_the_server_answers_alignments_when_asked(serve_ckpt):
         assert all("alignment" not in t for t in off)
 
 
-def test_a_ctranslate2_server_refuses_alignments_naming_the_backend():
+def test_a_server_on_an_older_ctranslate2_export_refuses_alignments_and_guides():
     from omegaconf import OmegaConf
 
     limits = OmegaConf.create({"max_sentences": 10, "max_chars": 100, "max_beam_size": 5})
     answer = parse_request(b'{"text": ["a"], "alignments": true}', limits, 5, can_align=False)
-    assert answer.status_code == 400 and b"word alignments come from the torch backend" in answer.body
+    assert answer.status_code == 400 and b"exported before nmt-export kept every head's attention" in answer.body
+    answer = parse_request(b'{"text": ["a"], "prefix": ["b"]}', limits, 5, can_guide=False)
+    assert answer.status_code == 400 and b"decoded by the torch backend" in answer.body
 
 
 def test_decoding_alignments_must_be_a_boolean(serve_ckpt, capsys):

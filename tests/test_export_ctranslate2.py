@@ -216,7 +216,9 @@ def test_int8_export(trained, tmp_path):
     tiny model hesitates between pieces, are not compared word for word: which ties flip with
     rounding depends on the CPU's int8 GEMM (AVX2, AVX-512 VNNI)."""
     loaded, out = trained
+    before = {k: v.clone() for k, v in loaded.model.state_dict().items()}
     int8 = to_ctranslate2(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, tmp_path / "int8", "int8")
+    assert all(torch.equal(before[k], v) for k, v in loaded.model.state_dict().items())  # the model is not quantized
     assert (int8 / "model.bin").stat().st_size < 0.75 * (out / "model.bin").stat().st_size
     assert json.loads((int8 / "nmt_export.json").read_text())["quantization"] == "int8"
     lines = lines_of("train.src")[:20] + lines_of("test.src")
@@ -271,3 +273,25 @@ def test_error_during_export_leaves_nothing(vocab, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="quantization='int4'"):
         to_ctranslate2(model, vocab, vocab, run_config, tmp_path / "other", quantization="int4")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "full"]
+
+
+def test_alignments_are_the_torch_backends(trained, tmp_path):
+    """The export returns the last decoder layer's attention averaged over every head, as the torch
+    backend reads it: greedy outputs that agree get the same Pharaoh alignments."""
+    loaded, folder = trained
+    lines = lines_of("test.src")[:20]
+    decoding = {"_target_": "nmt.decoding.greedy_search", "_partial_": True}
+    ours = Translator(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, decoding=decoding)
+    theirs = CTranslate2Translator(folder, decoding)
+    a, b = ours.translate(lines, alignments=True), theirs.translate(lines, alignments=True)
+    same = [(x.hypotheses[0].alignment, y.hypotheses[0].alignment) for x, y in zip(a, b) if x.text == y.text]
+    assert len(same) >= 16 and sum(x == y for x, y in same) >= len(same) - 1, same
+    assert all(y.hypotheses[0].alignment for y in b)
+    meta = json.loads((folder / "nmt_export.json").read_text())
+    meta.pop("attention")
+    (folder / "nmt_export.json").write_text(json.dumps(meta))  # an older export
+    old = CTranslate2Translator(folder, decoding)
+    with pytest.raises(ValueError, match="exported before nmt-export kept every head's attention; export it again"):
+        old.translate(lines[:1], alignments=True)
+    meta["attention"] = "last decoder layer, mean of all heads"
+    (folder / "nmt_export.json").write_text(json.dumps(meta))

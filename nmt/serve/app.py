@@ -59,8 +59,7 @@ def answer(translator: Any, texts: list[str], options: tuple[Any, ...]) -> list[
     """The ``translations`` of a request: ``options`` are its (beam_size, nbest, attention,
     alignments, guide)."""
     beam_size, nbest, attention, alignments, guide = options
-    # the torch backend's options (parse_request refuses them for another backend)
-    extra: dict[str, Any] = {"alignments": bool(alignments)} if translator.backend == "torch" else {}
+    extra: dict[str, Any] = {"alignments": bool(alignments)}  # parse_request refused it where the translator cannot
     if guide is not None:
         if any(prefix for prefix, _ in guide.rows):
             extra["prefixes"] = [prefix for prefix, _ in guide.rows]
@@ -173,8 +172,8 @@ def create_app(translator: Any, cfg: DictConfig) -> FastAPI:
         body = content_type_error(request) or await read_body(request, max_body, float(limits.read_timeout_s))
         if isinstance(body, JSONResponse):
             return body
-        parsed = parse_request(body, limits, translator.settings.beam_size, translator.backend == "torch",
-                               translator.settings.alignments)
+        parsed = parse_request(body, limits, translator.settings.beam_size, getattr(translator, "can_align", True),
+                               translator.settings.alignments, translator.backend == "torch")
         if isinstance(parsed, JSONResponse):
             return parsed
         texts, options = parsed

@@ -134,7 +134,7 @@ def _shown(value: Any) -> str:
 
 
 def parse_request(body: bytes, limits: DictConfig, default_beam: int, can_align: bool = True,
-                  default_align: bool = False) -> tuple[list[str], tuple[Any, ...]] | JSONResponse:
+                  default_align: bool = False, can_guide: bool = True) -> tuple[list[str], tuple[Any, ...]] | JSONResponse:
     """The sentences and (beam_size, nbest, attention, alignments, guide) of a request body, or
     the error response; guide: None, or per sentence (prefix, constraint phrases)."""
     try:
@@ -184,8 +184,9 @@ def parse_request(body: bytes, limits: DictConfig, default_beam: int, can_align:
     if not isinstance(alignments, bool):
         return error(400, f'"alignments" must be true or false, not {_shown(alignments)}')
     if alignments and not can_align:
-        return error(400, '"alignments": word alignments come from the torch backend; this server runs a CTranslate2 folder')
-    guide = _guide(request, texts, limits, can_align)
+        return error(400, '"alignments": this server\'s CTranslate2 folder was exported before nmt-export kept every '
+                          "head's attention; export it again")
+    guide = _guide(request, texts, limits, can_guide)
     if isinstance(guide, JSONResponse):
         return guide
     return texts, (values["beam_size"], values["nbest"], attention, alignments, guide)
