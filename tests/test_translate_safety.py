@@ -181,6 +181,7 @@ def own_translations(ckpt: Path, lines: list[str]) -> list[str]:
                            max_src_len=model_max_src_len(loaded.run_config))[0]
 
 
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 @pytest.mark.parametrize("signum, workers", [(signal.SIGINT, 2), (signal.SIGTERM, 1)], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_stops_the_run_with_whole_translated_lines_and_no_traceback(ckpt, tmp_path, signum, workers):
     src, out = long_input(tmp_path), tmp_path / "out.txt"
@@ -203,6 +204,7 @@ def test_a_signal_stops_the_run_with_whole_translated_lines_and_no_traceback(ckp
     assert written == own_translations(ckpt, (LINES * 100)[: len(written)])
 
 
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_a_closed_stdout_ends_the_run_quietly(ckpt, tmp_path):
     """``translate.py ... | head -3``: the reader goes away after three lines."""
     src = long_input(tmp_path)
