@@ -196,3 +196,15 @@ def serve_cfg(ckpt: Path, *overrides: str) -> DictConfig:
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("serve", overrides=[f"ckpt={ckpt}", *overrides])
+
+
+# The files that take longest, first: pytest-xdist's --dist loadfile hands files to the workers in
+# collection order, so a long file collected last keeps one worker busy after the others are done.
+LONGEST_FIRST = ["test_export_ctranslate2.py", "test_reliability.py", "test_serve.py", "test_checkpoint_files.py",
+                 "test_serve_hostile.py", "test_side_effects.py", "test_alignments.py", "test_constraints.py",
+                 "test_configs.py", "test_translate_modes.py", "test_augment.py", "test_train.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order

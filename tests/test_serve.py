@@ -184,6 +184,7 @@ def browser() -> tuple[str, str]:
     return chromium, driver
 
 
+@pytest.mark.slow  # end to end in processes of its own (a server, a headless browser): the slow tier
 def test_the_page_translates_and_draws_the_heatmap_in_chromium(ckpt, tmp_path):
     chromium, driver = browser()
     from selenium import webdriver
