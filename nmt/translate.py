@@ -57,45 +57,38 @@ log = logging.getLogger(__name__)
 ERRORS = ("strict", "replace")
 
 
-def read_prefixes(cfg: DictConfig, translator: Any) -> list[str] | None:
-    """The ``prefixes`` file's lines (the text each translation starts with; an empty line: none),
+GUIDES = {"prefixes": "target prefixes are", "constraints": "constrained decoding is"}  # files that guide the search
+
+
+def read_guides(cfg: DictConfig, translator: Any) -> dict[str, list[Any]]:
+    """``{"prefixes": lines}`` (the text each translation starts with) or ``{"constraints": the
+    lines' phrases}`` (tab-separated phrases each must hold), an empty line meaning none, or ``{}``;
     checked before any output: a line per input line, no piece the target vocabulary lacks, room
-    for EOS under the length cap (each error names the line)."""
-    if not cfg.get("prefixes"):
-        return None
-    if cfg.mode == "score" or translator.backend != "torch":
-        raise ValueError(f"prefixes={cfg.prefixes}: target prefixes are for mode=translate on the torch backend")
-    if cfg.input is None:
-        raise ValueError(f"prefixes={cfg.prefixes}: give the input as a file (input=<file>), a line per prefix line")
-    lines, sources = read_lines(cfg.prefixes, cfg.errors), read_lines(cfg.input, cfg.errors)
-    if len(sources) != len(lines):
-        raise ValueError(f"prefixes={cfg.prefixes}: {len(lines)} lines, but input={cfg.input} has {len(sources)}")
-    translator.prefix_ids(lines, sources, where=f"prefixes={cfg.prefixes}")
-    return lines
-
-
-def read_constraints(cfg: DictConfig, translator: Any) -> list[list[str]] | None:
-    """The ``constraints`` file's lines, each the tab-separated phrases its translation must hold
-    (an empty line: none), checked before any output as ``read_prefixes``."""
-    if not cfg.get("constraints"):
-        return None
-    if cfg.mode == "score" or translator.backend != "torch":
-        raise ValueError(f"constraints={cfg.constraints}: constrained decoding is for mode=translate on the torch backend")
-    if cfg.get("prefixes"):
+    for EOS under the length cap (each error names the file and line)."""
+    given = [key for key in GUIDES if cfg.get(key)]
+    if not given:
+        return {}
+    if len(given) > 1:
         raise ValueError("constraints and prefixes: give one of the two")
+    (key,) = given
+    where = f"{key}={cfg[key]}"
+    if cfg.mode == "score" or translator.backend != "torch":
+        raise ValueError(f"{where}: {GUIDES[key]} for mode=translate on the torch backend")
     if cfg.input is None:
-        raise ValueError(f"constraints={cfg.constraints}: give the input as a file (input=<file>), a line per "
-                         "constraints line")
-    lines, sources = read_lines(cfg.constraints, cfg.errors), read_lines(cfg.input, cfg.errors)
+        raise ValueError(f"{where}: give the input as a file (input=<file>), a line per line of {key}")
+    lines, sources = read_lines(cfg[key], cfg.errors), read_lines(cfg.input, cfg.errors)
     if len(sources) != len(lines):
-        raise ValueError(f"constraints={cfg.constraints}: {len(lines)} lines, but input={cfg.input} has {len(sources)}")
+        raise ValueError(f"{where}: {len(lines)} lines, but input={cfg.input} has {len(sources)}")
+    if key == "prefixes":
+        translator.prefix_ids(lines, sources, where=where)
+        return {key: lines}
     phrases = [line.split("\t") if line.strip() else [] for line in lines]
-    translator.constraint_ids(phrases, sources, where=f"constraints={cfg.constraints}")
-    return phrases
+    translator.constraint_ids(phrases, sources, where=where)
+    return {key: phrases}
 
 
 def translate_stream(cfg: DictConfig, translator: Any, writer: OrderedWriter, attention_dir: Path | None,
-                     prefixes: list[str] | None = None, constraints: list[list[str]] | None = None) -> int:
+                     guides: dict[str, list[Any]] | None = None) -> int:
     """Translate the input chunk by chunk into ``writer``; returns the number of input lines."""
     nbest, aligned = translator.settings.nbest, translator.settings.alignments
     fmt = output_format(str(cfg.format), "translate", nbest)
@@ -108,11 +101,7 @@ def translate_stream(cfg: DictConfig, translator: Any, writer: OrderedWriter, at
                 writer.put(offset + i, translation_rows(offset + i + 1, Translation(), fmt, nbest, aligned))
         writer.flush()
         attention = {i - offset for i in wanted if offset <= i < offset + len(chunk)}
-        extra: dict[str, Any] = {}
-        if prefixes is not None:
-            extra["prefixes"] = prefixes[offset : offset + len(chunk)]
-        if constraints is not None:
-            extra["constraints"] = constraints[offset : offset + len(chunk)]
+        extra = {key: lines[offset : offset + len(chunk)] for key, lines in (guides or {}).items()}
         for batch in translator.batches(chunk, attention=attention, first_line=offset + 1, **extra):
             for i, translation in batch:
                 number = offset + i + 1
@@ -207,8 +196,7 @@ def translate_file(cfg: DictConfig, signals: StopSignals) -> None:
                  **({"prefixes": cfg.prefixes} if cfg.get("prefixes") else {}),
                  **({"constraints": cfg.constraints} if cfg.get("constraints") else {}), "ckpt": model_file(cfg)}, cfg.output)
     translator = open_translator(cfg)
-    prefixes = read_prefixes(cfg, translator)
-    constraints = read_constraints(cfg, translator)
+    guides = read_guides(cfg, translator)
     out: IO[str] = sys.stdout if cfg.output is None else open_output(cfg.output)
     signals.defer()  # from here on, a signal stops the run between whole lines
     show = cfg.progress == "auto" and cfg.input is not None and sys.stderr.isatty() or cfg.progress is True
@@ -218,7 +206,7 @@ def translate_file(cfg: DictConfig, signals: StopSignals) -> None:
         if cfg.mode == "score":
             lines = score_stream(cfg, translator, writer)
         else:
-            lines = translate_stream(cfg, translator, writer, attention_folder(cfg), prefixes, constraints)
+            lines = translate_stream(cfg, translator, writer, attention_folder(cfg), guides)
     except Stopped as stop:
         stop.note = f"; the first {writer.next} lines are written to {cfg.output or 'stdout'}"
         raise

@@ -14,6 +14,7 @@ from nmt.constrained_decoding import Progress, _allocate, check_constraints, con
 from nmt.decoding import beam_search, score_pairs
 from tests.conftest import ROOT, compose_train, translate_here
 from tests.test_models import VOCAB, batch, build
+from tests.test_prefixes import assert_refused_before_output
 
 PRESETS = ["lstm", "lstm_bahdanau", "lstm_luong", "transformer", "hybrid_lstm_transformer"]
 
@@ -104,19 +105,13 @@ def test_translate_writes_every_constraint_of_its_line(ckpt, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("content, message", [
-    ("a\n", "constraints={c}: 1 lines, but input={i} has 6"),
-    ("\n\nfa\t\n\n\n\n", "constraints={c}, line 3: an empty constraint (phrases are separated by tabs)"),
-    ("\nda ÆØÅ\n\n\n\n\n", "constraints={c}, line 2: 'da ÆØÅ' holds characters the target vocabulary lacks"),
-    (" ".join(["fa"] * 300) + "\n\n\n\n\n\n", "constraints={c}, line 1: the constraints hold "),
+    ("a\n", "constraints={f}: 1 lines, but input={i} has 6"),
+    ("\n\nfa\t\n\n\n\n", "constraints={f}, line 3: an empty constraint (phrases are separated by tabs)"),
+    ("\nda ÆØÅ\n\n\n\n\n", "constraints={f}, line 2: 'da ÆØÅ' holds characters the target vocabulary lacks"),
+    (" ".join(["fa"] * 300) + "\n\n\n\n\n\n", "constraints={f}, line 1: the constraints hold "),
 ])
 def test_bad_constraints_are_one_line_naming_the_line_and_write_nothing(ckpt, tmp_path, capsys, content, message):
-    src, cons, out = tmp_path / "in.txt", tmp_path / "constraints.txt", tmp_path / "out.txt"
-    src.write_text("\n".join(LINES) + "\n")
-    cons.write_text(content)
-    out.write_text("kept\n")
-    result = translate_here(capsys, f"ckpt={ckpt}", f"input={src}", f"constraints={cons}", f"output={out}")
-    assert result.returncode == 1 and f"error: {message.format(c=cons, i=src)}" in result.stderr
-    assert out.read_text() == "kept\n"
+    assert_refused_before_output(ckpt, tmp_path, capsys, "constraints", content, message, LINES)
 
 
 def test_the_server_takes_constraints_and_prefixes_per_sentence(ckpt):

@@ -99,17 +99,23 @@ def test_translate_starts_each_line_with_its_prefix(ckpt, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("content, message", [
-    ("a\nb\n", "prefixes={p}: 2 lines, but input={i} has 5"),
-    ("\n\nda ÆØÅ\n\n\n", "prefixes={p}, line 3: 'da ÆØÅ' holds characters the target vocabulary lacks (they would be <unk>)"),
-    ("\n" + " ".join(["fa"] * 400) + "\n\n\n\n", "prefixes={p}, line 2: "),
+    ("a\nb\n", "prefixes={f}: 2 lines, but input={i} has 5"),
+    ("\n\nda ÆØÅ\n\n\n", "prefixes={f}, line 3: 'da ÆØÅ' holds characters the target vocabulary lacks (they would be <unk>)"),
+    ("\n" + " ".join(["fa"] * 400) + "\n\n\n\n", "prefixes={f}, line 2: "),
 ])
 def test_bad_prefixes_are_one_line_naming_the_line_and_write_nothing(ckpt, tmp_path, capsys, content, message):
-    src, prefixes, out = tmp_path / "in.txt", tmp_path / "prefixes.txt", tmp_path / "out.txt"
-    src.write_text("\n".join(LINES) + "\n")
-    prefixes.write_text(content)
+    assert_refused_before_output(ckpt, tmp_path, capsys, "prefixes", content, message, LINES)
+
+
+def assert_refused_before_output(ckpt, tmp_path, capsys, key: str, content: str, message: str, lines: list[str]) -> None:
+    """translate.py with ``key=<a file of content>`` fails with ``error: <message>`` (``{f}``: the
+    file, ``{i}``: the input) as its last line, and an existing output file stays as it was."""
+    src, guide, out = tmp_path / "in.txt", tmp_path / f"{key}.txt", tmp_path / "out.txt"
+    src.write_text("\n".join(lines) + "\n")
+    guide.write_text(content)
     out.write_text("kept\n")
-    result = translate_here(capsys, f"ckpt={ckpt}", f"input={src}", f"prefixes={prefixes}", f"output={out}")
-    assert result.returncode == 1 and f"error: {message.format(p=prefixes, i=src)}" in result.stderr
+    result = translate_here(capsys, f"ckpt={ckpt}", f"input={src}", f"{key}={guide}", f"output={out}")
+    assert result.returncode == 1 and f"error: {message.format(f=guide, i=src)}" in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: ") and out.read_text() == "kept\n"
 
 
