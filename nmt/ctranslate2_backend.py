@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt.alignments import pharaoh
+from nmt.languages import vocabulary_languages
 from nmt.limits import tokens
 from nmt.search_settings import SearchSettings
 from nmt.translations import Attention, Hypothesis, Translation, in_line_order
@@ -129,6 +130,7 @@ class CTranslate2Translator:
         self.settings = decoding if isinstance(decoding, SearchSettings) else SearchSettings.from_config(decoding)
         self.src_sp = spm.SentencePieceProcessor(model_file=str(self.folder / "source.model"))
         self.tgt_sp = spm.SentencePieceProcessor(model_file=str(self.folder / "target.model"))
+        self.target_languages = vocabulary_languages(self.src_sp)  # a multilingual model's <2xx> tags
         if device == "auto":
             device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
         self.device, self.compute_type = device, compute_type
@@ -263,6 +265,7 @@ class CTranslate2Translator:
             "preset": {"encoder": "TransformerEncoder", "decoder": "TransformerDecoder"},
             "hidden_size": run.get("hidden_size"), "parameters": run.get("parameters"),
             "src_lang": self.meta.get("src_lang"), "tgt_lang": self.meta.get("tgt_lang"),
+            "target_languages": self.target_languages,
             "src_vocab_size": self.src_sp.get_piece_size(), "tgt_vocab_size": self.tgt_sp.get_piece_size(),
             "max_src_len": self.max_src_len, "attention": self.has_attention,
             "decoding": self.settings.as_config(), "precision": self.compute_type,

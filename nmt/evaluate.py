@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from nmt import CONF_DIR, register_resolvers
 from nmt.cli_io import ending_cleanly
-from nmt import file_config, reordering, word_frequency
+from nmt import directions, file_config, reordering, word_frequency
 from nmt.checkpoint import CheckpointError, saved_vocabularies
 from nmt.inference import Translator, encode_sources
 from nmt.length_report import length_report, markdown_table, plot_bleu_by_length, write_report
@@ -195,12 +196,13 @@ def evaluate(cfg: DictConfig) -> None:
         if isinstance(data_cfg, dict):  # prepared data goes to this machine's cache, not the one the file names
             data_cfg = {**data_cfg, "cache_dir": str(cfg.paths.cache_dir)}
     datamodule = load_data(data_cfg, data_source)
-    (sources, refs), unit = datamodule.raw("test"), datamodule.src_words
+    (tagged, refs), unit = datamodule.raw("test"), datamodule.src_words
+    sources = directions.untagged(tagged)  # what the reports count and show; the translators read the tags
     frequency = training_counts(datamodule) if cfg.get("word_frequency", True) else None
     hyps: dict[str, list[str]] = {}
     entropies: dict[str, list[float | None]] = {}
     for name, translator in zip(names, loaded):
-        texts, entropy = translate_with_entropy(translator, sources, bool(cfg.get("reordering", True)))
+        texts, entropy = translate_with_entropy(translator, tagged, bool(cfg.get("reordering", True)))
         hyps[name] = texts
         if any(e is not None for e in entropy):
             entropies[name] = entropy
@@ -219,7 +221,7 @@ def evaluate(cfg: DictConfig) -> None:
     if frequency is not None:
         for name, h in hyps.items():
             reports[name]["frequency"] = word_frequency.bands(h, refs, frequency, n_bootstrap=cfg.n_bootstrap)
-    aligned = reference_alignments(datamodule, dict(zip(names, loaded)), sources, refs) if cfg.get("reordering", True) \
+    aligned = reference_alignments(datamodule, dict(zip(names, loaded)), tagged, refs) if cfg.get("reordering", True) \
         else None
     if aligned is not None:
         distances = [reordering.reordering_distance(links, len(s.split()), len(r.split()))
@@ -239,6 +241,14 @@ def evaluate(cfg: DictConfig) -> None:
         reports[name]["attention_entropy"] = reordering.entropy_by_length(sources, values, cfg.length_buckets, unit)
     for name, report in reports.items():
         write_report(report, out_dir / name, name=name)
+    by_direction = test_directions(datamodule, sources, hyps, refs, cfg, unit)
+    if by_direction:
+        for name, table in by_direction.items():
+            for direction, report in table.items():
+                write_report(report, out_dir / f"{name}.{direction}", name=f"{name} ({direction})")
+        (out_dir / "directions.json").write_text(json.dumps(by_direction, indent=2) + "\n")
+        (out_dir / "directions.md").write_text(directions.markdown(by_direction))
+        log.info("by direction -> %s\n%s", out_dir / "directions.md", (out_dir / "directions.md").read_text())
     if len(hyps) > 1:
         baseline = str(cfg.baseline) if cfg.get("baseline") is not None else next(iter(hyps))
         tests = significance(hyps, sources, refs, baseline, cfg.length_buckets, unit=unit,
@@ -253,24 +263,48 @@ def evaluate(cfg: DictConfig) -> None:
     paths = compare(reports, out_dir, title=cfg.get("title") or "")
     log.info("comparison -> %s\n%s", paths["md"], paths["md"].read_text())
     if variants:
-        robust = robustness(cfg, dict(zip(names, loaded)), variants, (sources, refs, unit), reports, out_dir)
+        robust = robustness(cfg, dict(zip(names, loaded)), variants, (sources, refs, unit, tagged), reports, out_dir)
         log.info("clean and augmented test sets -> %s\n%s", robust, robust.read_text())
 
 
+def test_directions(datamodule: Any, sources: list[str], hyps: dict[str, list[str]], refs: list[str], cfg: DictConfig,
+                    unit: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each system's reports by direction (``nmt.directions``): the directions of a multilingual
+    test split, else its one direction when the language identifier knows both languages, else none."""
+    from nmt.language_id import identifier
+
+    origins, names, zero_shot = datamodule.origins.get("test"), datamodule.origin_names, []
+    if origins is None:
+        names = [f"{datamodule.src_lang}-{datamodule.tgt_lang}"]
+        try:
+            identifier(tuple(sorted({datamodule.src_lang, datamodule.tgt_lang})))
+        except ValueError:  # synthetic or otherwise unnamed languages: no wrong-language rate
+            return {}
+        origins = np.zeros(len(refs), dtype=np.uint16)
+    else:
+        zero_shot = list(getattr(datamodule.source, "zero_shot", []))
+    options = {"edges": cfg.length_buckets, "unit": unit, "tokenize": cfg.sacrebleu_tokenize,
+               "n_bootstrap": cfg.n_bootstrap}
+    return {name: directions.direction_reports(sources, h, refs, origins, names, zero_shot, **options)
+            for name, h in hyps.items()}
+
+
 def robustness(cfg: DictConfig, translators: dict[str, Any], variants: list[str],
-               test: tuple[list[str], list[str], str], reports: dict[str, dict[str, Any]], out_dir: Path) -> Path:
+               test: tuple[list[str], list[str], str, list[str]], reports: dict[str, dict[str, Any]], out_dir: Path) -> Path:
     """Each checkpoint on augmented copies of the test set (``nmt.data.augment.augmented_copy``:
     ``upper`` in capitals, both sides; ``noise``: typing errors in the sources): a report per
-    system and copy (``<name>.<variant>/``) and ``robustness.{json,md}``, BLEU beside the clean set's."""
+    system and copy (``<name>.<variant>/``) and ``robustness.{json,md}``, BLEU beside the clean set's.
+    ``test``: (sources, references, length unit, the sources as translated: with their language tags)."""
     from nmt.data.augment import augmented_copy
 
-    sources, refs, unit = test
+    sources, refs, unit, tagged = test
+    tags = [tagged_text[: len(tagged_text) - len(text)] for tagged_text, text in zip(tagged, sources)]  # "<2fr> " or ""
     table = {name: {"clean": {"bleu": reports[name]["bleu"], "bleu_ci": reports[name]["bleu_ci"],
                               "chrf": reports[name]["chrf"]}} for name in translators}
     for variant in variants:
         copy_sources, copy_refs = augmented_copy(variant, sources, refs, seed=int(cfg.seed))
         for name, translator in translators.items():
-            hyps = [t.text for t in translator.translate(copy_sources)]
+            hyps = [t.text for t in translator.translate([t + s for t, s in zip(tags, copy_sources)])]
             (out_dir / f"{name}.{variant}.hyp.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
             report = length_report(copy_sources, hyps, copy_refs, cfg.length_buckets, unit=unit,
                                    tokenize=cfg.sacrebleu_tokenize, n_bootstrap=cfg.n_bootstrap)

@@ -45,7 +45,7 @@ BUILDABLE: dict[str, tuple[str, ...]] = {
               "nmt.models.transformer.TransformerEncoder", "nmt.models.transformer.TransformerDecoder",
               "nmt.models.attention.BahdanauAttention", "nmt.models.attention.LuongAttention"),
     "data": ("nmt.data.datamodule.TranslationDataModule", "nmt.data.sources.FileSource",
-             "nmt.data.sources.SyntheticSource"),
+             "nmt.data.sources.SyntheticSource", "nmt.data.multilingual.MultilingualSource"),
 }
 ROOTS = {"model": "nmt.models.base.Seq2Seq", "data": "nmt.data.datamodule.TranslationDataModule"}
 # Bounds on arguments that set how much work a class does (a file must not ask for 10^12 pairs).

@@ -39,6 +39,7 @@ from nmt.constrained_decoding import check_constraints, constrained_beam_search
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 from nmt.decoding import Hypotheses, length_penalty
 from nmt.kernels import on_cpu
+from nmt.languages import vocabulary_languages
 from nmt.kernels.malloc import bound_onednn_cache, keep_freed_memory
 from nmt.limits import model_max_src_len, model_max_tgt_len
 from nmt.search_settings import SearchSettings
@@ -140,6 +141,7 @@ class Translator:
         table = getattr(getattr(self.model.decoder, "embed_tokens", None), "max_len", None)
         self.max_tgt_len = model_max_tgt_len(self.run_config, table)
         self.step, self.report = step, report  # the report: the run folder's or the release file's
+        self.target_languages = vocabulary_languages(src_vocab.sp)  # a multilingual model's <2xx> tags
         self._attention: bool | None = None
 
     @classmethod
@@ -371,7 +373,7 @@ class Translator:
             "preset": {part: type(getattr(self.source_model, part)).__name__ for part in ("encoder", "decoder")},
             "hidden_size": rc.get("model", {}).get("hidden_size"),
             "parameters": sum(p.numel() for p in self.source_model.parameters()),
-            "src_lang": data.get("src_lang"), "tgt_lang": data.get("tgt_lang"),
+            "src_lang": data.get("src_lang"), "tgt_lang": data.get("tgt_lang"), "target_languages": self.target_languages,
             "src_vocab_size": self.src_vocab.vocab_size, "tgt_vocab_size": self.tgt_vocab.vocab_size,
             "max_src_len": self.max_src_len, "attention": self.has_attention,
             "decoding": self.settings.as_config(), "precision": self.precision,

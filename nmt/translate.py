@@ -16,6 +16,10 @@ Backends (``backend``): ``torch`` (``nmt.inference``: a checkpoint or release fi
 ``ctranslate2`` (``nmt.ctranslate2_backend``: a folder written by ``nmt-export
 format=ctranslate2``; torch is never imported); ``auto`` picks by what ``ckpt`` is.
 
+A multilingual model (``data=multi30k_multilingual``) takes the language to translate into as
+``tgt_lang=fr``: its tag ``<2fr>`` starts every input line (``nmt.languages``); without it, or with
+a language the model has no tag for, the run stops before any output.
+
 Modes (``mode``): ``translate`` with the configured ``decoding`` (``beam``, ``greedy``, ``sample``;
 ``decoding.nbest=k`` writes k ranked hypotheses per line), and ``score``: the log-probability of
 given translations under the model (quality estimation, data filtering, reranking), from
@@ -48,6 +52,7 @@ from omegaconf import DictConfig, OmegaConf
 from nmt import CONF_DIR, register_resolvers
 from nmt.backends import backend_of, model_file, open_translator, search_settings
 from nmt.cli_io import StopSignals, Stopped, check_paths, close_output, ending_cleanly, open_output
+from nmt.languages import with_target_language
 from nmt.line_streams import (OrderedWriter, Progress, chunked, count_lines, iter_lines, read_lines, read_pairs,
                               report_replaced)
 from nmt.translations import Translation, output_format, score_row, translation_rows
@@ -76,7 +81,7 @@ def read_guides(cfg: DictConfig, translator: Any) -> dict[str, list[Any]]:
         raise ValueError(f"{where}: {GUIDES[key]} for mode=translate on the torch backend")
     if cfg.input is None:
         raise ValueError(f"{where}: give the input as a file (input=<file>), a line per line of {key}")
-    lines, sources = read_lines(cfg[key], cfg.errors), read_lines(cfg.input, cfg.errors)
+    lines, sources = read_lines(cfg[key], cfg.errors), tagged(cfg, translator, read_lines(cfg.input, cfg.errors))
     if len(sources) != len(lines):
         raise ValueError(f"{where}: {len(lines)} lines, but input={cfg.input} has {len(sources)}")
     if key == "prefixes":
@@ -85,6 +90,12 @@ def read_guides(cfg: DictConfig, translator: Any) -> dict[str, list[Any]]:
     phrases = [line.split("\t") if line.strip() else [] for line in lines]
     translator.constraint_ids(phrases, sources, where=where)
     return {key: phrases}
+
+
+def tagged(cfg: DictConfig, translator: Any, lines: list[str], first_line: int = 1) -> list[str]:
+    """``lines`` with the tag of ``tgt_lang`` (``nmt.languages.with_target_language``)."""
+    return with_target_language(lines, cfg.get("tgt_lang"), translator.target_languages,
+                                numbers=list(range(first_line, first_line + len(lines))))
 
 
 def translate_stream(cfg: DictConfig, translator: Any, writer: OrderedWriter, attention_dir: Path | None,
@@ -96,6 +107,7 @@ def translate_stream(cfg: DictConfig, translator: Any, writer: OrderedWriter, at
     replaced: list[int] = []
     offset = 0
     for chunk in chunked(iter_lines(cfg.input, cfg.errors, replaced), int(cfg.chunk_lines)):
+        chunk = tagged(cfg, translator, chunk, offset + 1)
         for i, line in enumerate(chunk):
             if not line.strip():
                 writer.put(offset + i, translation_rows(offset + i + 1, Translation(), fmt, nbest, aligned))
@@ -131,7 +143,7 @@ def score_stream(cfg: DictConfig, translator: Any, writer: OrderedWriter) -> int
     offset = 0
     for chunk in chunked(read_pairs(cfg.input, cfg.get("target"), cfg.errors, replaced, replaced_targets),
                          int(cfg.chunk_lines)):
-        sources, targets = [s for s, _ in chunk], [t for _, t in chunk]
+        sources, targets = tagged(cfg, translator, [s for s, _ in chunk], offset + 1), [t for _, t in chunk]
         for i, src in enumerate(sources):
             if not src.strip():
                 writer.put(offset + i, [score_row(offset + i + 1, None, fmt, cfg.score_tokens)])
@@ -196,6 +208,7 @@ def translate_file(cfg: DictConfig, signals: StopSignals) -> None:
                  **({"prefixes": cfg.prefixes} if cfg.get("prefixes") else {}),
                  **({"constraints": cfg.constraints} if cfg.get("constraints") else {}), "ckpt": model_file(cfg)}, cfg.output)
     translator = open_translator(cfg)
+    tagged(cfg, translator, [])  # a multilingual model without tgt_lang, or an unknown language: before any output
     guides = read_guides(cfg, translator)
     out: IO[str] = sys.stdout if cfg.output is None else open_output(cfg.output)
     signals.defer()  # from here on, a signal stops the run between whole lines

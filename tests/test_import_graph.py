@@ -17,8 +17,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nmt"
 LAYERS = {
     0: ["nmt", "nmt.specials", "nmt.limits", "nmt.search_settings", "nmt.translations", "nmt.line_streams", "nmt.alignments",
         "nmt.cli_io", "nmt.cpu_threads", "nmt.metrics", "nmt.plots", "nmt.run_files", "nmt.schedules",
-        "nmt.machine", "nmt.serve", "nmt.serve.batching", "nmt.serve.guard", "nmt.kernels*"],
-    1: ["nmt.data*", "nmt.models*"],
+        "nmt.machine", "nmt.serve", "nmt.serve.batching", "nmt.languages", "nmt.kernels*"],
+    1: ["nmt.data*", "nmt.models*", "nmt.serve.guard"],
     2: ["nmt.decoding", "nmt.file_config", "nmt.length_report", "nmt.word_frequency"],
     3: ["nmt.checkpoint", "nmt.significance", "nmt.export_ctranslate2", "nmt.ctranslate2_backend", "nmt.constrained_decoding", "nmt.reordering"],
     4: ["nmt.lit_module", "nmt.callbacks", "nmt.inference"],

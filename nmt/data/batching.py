@@ -130,13 +130,17 @@ class TokenBatchSampler(Sampler[list[int]]):
     lengths_of_epoch: in training mode, a function giving an epoch's lengths where they change
         from epoch to epoch (augmented pairs, `nmt.data.augment`); batches then come as `Batch`
         lists that carry their epoch, for the dataset to build the same pairs.
+    items_of_epoch: in training mode, a function giving the examples of an epoch (indices, an
+        example may repeat) where they change from epoch to epoch (pairs sampled by direction,
+        `nmt.data.multilingual.temperature_items`); None: every example once.
     """
 
     def __init__(self, lengths: Sequence[int] | np.ndarray, max_tokens: int | None = 4096,
                  batch_size: int | None = None, shuffle: bool = True, seed: int = 0,
                  num_replicas: int = 1, rank: int = 0, drop_last: bool = False,
                  share: Path | None = None,
-                 lengths_of_epoch: Callable[[int], np.ndarray] | None = None) -> None:
+                 lengths_of_epoch: Callable[[int], np.ndarray] | None = None,
+                 items_of_epoch: Callable[[int], np.ndarray] | None = None) -> None:
         if max_tokens is None and batch_size is None:
             raise ValueError("set max_tokens or batch_size")
         if not 0 <= rank < num_replicas:
@@ -153,6 +157,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         self._built: dict[str, Any] = {}  # the last epoch built, shared with `replica` copies
         self.share = share
         self.lengths_of_epoch = lengths_of_epoch if shuffle else None
+        self.items_of_epoch = items_of_epoch if shuffle else None
 
     def replica(self, num_replicas: int, rank: int) -> TokenBatchSampler:
         """This sampler for one DDP rank, sharing the epochs already built."""
@@ -171,9 +176,12 @@ class TokenBatchSampler(Sampler[list[int]]):
             if arrays is None:
                 rng = np.random.default_rng([self.seed, epoch])
                 lengths = self.lengths if self.lengths_of_epoch is None else _columns(self.lengths_of_epoch(epoch))
+                items = None if self.items_of_epoch is None else np.asarray(self.items_of_epoch(epoch))
+                lengths = lengths if items is None else lengths[items]
                 ties = rng.random(len(lengths)) if self.shuffle else None  # by length, random ties
                 order = length_order(lengths, ties)
                 bounds = batch_bounds(lengths.max(1)[order], self.max_tokens, self.batch_size)
+                order = order if items is None else items[order].astype(order.dtype)
                 ids = rng.permutation(len(bounds) - 1) if self.shuffle else np.arange(len(bounds) - 1)
                 arrays = self._save(epoch, (order, bounds, ids))
             self._built.clear()
@@ -248,7 +256,7 @@ class TokenBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         # the same every epoch (ties only swap equal lengths), unless lengths_of_epoch changes them
-        if self._num_batches is None or self.lengths_of_epoch is not None:
+        if self._num_batches is None or self.lengths_of_epoch is not None or self.items_of_epoch is not None:
             self._num_batches = len(self.rank_ids())
         return self._num_batches
 

@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader
 
 from nmt.data.augment import AugmentedSplit, Augmentation
 from nmt.data.batching import TokenBatchSampler, TokenizedSplit, collate
+from nmt.data.multilingual import sampling_changes, temperature_items
 from nmt.data.prepare import SIDES, TextColumn, prepare, read_manifest, select_train
 from nmt.data.sources import SPLITS, DataError, plain
 from nmt.data.tokenizer import Tokenizer, options_with_defaults
@@ -122,6 +123,11 @@ class TranslationDataModule(L.LightningDataModule):
         (`nmt.data.augment`: upper, title, noise); each epoch draws the pairs it changes. The
         number of batches then varies by epoch: the trainer must reload its training loader
         every epoch (`trainer.reload_dataloaders_every_n_epochs=1`, as `augment=robust` sets).
+    temperature: with a source of several directions (`nmt.data.multilingual.MultilingualSource`),
+        each epoch samples its training pairs by direction with this temperature
+        (`temperature_items`); directions of unequal sizes then change the number of batches by
+        epoch, as `augment` does. None or 1: every pair once an epoch. The source's target-language
+        tags become pieces of their own in the vocabulary (SentencePiece `user_defined_symbols`).
     """
 
     def __init__(self, source: Any, tokenizer: dict | DictConfig | None, src_lang: str,
@@ -131,7 +137,7 @@ class TranslationDataModule(L.LightningDataModule):
                  seed: int = 0, eval_max_tokens: int | None = None, train_pairs: int | None = None,
                  train_max_words: int | None = None, vocab_from: str | None = None,
                  vocab_loader: Callable[[str], tuple[Tokenizer, Tokenizer]] | None = None,
-                 augment: list | None = None) -> None:
+                 augment: list | None = None, temperature: float | None = None) -> None:
         super().__init__()
         if too_long not in ("drop", "truncate"):
             raise ValueError(f"too_long must be 'drop' or 'truncate', got {too_long!r}")
@@ -144,6 +150,15 @@ class TranslationDataModule(L.LightningDataModule):
             source = source()
         self.source = source
         self.tokenizer_options = options_with_defaults(plain(tokenizer))
+        self.tags = list(getattr(source, "tags", []))  # target-language tags: one piece each
+        if self.tags:
+            given = self.tokenizer_options.get("user_defined_symbols") or []
+            given = given.split(",") if isinstance(given, str) else list(given)
+            self.tokenizer_options["user_defined_symbols"] = sorted(set(given) | set(self.tags))
+        if temperature is not None and not (isinstance(temperature, (int, float)) and 0 < temperature <= 1000):
+            raise ValueError(f"data.temperature={temperature}: a number above 0 (1: the corpus proportions; "
+                             "larger: closer to equal shares of the directions) or null")
+        self.temperature = temperature
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
         self.max_tokens, self.batch_size = max_tokens, batch_size
         self.eval_max_tokens = eval_max_tokens or max_tokens
@@ -159,6 +174,8 @@ class TranslationDataModule(L.LightningDataModule):
         self.vocab_from, self.vocab_loader = vocab_from, vocab_loader
         self.augmentation = Augmentation(plain(augment), seed)  # a bad entry raises here, naming data.augment[i]
         self._train_items: Any = None  # what the training loader reads: the train split, augmented or not
+        self.origins: dict[str, np.ndarray] = {}  # split -> each pair's direction (a source of several)
+        self.origin_names: list[str] = []  # the names of the origins' values ("de-en", ...)
         self.joint_vocab = bool(self.tokenizer_options["joint"])
         self.src_vocab: Tokenizer
         self.tgt_vocab: Tokenizer
@@ -188,6 +205,11 @@ class TranslationDataModule(L.LightningDataModule):
                 raise ValueError(f"data.vocab_from={self.vocab_from} has separate source and target "
                                  "vocabularies: set data.tokenizer.joint=false")
             self.src_vocab, self.tgt_vocab = vocab
+            missing = [t for t in self.tags if vocab[0].sp.piece_to_id(t) == vocab[0].sp.unk_id()]
+            if missing:
+                raise DataError(f"data.vocab_from={self.vocab_from}: its vocabulary has no piece for the "
+                                f"target-language tag(s) {', '.join(missing)} of data.source; a multilingual "
+                                "model continues from a model trained with those languages")
         start = time.perf_counter()
         self.prepared_dir, self._prepared_now = prepare(
             self.source, self.cache_dir, self.tokenizer_options, vocab, self.src_words,
@@ -244,23 +266,37 @@ class TranslationDataModule(L.LightningDataModule):
             sides = [(arrays(f"{split}.{side}.tokens"), arrays(f"{split}.{side}.offsets")) for side in SIDES]
             sizes = tuple(arrays(f"{split}.{side}.lengths") for side in SIDES)
             self.datasets[split] = self._filter(split, *sides, index, sizes)
+            if (folder / f"{split}.origin.npy").is_file():
+                kept = self.datasets[split].index
+                origin = np.asarray(arrays(f"{split}.origin"))
+                self.origins[split] = origin if kept is None else origin[kept]
+        self.origin_names = list(manifest.get("origins") or [])
         train = self.datasets["train"]
         options = {"sampler": 1, "max_tokens": self.max_tokens, "batch_size": self.batch_size, "seed": self.seed,
                    "max_len": [self.max_src_len, self.max_tgt_len], "too_long": self.too_long,
                    "train_max_words": self.train_max_words, "train_pairs": self.train_pairs,
-                   **({"augment": self.augmentation.describe()} if self.augmentation else {})}
+                   **({"augment": self.augmentation.describe()} if self.augmentation else {}),
+                   **({"temperature": self.temperature} if self._sampled() else {})}
         share = folder / "epochs" / hashlib.blake2b(json.dumps(options).encode(), digest_size=8).hexdigest()
         self._train_items = train if not self.augmentation else AugmentedSplit(
             train, (TextColumn(folder, "train.src"), TextColumn(folder, "train.tgt")),
             (self.src_vocab, self.tgt_vocab), self.augmentation)
         self._train_sampler = TokenBatchSampler(train.lengths(), self.max_tokens, self.batch_size, seed=self.seed,
                                                 share=share,  # DDP ranks map the epochs rank 0 built
-                                                lengths_of_epoch=getattr(self._train_items, "lengths_of_epoch", None))
+                                                lengths_of_epoch=getattr(self._train_items, "lengths_of_epoch", None),
+                                                items_of_epoch=functools.partial(
+                                                    temperature_items, self.origins["train"], self.temperature,
+                                                    self.seed) if self._sampled() else None)
         self.train_padding = self._train_sampler.padding()  # builds epoch 0, which training reuses
         self.prepare_seconds = time.perf_counter() - start
         log.info("data ready in %.1fs: %s; training batches %d, padding %.1f%%",
                  self.prepare_seconds, ", ".join(f"{s} {len(d)}" for s, d in self.datasets.items()),
                  len(self._train_sampler), 100 * self.train_padding)
+
+    def _sampled(self) -> bool:
+        """Whether the epochs sample the training pairs by direction (`temperature` changes them)."""
+        origins = self.origins.get("train")
+        return self.temperature is not None and origins is not None and sampling_changes(origins, self.temperature)
 
     def _filter(self, split: str, src: Flat, tgt: Flat, index: np.ndarray | None,
                 sizes: tuple[np.ndarray, np.ndarray]) -> TokenizedSplit:
@@ -348,9 +384,11 @@ class TranslationDataModule(L.LightningDataModule):
         world, rank = self._replicas()
         dataset = self._train_items
         assert self._train_sampler is not None
-        if self.augmentation and self.trainer is not None and self.trainer.reload_dataloaders_every_n_epochs != 1:
-            raise ValueError("data.augment changes the number of training batches from epoch to epoch: set "
-                             "trainer.reload_dataloaders_every_n_epochs=1 (augment=robust sets both)")
+        varies = "data.augment" if self.augmentation else "data.temperature" if self._sampled() else None
+        if varies and self.trainer is not None and self.trainer.reload_dataloaders_every_n_epochs != 1:
+            raise ValueError(f"{varies} changes the number of training batches from epoch to epoch: set "
+                             "trainer.reload_dataloaders_every_n_epochs=1" +
+                             (" (augment=robust sets both)" if self.augmentation else ""))
         sampler = self._train_sampler.replica(world, rank)  # shares the epoch built for `train_padding`
         if self.trainer is not None and self.trainer.overfit_batches > 0:
             sampler.shuffle = False  # epoch 0's batches again in every epoch: the same few to overfit

@@ -193,8 +193,22 @@ def streaming(source: Any) -> Any:
 
 
 # -- the steps --------------------------------------------------------------------------------
+def _source_words(texts: list[str], chars: bool, tags: frozenset[str]) -> Iterator[int]:
+    """Words (or, with `chars`, non-space characters) of each source sentence, a leading
+    target-language tag (`nmt.data.multilingual`) not counted: lengths are the sentence's own."""
+    for t in texts:
+        if tags:
+            first, _, rest = t.partition(" ")
+            t = rest if first in tags else t
+        yield len("".join(t.split())) if chars else len(t.split())
+
+
 def _read_split(source: Any, split: str, out: Path, src_words: str) -> dict[str, int]:
-    """Stream `split` into text, text offsets and word counts; returns its pair counts."""
+    """Stream `split` into text, text offsets and word counts; returns its pair counts. A source
+    whose chunks carry a third array, each pair's origin (`nmt.data.multilingual`), also gets
+    `<split>.origin.npy` (uint16, one per kept pair)."""
+    tags = frozenset(getattr(source, "tags", ()))
+    origins: NpyWriter | None = None
     writers = {}
     for side in SIDES:
         writers[side, "text"] = NpyWriter(out / f"{split}.{side}.text.npy", np.uint8)
@@ -204,8 +218,12 @@ def _read_split(source: Any, split: str, out: Path, src_words: str) -> dict[str,
     ends = {side: 0 for side in SIDES}
     read = empty = 0
     start = last_log = time.perf_counter()
-    for src, tgt in source.pairs(split):
+    for src, tgt, *origin in source.pairs(split):
         read += len(src)
+        if origin:
+            kept = np.fromiter((bool(s.strip() and t.strip()) for s, t in zip(src, tgt)), bool, len(src))
+            origins = origins or NpyWriter(out / f"{split}.origin.npy", np.uint16)
+            origins.append(np.asarray(origin[0], np.uint16)[kept])
         src, tgt, dropped = drop_empty(src, tgt, split, warn=False)
         empty += dropped
         for side, texts in zip(SIDES, (src, tgt)):
@@ -214,13 +232,12 @@ def _read_split(source: Any, split: str, out: Path, src_words: str) -> dict[str,
             writers[side, "text"].append(np.frombuffer(b"".join(data), np.uint8))
             writers[side, "text_offsets"].append(ends[side] + np.cumsum(sizes))
             ends[side] += int(sizes.sum())
-            chars = side == "src" and src_words == "chars"
-            counts = (len("".join(t.split())) if chars else len(t.split()) for t in texts)
+            counts = _source_words(texts, src_words == "chars", tags) if side == "src" else (len(t.split()) for t in texts)
             writers[side, "words"].append(np.fromiter(counts, np.uint32, len(texts)))
         if time.perf_counter() - last_log > 30:
             last_log = time.perf_counter()
             log.info("%s: read %d pairs (%.0f/s)", split, read, read / (last_log - start))
-    for w in writers.values():
+    for w in [*writers.values(), *([origins] if origins else [])]:
         w.close()
     if empty:
         log.warning("%s: dropped %d of %d pairs with an empty side", split, empty, read)
@@ -374,6 +391,7 @@ def prepare(source: Any, cache_dir: str | Path, tokenizer: Mapping[str, Any] | N
         manifest = {
             "format": FORMAT, "key": key, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "seconds": round(time.perf_counter() - start, 1), "splits": splits,
+            "origins": list(getattr(source, "origins", [])),  # the names of <split>.origin.npy's values
             "train_selection": selection,  # training pairs the tokenizer saw (as selected again by the datamodule)
             "tokenizer": {side: {"file": files[side], "fingerprint": toks[side].fingerprint,
                                  "vocab_size": toks[side].vocab_size, "dtype": np.dtype(dtypes[side]).name}

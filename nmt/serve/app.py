@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from nmt import CONF_DIR, register_resolvers
 from nmt.cli_io import ending_cleanly
 from nmt.backends import open_translator
+from nmt.languages import with_target_language
 from nmt.serve.batching import Batcher, QueueFull
 from nmt.serve.guard import (ApiKeyMiddleware, HeaderTimeoutH11Protocol, content_type_error, error, parse_request,
                              read_body)
@@ -83,7 +84,8 @@ def describe(translator: Any) -> dict[str, Any]:
         "parameters": number(facts.get("parameters")),
         "src_lang": text(facts.get("src_lang")), "tgt_lang": text(facts.get("tgt_lang")),
         "src_vocab_size": facts["src_vocab_size"], "tgt_vocab_size": facts["tgt_vocab_size"],
-        "max_src_len": facts["max_src_len"], "attention": facts["attention"], "decoding": facts["decoding"],
+        "max_src_len": facts["max_src_len"], "target_languages": facts["target_languages"],
+        "attention": facts["attention"], "decoding": facts["decoding"],
         "precision": facts["precision"], "training": summary, "report": translator.report is not None,
     }
 
@@ -173,7 +175,8 @@ def create_app(translator: Any, cfg: DictConfig) -> FastAPI:
         if isinstance(body, JSONResponse):
             return body
         parsed = parse_request(body, limits, translator.settings.beam_size, getattr(translator, "can_align", True),
-                               translator.settings.alignments, translator.backend == "torch")
+                               translator.settings.alignments, translator.backend == "torch",
+                               translator.target_languages, cfg.get("tgt_lang"))
         if isinstance(parsed, JSONResponse):
             return parsed
         texts, options = parsed
@@ -234,6 +237,8 @@ def api_key(cfg: DictConfig) -> str | None:
 def load(cfg: DictConfig) -> Any:
     """The translator of ``cfg`` (``nmt.backends``); its attention is probed once, at start."""
     translator = open_translator(cfg)
+    if cfg.get("tgt_lang") is not None:  # the default language of requests: one the model has a tag for
+        with_target_language([], str(cfg.tgt_lang), translator.target_languages)
     translator.has_attention  # noqa: B018  (the probe decodes one sentence: before the first request)
     return translator
 

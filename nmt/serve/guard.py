@@ -28,7 +28,9 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-OPTIONS = {"text", "beam_size", "nbest", "attention", "alignments", "prefix", "constraints"}
+from nmt.languages import with_target_language
+
+OPTIONS = {"text", "beam_size", "nbest", "attention", "alignments", "prefix", "constraints", "tgt_lang"}
 MAX_CONSTRAINTS = 10  # phrases a sentence may require
 MAX_DIGITS = 20  # an integer literal longer than this is refused before int() reads it
 OPEN_PATHS = ("/health", "/")  # and /static/...: the page loads without a key, then asks for one
@@ -134,9 +136,12 @@ def _shown(value: Any) -> str:
 
 
 def parse_request(body: bytes, limits: DictConfig, default_beam: int, can_align: bool = True,
-                  default_align: bool = False, can_guide: bool = True) -> tuple[list[str], tuple[Any, ...]] | JSONResponse:
+                  default_align: bool = False, can_guide: bool = True, languages: list[str] | None = None,
+                  default_lang: str | None = None) -> tuple[list[str], tuple[Any, ...]] | JSONResponse:
     """The sentences and (beam_size, nbest, attention, alignments, guide) of a request body, or
-    the error response; guide: None, or per sentence (prefix, constraint phrases)."""
+    the error response; guide: None, or per sentence (prefix, constraint phrases). A multilingual
+    model's target ``languages``: each sentence starts with the tag of ``"tgt_lang"`` (else of
+    ``default_lang``; ``nmt.languages``)."""
     try:
         request = json.loads(body.decode("utf-8"), parse_int=_bounded_int, parse_constant=_no_constant)
     except UnicodeDecodeError as e:
@@ -186,6 +191,13 @@ def parse_request(body: bytes, limits: DictConfig, default_beam: int, can_align:
     if alignments and not can_align:
         return error(400, '"alignments": this server\'s CTranslate2 folder was exported before nmt-export kept every '
                           "head's attention; export it again")
+    lang = request.get("tgt_lang", default_lang)
+    if lang is not None and not isinstance(lang, str):
+        return error(400, f'"tgt_lang" must be a language code such as "fr", not {_shown(lang)}')
+    try:
+        texts = with_target_language(texts, lang, languages or [], where='"tgt_lang"', numbers=list(range(len(texts))), line="sentence")
+    except ValueError as e:
+        return error(400, str(e))
     guide = _guide(request, texts, limits, can_guide)
     if isinstance(guide, JSONResponse):
         return guide

@@ -1,0 +1,290 @@
+"""Multilingual models (nmt.data.multilingual, nmt.languages, nmt.directions): the tagged source and
+each pair's direction, temperature sampling, the tags in translate, evaluate and serve, the
+wrong-language rate, and every bad input the issue names."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra.core.global_hydra import GlobalHydra
+
+from nmt.data.batching import TokenBatchSampler
+from nmt.data.datamodule import TranslationDataModule
+from nmt.data.multilingual import MultilingualSource, sampling_changes, temperature_items
+from nmt.data.sources import DataError
+from nmt.directions import direction_reports, wrong_language
+from nmt.language_id import identify
+from nmt.languages import split_tag, tag, tag_languages, with_target_language
+from tests.conftest import TINY, compose_run, evaluate_here, translate_here
+
+WORDS = {"de": ["hund", "katze", "mann", "frau", "haus", "baum", "auto", "ball"],
+         "en": ["dog", "cat", "man", "woman", "house", "tree", "car", "ball"],
+         "fr": ["chien", "chat", "homme", "femme", "maison", "arbre", "voiture", "balle"]}
+
+
+def corpus(folder: Path, sizes: dict[str, int] | None = None, seed: int = 0) -> Path:
+    """A three-way parallel corpus: each sentence the same word sequence in de, en and fr."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    for split, n in (sizes or {"train": 400, "val": 30, "test": 24}).items():
+        rows = [[rng.randrange(len(WORDS["de"])) for _ in range(rng.randint(2, 7))] for _ in range(n)]
+        for lang, words in WORDS.items():
+            (folder / f"{split}.{lang}").write_text("".join(" ".join(words[i] for i in r) + "\n" for r in rows))
+    return folder
+
+
+def module(folder: Path, cache: Path, directions=("de-en", "en-fr"), zero_shot=("de-fr",), **kwargs):
+    source = MultilingualSource(str(folder), list(directions), list(zero_shot), splits={"valid": "val"})
+    options = {"max_tokens": 256, "cache_dir": str(cache)} | kwargs
+    return TranslationDataModule(source, {"vocab_size": 60, "hard_vocab_limit": False}, "mul", "mul", **options)
+
+
+def test_pairs_are_tagged_with_their_target_language_and_keep_their_direction(tmp_path):
+    dm = module(corpus(tmp_path / "c"), tmp_path / "cache")
+    dm.setup()
+    assert dm.origin_names == ["de-en", "en-fr", "de-fr"]
+    assert {k: np.bincount(v).tolist() for k, v in dm.origins.items()} == \
+        {"train": [400, 400], "valid": [30, 30], "test": [24, 24, 24]}  # de-fr is tested only
+    sources, refs = dm.raw("test")
+    de = (tmp_path / "c" / "test.de").read_text().splitlines()
+    assert sources[0] == f"<2en> {de[0]}" and sources[48] == f"<2fr> {de[0]}"
+    assert refs[48] == (tmp_path / "c" / "test.fr").read_text().splitlines()[0]
+    assert dm.src_vocab.sp.encode("<2fr> hund", out_type=str)[1] == "<2fr>"  # a piece of its own
+    assert dm.text_lengths("test")[0] == len(de[0].split())  # the tag is not a word of the sentence
+    assert sorted(tag_languages(dm.src_vocab.pieces(range(dm.src_vocab.vocab_size)))) == ["en", "fr"]
+
+
+def test_temperature_moves_the_shares_towards_equal_and_draws_anew_each_epoch():
+    origins = np.repeat([0, 1], [1000, 100])
+    one = temperature_items(origins, 1.0, seed=0, epoch=0)
+    np.testing.assert_array_equal(one, np.arange(1100))  # T = 1: every pair once
+    five = temperature_items(origins, 5.0, seed=0, epoch=0)
+    weights = np.array([1000, 100]) ** 0.2
+    expected = np.round(1100 * weights / weights.sum()).astype(int)
+    assert np.bincount(origins[five]).tolist() == expected.tolist() == [674, 426]
+    small = five[five >= 1000]
+    assert np.bincount(small - 1000, minlength=100).min() == 4  # 426 = 4 x 100 + 26: every pair 4 or 5 times
+    assert len(np.unique(five[five < 1000])) == 674  # the large direction: drawn without replacement
+    again, later = temperature_items(origins, 5.0, 0, 0), temperature_items(origins, 5.0, 0, 1)
+    np.testing.assert_array_equal(five, again)
+    assert not np.array_equal(five, later)
+    assert sampling_changes(origins, 5.0) and not sampling_changes(np.repeat([0, 1], 50), 5.0)
+
+
+def test_the_sampler_batches_exactly_the_items_of_its_epoch():
+    origins = np.repeat([0, 1], [300, 30])
+    lengths = np.random.default_rng(0).integers(2, 30, size=(330, 2))
+    items = lambda epoch: temperature_items(origins, 3.0, 0, epoch)  # noqa: E731
+    sampler = TokenBatchSampler(lengths, max_tokens=200, seed=0, items_of_epoch=items)
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        batches = list(sampler)
+        drawn = np.sort(np.concatenate([np.asarray(b) for b in batches]))
+        np.testing.assert_array_equal(drawn, items(epoch))
+        assert all(len(b) * lengths[b].max() <= 200 or len(b) == 1 for b in batches)
+        assert len(sampler) == len(batches)
+
+
+def test_training_samples_by_direction_and_asks_to_reload_the_loader(tmp_path):
+    big, small = corpus(tmp_path / "big"), corpus(tmp_path / "small", {"train": 100, "val": 10, "test": 10}, seed=1)
+    source = MultilingualSource(str(big), ["de-en", "en-fr"], splits={"valid": "val"}, folders={"en-fr": str(small)})
+    dm = TranslationDataModule(source, {"vocab_size": 60, "hard_vocab_limit": False}, "mul", "mul", max_tokens=256,
+                               cache_dir=str(tmp_path / "cache"), temperature=5)
+    dm.setup()
+    assert np.bincount(dm.origins["train"]).tolist() == [400, 100]
+    for epoch in (0, 1):
+        batches = [i for b in dm._train_sampler.replica(1, 0).rank_batches(epoch) for i in b]
+        np.testing.assert_array_equal(np.sort(batches), temperature_items(dm.origins["train"], 5, 0, epoch))
+    weights = np.array([400, 100]) ** 0.2
+    assert np.bincount(dm.origins["train"][batches]).tolist() == np.round(500 * weights / weights.sum()).tolist()
+    with pytest.raises(DataError, match=r"^data.source.folders: fr-en is not one of the directions \(de-en, en-fr\)"):
+        MultilingualSource(str(big), ["de-en", "en-fr"], folders={"fr-en": str(small)})
+
+    class Trainer:
+        reload_dataloaders_every_n_epochs, overfit_batches, current_epoch, world_size, global_rank = 0, 0, 0, 1, 0
+    dm.trainer = Trainer()
+    with pytest.raises(ValueError, match=r"^data.temperature changes the number of training batches from epoch to "
+                                         r"epoch: set trainer.reload_dataloaders_every_n_epochs=1$"):
+        dm.train_dataloader()
+
+
+@pytest.mark.parametrize("directions, zero_shot, message", [
+    (["deen"], [], r"^data.source.directions\[0\]='deen': write a direction as <source>-<target>, e.g. de-en$"),
+    (["de-de"], [], r"^data.source.directions\[0\]='de-de': the source and target languages are the same$"),
+    (["de-EN"], [], r"^data.source.directions\[0\]='de-EN': 'EN' is not a language code"),
+    (["de-en", "de-en"], [], r"^data.source: the direction\(s\) de-en are given twice"),
+    (["de-en"], ["de-en"], r"^data.source: the direction\(s\) de-en are given twice"),
+    ([], [], r"^data.source.directions: give at least one direction"),
+])
+def test_bad_directions_are_refused_naming_the_key(directions, zero_shot, message):
+    with pytest.raises(DataError, match=message):
+        MultilingualSource("/nowhere", directions, zero_shot)
+
+
+def test_a_direction_with_no_data_is_refused_naming_it(tmp_path):
+    folder = corpus(tmp_path / "c")
+    with pytest.raises(DataError, match=r"^data.source.directions\[1\]=en-es: .*train.es not found: language 'es' "
+                                        r"is not in .*; available languages: de, en, fr"):
+        module(folder, tmp_path / "cache", directions=("de-en", "en-es"), zero_shot=()).setup()
+    (folder / "val.de").write_text("\n" * 30)  # every German valid sentence empty
+    with pytest.raises(DataError, match=r"^data.source.directions\[1\]=de-en: no sentence pairs in split 'valid' "
+                                        r"\(.*/val.de, .*/val.en\)$"):
+        module(folder, tmp_path / "cache", directions=("en-fr", "de-en"), zero_shot=()).setup()
+
+
+def test_bad_temperatures_and_a_vocabulary_without_the_tags_are_refused(tmp_path):
+    folder = corpus(tmp_path / "c")
+    for bad in (0, -1, "hot"):
+        with pytest.raises(ValueError, match=rf"^data.temperature={bad}: a number above 0"):
+            module(folder, tmp_path / "cache", temperature=bad)
+    plain = module(folder, tmp_path / "cache", directions=("de-en",), zero_shot=())
+    plain.setup()
+    vocab = (plain.src_vocab, plain.src_vocab)
+    dm = module(folder, tmp_path / "cache", directions=("de-en", "en-fr"), zero_shot=(), vocab_from="old.ckpt",
+                vocab_loader=lambda path: vocab)
+    with pytest.raises(DataError, match=r"^data.vocab_from=old.ckpt: its vocabulary has no piece for the "
+                                        r"target-language tag\(s\) <2fr> of data.source"):
+        dm.setup()
+
+
+def test_the_target_language_tag_is_added_and_checked():
+    assert tag("fr") == "<2fr>" and split_tag("<2fr> a b") == ("fr", "a b") and split_tag("<2x> a") == (None, "<2x> a")
+    assert with_target_language(["a b", "", " "], "fr", ["de", "fr"]) == ["<2fr> a b", "", " "]
+    assert with_target_language(["a"], None, []) == ["a"]
+    cases = [
+        ((["a"], None, ["de", "fr"]), "tgt_lang: this model is multilingual; set tgt_lang to the language to "
+                                      "translate into, one of de, fr"),
+        ((["a"], "es", ["de", "fr"]), "tgt_lang=es: unknown language tag; this model translates into de, fr"),
+        ((["a", "<2de> b"], "fr", ["de", "fr"]), "tgt_lang=fr: line 2 already starts with the tag <2de>; remove it "
+                                                 "(the tag of tgt_lang is added to every sentence)"),
+        ((["a"], "fr", []), "tgt_lang=fr: this model translates one direction (its vocabulary has no "
+                            "target-language tags); leave tgt_lang unset"),
+    ]
+    for args, message in cases:
+        with pytest.raises(ValueError) as e:
+            with_target_language(*args)
+        assert str(e.value) == message
+    with pytest.raises(ValueError, match="is not a language code"):
+        tag("../x")
+
+
+def test_the_wrong_language_rate_counts_translations_in_another_language():
+    assert identify(["A man rides a bike.", "Ein Mann fährt Fahrrad.", "Un homme fait du vélo.", ""],
+                    ["de", "en", "fr"]) == ["en", "de", "fr", None]
+    rate = wrong_language(["Un homme fait du vélo.", "A man rides a bike.", "A dog runs.", ""], "fr", ["de", "en", "fr"])
+    assert rate == {"rate": 2 / 3, "wrong": 2, "identified": 3, "empty": 1, "languages": {"en": 2, "fr": 1}}
+    with pytest.raises(ValueError, match="does not know mul"):
+        identify(["a"], ["de", "mul"])
+    sources = ["<2fr> Ein Hund läuft.", "<2en> Ein Hund läuft.", "<2en> Ein Mann geht."]
+    refs = ["Un chien court.", "A dog runs.", "A man walks."]
+    hyps = ["A dog runs.", "A dog runs.", "A man walks."]  # the zero-shot direction answers in English
+    reports = direction_reports(sources, hyps, refs, np.array([1, 0, 0]), ["de-en", "de-fr"], ["de-fr"],
+                                edges=[10], n_bootstrap=1)
+    assert reports["de-en"]["kind"] == "supervised" and reports["de-en"]["bleu"] == pytest.approx(100.0)
+    assert reports["de-fr"]["kind"] == "zero-shot" and reports["de-fr"]["wrong_language"]["rate"] == 1.0
+    assert reports["de-fr"]["reference_wrong_language"]["rate"] == 0.0
+    assert reports["de-en"]["buckets"][0]["count"] == 2  # lengths of the untagged sources: 3 words each
+
+
+@pytest.fixture(scope="module")
+def multilingual_ckpt(tmp_path_factory) -> Path:
+    """A tiny multilingual LSTM with attention, one epoch on the three-way corpus."""
+    from nmt.train import train
+
+    tmp = tmp_path_factory.mktemp("multilingual")
+    folder = corpus(tmp / "corpus")
+    tiny = [o for o in TINY if not o.startswith("data=")]
+    cfg = compose_run("train", tmp / "run", [*tiny, "model=lstm_bahdanau", "data=multi30k_multilingual",
+                                             f"data.source.path={folder}", "data.source.splits.test=test",
+                                             "data.tokenizer.vocab_size=60", "data.max_tokens=512",
+                                             "data.source.directions=[de-en,en-de,en-fr]", "data.source.zero_shot=[de-fr]",
+                                             "test=false"], cache_dir=tmp / "cache")
+    train(cfg)
+    GlobalHydra.instance().clear()
+    return Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+
+
+def test_translate_takes_the_target_language_and_refuses_before_any_output(multilingual_ckpt, tmp_path, capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("hund katze\n\nmann\n")
+    out = tmp_path / "out.txt"
+    done = translate_here(capsys, f"ckpt={multilingual_ckpt}", f"input={source}", f"output={out}", "tgt_lang=fr")
+    assert done.returncode == 0 and len(out.read_text().split("\n")) == 4  # three lines, the empty one kept
+    out.write_text("keep me\n")
+    for option, message in ((None, "error: tgt_lang: this model is multilingual; set tgt_lang to the language to "
+                                   "translate into, one of de, en, fr"),
+                            ("tgt_lang=cs", "error: tgt_lang=cs: unknown language tag; this model translates into "
+                                            "de, en, fr")):
+        done = translate_here(capsys, f"ckpt={multilingual_ckpt}", f"input={source}", f"output={out}",
+                              *([option] if option else []))
+        assert done.returncode == 1 and message in done.stderr.splitlines()
+    assert out.read_text() == "keep me\n"
+
+
+def test_evaluate_reports_each_direction_with_its_wrong_language_rate(multilingual_ckpt, tmp_path, capsys):
+    done = evaluate_here(capsys, tmp_path / "eval", f"ckpts={{ml: {multilingual_ckpt}}}", "n_bootstrap=10",
+                         "word_frequency=false", "reordering=false")
+    assert done.returncode == 0, done.stderr
+    table = json.loads((tmp_path / "eval" / "directions.json").read_text())["ml"]
+    assert list(table) == ["de-en", "en-de", "en-fr", "de-fr"]
+    assert [table[d]["kind"] for d in table] == ["supervised"] * 3 + ["zero-shot"]
+    assert all(table[d]["count"] == 24 for d in table)
+    assert all(table[d]["reference_wrong_language"]["identified"] == 24 for d in table)
+    md = (tmp_path / "eval" / "directions.md").read_text()
+    assert "| ml | de-fr | zero-shot | 24 |" in md
+    assert (tmp_path / "eval" / "ml.de-fr" / "bleu_by_length.json").is_file()
+
+
+def test_the_server_takes_tgt_lang_per_request(multilingual_ckpt):
+    from fastapi.testclient import TestClient
+
+    from nmt.serve.app import create_app, load
+    from tests.conftest import serve_cfg
+
+    cfg = serve_cfg(multilingual_ckpt, "batching.process=false", "decoding=greedy")
+    translator = load(cfg)
+    with TestClient(create_app(translator, cfg)) as client:
+        assert client.get("/info").json()["target_languages"] == ["de", "en", "fr"]
+        ok = client.post("/translate", json={"text": ["hund", ""], "tgt_lang": "fr"})
+        assert ok.status_code == 200 and len(ok.json()["translations"]) == 2
+        for body, message in (({"text": ["hund"]}, '"tgt_lang": this model is multilingual; set tgt_lang to the '
+                                                   'language to translate into, one of de, en, fr'),
+                              ({"text": ["hund"], "tgt_lang": "xx"}, '"tgt_lang"=xx: unknown language tag; this model '
+                                                                      'translates into de, en, fr'),
+                              ({"text": ["hund"], "tgt_lang": 3}, '"tgt_lang" must be a language code such as "fr", not 3'),
+                              ({"text": ["<2de> hund"], "tgt_lang": "fr"}, '"tgt_lang"=fr: sentence 0 already starts '
+                                                                           'with the tag <2de>; remove it (the tag of '
+                                                                           'tgt_lang is added to every sentence)')):
+            answer = client.post("/translate", json=body)
+            assert answer.status_code == 400 and answer.json()["error"] == message
+    GlobalHydra.instance().clear()
+    with pytest.raises(ValueError, match="^tgt_lang=es: unknown language tag"):
+        load(serve_cfg(multilingual_ckpt, "tgt_lang=es"))
+    GlobalHydra.instance().clear()
+
+
+@pytest.mark.slow
+def test_one_model_learns_to_translate_into_the_language_its_tag_names(tmp_path, capsys):
+    """Word-for-word three-way data: the tag alone says whether German becomes English or French."""
+    from nmt.train import train
+
+    folder = corpus(tmp_path / "corpus", {"train": 2000, "val": 50, "test": 24})
+    tiny = [o for o in TINY if not o.startswith(("data=", "model.", "trainer.max_epochs"))]
+    cfg = compose_run("train", tmp_path / "run", [*tiny, "model=lstm_bahdanau", "model.emb_size=32", "model.hidden_size=64",
+                                                  "model.dropout=0.0", "data=multi30k_multilingual",
+                                                  f"data.source.path={folder}", "data.source.splits.test=test",
+                                                  "data.tokenizer.vocab_size=60", "data.max_tokens=1024",
+                                                  "data.source.directions=[de-en,de-fr,en-de]", "data.source.zero_shot=[]",
+                                                  "optimizer.lr=0.005", "trainer.max_epochs=8", "test=false"],
+                      cache_dir=tmp_path / "cache")
+    train(cfg)
+    ckpt = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+    source = tmp_path / "in.txt"
+    source.write_text("hund katze mann\nbaum auto ball frau\n")
+    for lang, expected in (("en", "dog cat man\ntree car ball woman\n"), ("fr", "chien chat homme\narbre voiture balle femme\n")):
+        done = translate_here(capsys, f"ckpt={ckpt}", f"input={source}", f"tgt_lang={lang}")
+        assert done.returncode == 0 and done.stdout == expected, done.stderr
