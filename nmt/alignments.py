@@ -27,9 +27,11 @@ def word_of_pieces(pieces: Sequence[str]) -> list[int]:
     return words
 
 
-def pharaoh(source: Sequence[str], target: Sequence[str], weights: Sequence[Sequence[float]]) -> str:
+def pharaoh(source: Sequence[str], target: Sequence[str], weights: Sequence[Sequence[float]], skip: int = 0) -> str:
     """``"s-t ..."`` word alignments of ``source`` and ``target`` pieces (EOS left out) from the
-    (target pieces x source pieces) attention ``weights``; columns past the source's are ignored."""
+    (target pieces x source pieces) attention ``weights``; columns past the source's are ignored.
+    ``skip``: leading source words that are not the sentence's (a multilingual model's target-language
+    tag, ``nmt.languages.tag_words``): links to them are left out, the others counted from the next."""
     if not source or not target:
         return ""
     src_words, tgt_words = word_of_pieces(source), word_of_pieces(target)
@@ -37,7 +39,8 @@ def pharaoh(source: Sequence[str], target: Sequence[str], weights: Sequence[Sequ
     for t in range(len(target)):
         row = weights[t]
         s = max(range(len(source)), key=row.__getitem__)
-        links.add((src_words[s], tgt_words[t]))
+        if src_words[s] >= skip:
+            links.add((src_words[s] - skip, tgt_words[t]))
     return " ".join(f"{s}-{t}" for s, t in sorted(links, key=lambda link: (link[1], link[0])))
 
 

@@ -38,7 +38,7 @@ def build_datamodule(data_cfg: DictConfig | dict[str, Any]) -> L.LightningDataMo
         return instantiate(OmegaConf.create(data_cfg) if isinstance(data_cfg, dict) else data_cfg,
                            vocab_loader=saved_vocabularies)
     except InstantiationException as e:  # a bad data key (ValueError, DataError): the data module's own message
-        if isinstance(e.__cause__, ValueError):
+        if isinstance(e.__cause__, ValueError):  # DataError is one
             raise e.__cause__ from None
         raise
 

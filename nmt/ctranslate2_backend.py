@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt.alignments import pharaoh
-from nmt.languages import vocabulary_languages
+from nmt.languages import tag_words, vocabulary_languages
 from nmt.limits import tokens
 from nmt.search_settings import SearchSettings
 from nmt.translations import Attention, Hypothesis, Translation, in_line_order
@@ -218,7 +218,8 @@ class CTranslate2Translator:
                                          logprob / gnmt_penalty(n, alpha) if alpha else logprob, logprob))
         if align:  # each hypothesis' attention, as the torch backend's teacher-forced pass reads it
             for hypothesis, pieces, weights in zip(hypotheses, result.hypotheses, result.attention or []):
-                hypothesis.alignment = pharaoh(source, pieces, [row[: len(source)] for row in weights[: len(pieces)]])
+                hypothesis.alignment = pharaoh(source, pieces, [row[: len(source)] for row in weights[: len(pieces)]],
+                                               skip=tag_words(source) if self.target_languages else 0)
         attention = None
         if with_attention and result.attention:
             attention = Attention(source + ["</s>"], result.hypotheses[0] + ["</s>"],

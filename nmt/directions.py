@@ -10,20 +10,72 @@ language. The same rate of the references is the identifier's own error on that 
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from nmt.language_id import identify
-from nmt.languages import split_tag
+from nmt.language_id import identifier, identify
+from nmt.languages import split_tag, with_target_language
 from nmt.length_report import length_report
+
+log = logging.getLogger(__name__)
 
 
 def untagged(sources: Sequence[str]) -> list[str]:
     """The sources without their leading target-language tag."""
     return [split_tag(s)[1] for s in sources]
+
+
+@dataclass
+class Plan:
+    """How a test split divides: ``names`` of its directions, each pair's index into them
+    (``origins``; None: one direction, the data config's), the test-only ones, and whether the
+    language identifier knows their languages (else no wrong-language rate)."""
+
+    names: list[str]
+    origins: np.ndarray | None
+    zero_shot: list[str]
+    identify: bool
+
+
+def plan(datamodule: Any) -> Plan | None:
+    """The ``Plan`` of a data module's test split: its directions when it has several, else its
+    one direction when the language identifier knows both languages, else None (e.g. synthetic)."""
+    origins = datamodule.origins.get("test")
+    if origins is None:
+        result = Plan([f"{datamodule.src_lang}-{datamodule.tgt_lang}"], None, [], True)
+    else:
+        result = Plan(list(datamodule.origin_names), origins, list(getattr(datamodule.source, "zero_shot", [])), True)
+    languages = tuple(sorted({lang for name in result.names for lang in name.split("-")}))
+    try:
+        identifier(languages)
+    except (ValueError, ImportError) as e:
+        if origins is None:
+            return None
+        log.warning("no wrong-language rate by direction: %s", e)
+        result.identify = False
+    return result
+
+
+def model_inputs(translator: Any, name: str, tagged: list[str], sources: list[str], datamodule: Any) -> list[str]:
+    """The test sources as ``translator`` reads them: untagged for a model of one direction; for a
+    multilingual model the split's own tags (each checked against the model's languages), or, on
+    data of one direction, the tag of the data's target language; a ValueError naming ``name``
+    when the model does not translate into it."""
+    languages = translator.target_languages
+    if not languages:
+        return sources
+    where = f"ckpts: {name}"
+    if datamodule.origins.get("test") is not None:
+        return with_target_language(tagged, None, languages, where=where, line="test pair")
+    if datamodule.tgt_lang not in languages:
+        raise ValueError(f"{where} is multilingual (into {', '.join(languages)}), but its test data are "
+                         f"{datamodule.src_lang}-{datamodule.tgt_lang}: evaluate it on data in its languages")
+    return with_target_language(sources, datamodule.tgt_lang, languages, where=where, line="test pair")
 
 
 def wrong_language(texts: Sequence[str], expected: str, languages: Sequence[str]) -> dict[str, Any]:
@@ -35,22 +87,29 @@ def wrong_language(texts: Sequence[str], expected: str, languages: Sequence[str]
             "empty": len(found) - len(said), "languages": dict(Counter(said).most_common())}
 
 
-def direction_reports(sources: Sequence[str], hyps: Sequence[str], refs: Sequence[str], origins: np.ndarray,
-                      names: Sequence[str], zero_shot: Sequence[str], **report: Any) -> dict[str, dict[str, Any]]:
-    """Per direction ``"de-fr"``: its length report (``report``: ``length_report``'s options) with
-    ``kind`` (supervised or zero-shot), ``wrong_language`` and ``reference_wrong_language``."""
-    languages = sorted({lang for name in names for lang in name.split("-")})
+SCORES = ("unit", "count", "bleu", "chrf", "bleu_ci", "length_ratio", "buckets", "bleu_signature")
+
+
+def direction_reports(plan: Plan, sources: Sequence[str], hyps: Sequence[str], refs: Sequence[str],
+                      whole: dict[str, Any] | None = None, **report: Any) -> dict[str, dict[str, Any]]:
+    """Per direction ``"de-fr"``: its length report (``report``: ``length_report``'s options; for a
+    split of one direction the ``whole`` split's report) with ``kind`` (supervised or zero-shot),
+    ``wrong_language`` and ``reference_wrong_language`` (None where the identifier cannot tell)."""
+    languages = sorted({lang for name in plan.names for lang in name.split("-")})
     out = {}
-    for d, name in enumerate(names):
-        rows = np.flatnonzero(origins == d)
+    for d, name in enumerate(plan.names):
+        rows = np.arange(len(refs)) if plan.origins is None else np.flatnonzero(plan.origins == d)
         if not len(rows):
             continue
         pick = lambda xs: [xs[i] for i in rows]  # noqa: E731
         target = name.split("-")[1]
-        result = length_report(untagged(pick(sources)), pick(hyps), pick(refs), **report)
-        result["kind"] = "zero-shot" if name in zero_shot else "supervised"
-        result["wrong_language"] = wrong_language(pick(hyps), target, languages)
-        result["reference_wrong_language"] = wrong_language(pick(refs), target, languages)
+        if plan.origins is None and whole is not None:
+            result = {key: whole[key] for key in SCORES if key in whole}
+        else:
+            result = length_report(untagged(pick(sources)), pick(hyps), pick(refs), **report)
+        result["kind"] = "zero-shot" if name in plan.zero_shot else "supervised"
+        result["wrong_language"] = wrong_language(pick(hyps), target, languages) if plan.identify else None
+        result["reference_wrong_language"] = wrong_language(pick(refs), target, languages) if plan.identify else None
         out[name] = result
     return out
 
@@ -58,6 +117,10 @@ def direction_reports(sources: Sequence[str], hyps: Sequence[str], refs: Sequenc
 def longest_bucket(report: dict[str, Any]) -> dict[str, Any] | None:
     """The report's longest source-length bucket that holds sentences."""
     return next((b for b in reversed(report["buckets"]) if b["count"]), None)
+
+
+def _rate(found: dict[str, Any] | None) -> str:
+    return "-" if not found or not found["identified"] else f"{100 * found['rate']:.1f}%"
 
 
 def markdown(systems: dict[str, dict[str, dict[str, Any]]]) -> str:
@@ -71,6 +134,5 @@ def markdown(systems: dict[str, dict[str, dict[str, Any]]]) -> str:
             cell = f"{long['label']}: {long['bleu']:.1f} ({long['count']})" if long else "-"
             lines.append(f"| {system} | {name} | {r['kind']} | {r['count']} | {r['bleu']:.1f} "
                          f"[{r['bleu_ci'][0]:.1f}, {r['bleu_ci'][1]:.1f}] | {r['chrf']:.1f} | {cell} | "
-                         f"{100 * r['wrong_language']['rate']:.1f}% | "
-                         f"{100 * r['reference_wrong_language']['rate']:.1f}% |")
+                         f"{_rate(r['wrong_language'])} | {_rate(r['reference_wrong_language'])} |")
     return "\n".join(lines) + "\n"

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from nmt import CONF_DIR, register_resolvers
@@ -73,10 +72,11 @@ def translate_with_entropy(translator: Any, sources: list[str], attention: bool)
     return texts, entropy
 
 
-def reference_alignments(datamodule: Any, translators: dict[str, Any], sources: list[str],
-                         refs: list[str]) -> tuple[str, list[set[tuple[int, int]]]] | None:
+def reference_alignments(datamodule: Any, translators: dict[str, Any], sources: list[str], refs: list[str],
+                         inputs: dict[str, list[str]]) -> tuple[str, list[set[tuple[int, int]]]] | None:
     """Word alignments of the test pairs and where they come from: the synthetic generator's gold
-    ones, else the forced alignment of the references by the first checkpoint with attention;
+    ones, else the forced alignment of the references by the first checkpoint with attention,
+    reading the sources as it translates them (``inputs``: with a multilingual model's tags);
     None when there is neither."""
     from nmt.alignments import parse
     from nmt.data.sources import SyntheticSource
@@ -89,7 +89,7 @@ def reference_alignments(datamodule: Any, translators: dict[str, Any], sources: 
             links = []
             for start in range(0, len(sources), 256):
                 part = slice(start, start + 256)
-                src_ids = encode_sources(sources[part], translator.src_vocab, translator.max_src_len)
+                src_ids = encode_sources(inputs[name][part], translator.src_vocab, translator.max_src_len)
                 tgt_ids = [t[:-1] for t in encode_sources(refs[part], translator.tgt_vocab, translator.max_tgt_len)]
                 links += [parse(a) for a in translator.alignments(src_ids, tgt_ids)]
             return f"{name}'s forced", links
@@ -197,12 +197,14 @@ def evaluate(cfg: DictConfig) -> None:
             data_cfg = {**data_cfg, "cache_dir": str(cfg.paths.cache_dir)}
     datamodule = load_data(data_cfg, data_source)
     (tagged, refs), unit = datamodule.raw("test"), datamodule.src_words
-    sources = directions.untagged(tagged)  # what the reports count and show; the translators read the tags
+    sources = directions.untagged(tagged)  # what the reports count and show; multilingual models read the tags
+    inputs = {name: directions.model_inputs(t, name, tagged, sources, datamodule) for name, t in zip(names, loaded)}
+    split = directions.plan(datamodule)  # before any translation: the language identifier
     frequency = training_counts(datamodule) if cfg.get("word_frequency", True) else None
     hyps: dict[str, list[str]] = {}
     entropies: dict[str, list[float | None]] = {}
     for name, translator in zip(names, loaded):
-        texts, entropy = translate_with_entropy(translator, tagged, bool(cfg.get("reordering", True)))
+        texts, entropy = translate_with_entropy(translator, inputs[name], bool(cfg.get("reordering", True)))
         hyps[name] = texts
         if any(e is not None for e in entropy):
             entropies[name] = entropy
@@ -221,8 +223,8 @@ def evaluate(cfg: DictConfig) -> None:
     if frequency is not None:
         for name, h in hyps.items():
             reports[name]["frequency"] = word_frequency.bands(h, refs, frequency, n_bootstrap=cfg.n_bootstrap)
-    aligned = reference_alignments(datamodule, dict(zip(names, loaded)), tagged, refs) if cfg.get("reordering", True) \
-        else None
+    aligned = reference_alignments(datamodule, dict(zip(names, loaded)), sources, refs, inputs) \
+        if cfg.get("reordering", True) else None
     if aligned is not None:
         distances = [reordering.reordering_distance(links, len(s.split()), len(r.split()))
                      for links, s, r in zip(aligned[1], sources, refs)]
@@ -241,10 +243,13 @@ def evaluate(cfg: DictConfig) -> None:
         reports[name]["attention_entropy"] = reordering.entropy_by_length(sources, values, cfg.length_buckets, unit)
     for name, report in reports.items():
         write_report(report, out_dir / name, name=name)
-    by_direction = test_directions(datamodule, sources, hyps, refs, cfg, unit)
-    if by_direction:
+    if split is not None:
+        options = {"edges": cfg.length_buckets, "unit": unit, "tokenize": cfg.sacrebleu_tokenize,
+                   "n_bootstrap": cfg.n_bootstrap}
+        by_direction = {name: directions.direction_reports(split, tagged, h, refs, reports[name], **options)
+                        for name, h in hyps.items()}
         for name, table in by_direction.items():
-            for direction, report in table.items():
+            for direction, report in table.items() if split.origins is not None else ():
                 write_report(report, out_dir / f"{name}.{direction}", name=f"{name} ({direction})")
         (out_dir / "directions.json").write_text(json.dumps(by_direction, indent=2) + "\n")
         (out_dir / "directions.md").write_text(directions.markdown(by_direction))
@@ -263,48 +268,28 @@ def evaluate(cfg: DictConfig) -> None:
     paths = compare(reports, out_dir, title=cfg.get("title") or "")
     log.info("comparison -> %s\n%s", paths["md"], paths["md"].read_text())
     if variants:
-        robust = robustness(cfg, dict(zip(names, loaded)), variants, (sources, refs, unit, tagged), reports, out_dir)
+        robust = robustness(cfg, dict(zip(names, loaded)), variants, (sources, refs, unit, inputs), reports, out_dir)
         log.info("clean and augmented test sets -> %s\n%s", robust, robust.read_text())
 
 
-def test_directions(datamodule: Any, sources: list[str], hyps: dict[str, list[str]], refs: list[str], cfg: DictConfig,
-                    unit: str) -> dict[str, dict[str, dict[str, Any]]]:
-    """Each system's reports by direction (``nmt.directions``): the directions of a multilingual
-    test split, else its one direction when the language identifier knows both languages, else none."""
-    from nmt.language_id import identifier
-
-    origins, names, zero_shot = datamodule.origins.get("test"), datamodule.origin_names, []
-    if origins is None:
-        names = [f"{datamodule.src_lang}-{datamodule.tgt_lang}"]
-        try:
-            identifier(tuple(sorted({datamodule.src_lang, datamodule.tgt_lang})))
-        except ValueError:  # synthetic or otherwise unnamed languages: no wrong-language rate
-            return {}
-        origins = np.zeros(len(refs), dtype=np.uint16)
-    else:
-        zero_shot = list(getattr(datamodule.source, "zero_shot", []))
-    options = {"edges": cfg.length_buckets, "unit": unit, "tokenize": cfg.sacrebleu_tokenize,
-               "n_bootstrap": cfg.n_bootstrap}
-    return {name: directions.direction_reports(sources, h, refs, origins, names, zero_shot, **options)
-            for name, h in hyps.items()}
-
-
 def robustness(cfg: DictConfig, translators: dict[str, Any], variants: list[str],
-               test: tuple[list[str], list[str], str, list[str]], reports: dict[str, dict[str, Any]], out_dir: Path) -> Path:
+               test: tuple[list[str], list[str], str, dict[str, list[str]]], reports: dict[str, dict[str, Any]],
+               out_dir: Path) -> Path:
     """Each checkpoint on augmented copies of the test set (``nmt.data.augment.augmented_copy``:
     ``upper`` in capitals, both sides; ``noise``: typing errors in the sources): a report per
     system and copy (``<name>.<variant>/``) and ``robustness.{json,md}``, BLEU beside the clean set's.
-    ``test``: (sources, references, length unit, the sources as translated: with their language tags)."""
+    ``test``: (sources, references, length unit, each system's sources as it reads them: with its language tags)."""
     from nmt.data.augment import augmented_copy
 
-    sources, refs, unit, tagged = test
-    tags = [tagged_text[: len(tagged_text) - len(text)] for tagged_text, text in zip(tagged, sources)]  # "<2fr> " or ""
+    sources, refs, unit, inputs = test
+    tags = {name: [read[: len(read) - len(text)] for read, text in zip(inputs[name], sources)]  # "<2fr> " or ""
+            for name in translators}
     table = {name: {"clean": {"bleu": reports[name]["bleu"], "bleu_ci": reports[name]["bleu_ci"],
                               "chrf": reports[name]["chrf"]}} for name in translators}
     for variant in variants:
         copy_sources, copy_refs = augmented_copy(variant, sources, refs, seed=int(cfg.seed))
         for name, translator in translators.items():
-            hyps = [t.text for t in translator.translate([t + s for t, s in zip(tags, copy_sources)])]
+            hyps = [t.text for t in translator.translate([t + s for t, s in zip(tags[name], copy_sources)])]
             (out_dir / f"{name}.{variant}.hyp.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
             report = length_report(copy_sources, hyps, copy_refs, cfg.length_buckets, unit=unit,
                                    tokenize=cfg.sacrebleu_tokenize, n_bootstrap=cfg.n_bootstrap)

@@ -176,7 +176,7 @@ def build(config: Any, allowed: Mapping[str, type], **kwargs: Any) -> Any:
 def _checked_build(config: dict[str, Any], section: str, source: str, **kwargs: Any) -> Any:
     try:
         return build(config, classes(section), **kwargs)
-    except (TypeError, ValueError, RuntimeError, AttributeError, KeyError, OverflowError) as e:
+    except (TypeError, ValueError, RuntimeError, AttributeError, KeyError, OverflowError) as e:  # DataError too
         raise ConfigRefused(f"{source}: its {section} config does not build ({type(e).__name__}: "
                             f"{str(e).strip().splitlines()[0][:300]})") from None
 

@@ -39,7 +39,7 @@ from nmt.constrained_decoding import check_constraints, constrained_beam_search
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 from nmt.decoding import Hypotheses, length_penalty
 from nmt.kernels import on_cpu
-from nmt.languages import vocabulary_languages
+from nmt.languages import tag_words, vocabulary_languages
 from nmt.kernels.malloc import bound_onednn_cache, keep_freed_memory
 from nmt.limits import model_max_src_len, model_max_tgt_len
 from nmt.search_settings import SearchSettings
@@ -267,8 +267,10 @@ class Translator:
             if weights is None:
                 return ["" for _ in sources]
             weights = weights.float().cpu()
-            out += [pharaoh(self.src_vocab.pieces(s[:-1]), self.tgt_vocab.pieces(t), weights[i, : len(t), : len(s) - 1].tolist())
-                    for i, (s, t) in enumerate(zip(part_s, part_t))]
+            for i, (s, t) in enumerate(zip(part_s, part_t)):
+                pieces = self.src_vocab.pieces(s[:-1])
+                out.append(pharaoh(pieces, self.tgt_vocab.pieces(t), weights[i, : len(t), : len(s) - 1].tolist(),
+                                   skip=tag_words(pieces) if self.target_languages else 0))
         return out
 
     @property

@@ -17,8 +17,9 @@ Backends (``backend``): ``torch`` (``nmt.inference``: a checkpoint or release fi
 format=ctranslate2``; torch is never imported); ``auto`` picks by what ``ckpt`` is.
 
 A multilingual model (``data=multi30k_multilingual``) takes the language to translate into as
-``tgt_lang=fr``: its tag ``<2fr>`` starts every input line (``nmt.languages``); without it, or with
-a language the model has no tag for, the run stops before any output.
+``tgt_lang=fr``: its tag ``<2fr>`` starts every input line (``nmt.languages``); without it, each
+line must start with a tag of its own. A line without one, or a language the model has no tag
+for, stops the run before any output (for an input file: it is read once more first).
 
 Modes (``mode``): ``translate`` with the configured ``decoding`` (``beam``, ``greedy``, ``sample``;
 ``decoding.nbest=k`` writes k ranked hypotheses per line), and ``score``: the log-probability of
@@ -96,6 +97,23 @@ def tagged(cfg: DictConfig, translator: Any, lines: list[str], first_line: int =
     """``lines`` with the tag of ``tgt_lang`` (``nmt.languages.with_target_language``)."""
     return with_target_language(lines, cfg.get("tgt_lang"), translator.target_languages,
                                 numbers=list(range(first_line, first_line + len(lines))))
+
+
+def check_tags(cfg: DictConfig, translator: Any) -> None:
+    """The target-language tags of the input (``tagged``), checked before any output: ``tgt_lang``
+    for a model of one direction or of other languages, and each line of an input file, read once
+    more as a stream (from stdin each chunk is checked as it comes, before its lines are written)."""
+    if not translator.target_languages and cfg.get("tgt_lang") is None:
+        return
+    tagged(cfg, translator, [])
+    if cfg.input is None:
+        return
+    lines = (s for s, _ in read_pairs(cfg.input, cfg.get("target"), cfg.errors, [], [])) if cfg.mode == "score" \
+        else iter_lines(cfg.input, cfg.errors, [])
+    offset = 0
+    for chunk in chunked(lines, int(cfg.chunk_lines)):
+        tagged(cfg, translator, chunk, offset + 1)
+        offset += len(chunk)
 
 
 def translate_stream(cfg: DictConfig, translator: Any, writer: OrderedWriter, attention_dir: Path | None,
@@ -208,7 +226,7 @@ def translate_file(cfg: DictConfig, signals: StopSignals) -> None:
                  **({"prefixes": cfg.prefixes} if cfg.get("prefixes") else {}),
                  **({"constraints": cfg.constraints} if cfg.get("constraints") else {}), "ckpt": model_file(cfg)}, cfg.output)
     translator = open_translator(cfg)
-    tagged(cfg, translator, [])  # a multilingual model without tgt_lang, or an unknown language: before any output
+    check_tags(cfg, translator)
     guides = read_guides(cfg, translator)
     out: IO[str] = sys.stdout if cfg.output is None else open_output(cfg.output)
     signals.defer()  # from here on, a signal stops the run between whole lines

@@ -16,7 +16,7 @@ from nmt.data.batching import TokenBatchSampler
 from nmt.data.datamodule import TranslationDataModule
 from nmt.data.multilingual import MultilingualSource, sampling_changes, temperature_items
 from nmt.data.sources import DataError
-from nmt.directions import direction_reports, wrong_language
+from nmt.directions import Plan, direction_reports, wrong_language
 from nmt.language_id import identify
 from nmt.languages import split_tag, tag, tag_languages, with_target_language
 from tests.conftest import TINY, compose_run, evaluate_here, translate_here
@@ -119,6 +119,10 @@ def test_training_samples_by_direction_and_asks_to_reload_the_loader(tmp_path):
     (["de-en", "de-en"], [], r"^data.source: the direction\(s\) de-en are given twice"),
     (["de-en"], ["de-en"], r"^data.source: the direction\(s\) de-en are given twice"),
     ([], [], r"^data.source.directions: give at least one direction"),
+    ("de-en", [], r"^data.source.directions: a list such as \[de-en, en-de\], not 'de-en'$"),
+    (["de-en"], ["en-fr"], r"^data.source.zero_shot\[0\]=en-fr: no trained direction translates from en; zero-shot "
+                           r"pairs languages the model learns in other directions$"),
+    (["de-en", "en-de"], ["de-fr"], r"^data.source.zero_shot\[0\]=de-fr: no trained direction translates into fr"),
 ])
 def test_bad_directions_are_refused_naming_the_key(directions, zero_shot, message):
     with pytest.raises(DataError, match=message):
@@ -138,8 +142,9 @@ def test_a_direction_with_no_data_is_refused_naming_it(tmp_path):
 
 def test_bad_temperatures_and_a_vocabulary_without_the_tags_are_refused(tmp_path):
     folder = corpus(tmp_path / "c")
-    for bad in (0, -1, "hot"):
-        with pytest.raises(ValueError, match=rf"^data.temperature={bad}: a number above 0"):
+    for bad in (0, 0.5, -1, "hot", True, 1001):
+        with pytest.raises(ValueError, match=rf"^data.temperature={bad}: a number from 1 \(the corpus proportions\) "
+                                             r"to 1000"):
             module(folder, tmp_path / "cache", temperature=bad)
     plain = module(folder, tmp_path / "cache", directions=("de-en",), zero_shot=())
     plain.setup()
@@ -155,12 +160,16 @@ def test_the_target_language_tag_is_added_and_checked():
     assert tag("fr") == "<2fr>" and split_tag("<2fr> a b") == ("fr", "a b") and split_tag("<2x> a") == (None, "<2x> a")
     assert with_target_language(["a b", "", " "], "fr", ["de", "fr"]) == ["<2fr> a b", "", " "]
     assert with_target_language(["a"], None, []) == ["a"]
+    assert with_target_language(["<2de> a", "", "<2fr> b"], None, ["de", "fr"]) == ["<2de> a", "", "<2fr> b"]
     cases = [
-        ((["a"], None, ["de", "fr"]), "tgt_lang: this model is multilingual; set tgt_lang to the language to "
-                                      "translate into, one of de, fr"),
+        ((["<2de> a", "b"], None, ["de", "fr"]), "tgt_lang: line 2 has no target-language tag; this model is "
+                                                 "multilingual: set tgt_lang to one of de, fr, or start each line with "
+                                                 "its tag, e.g. <2de>"),
+        ((["<2es> a"], None, ["de", "fr"]), "tgt_lang: line 1 starts with <2es>, an unknown language tag; this model "
+                                            "translates into de, fr"),
         ((["a"], "es", ["de", "fr"]), "tgt_lang=es: unknown language tag; this model translates into de, fr"),
-        ((["a", "<2de> b"], "fr", ["de", "fr"]), "tgt_lang=fr: line 2 already starts with the tag <2de>; remove it "
-                                                 "(the tag of tgt_lang is added to every sentence)"),
+        ((["a", "<2de> b"], "fr", ["de", "fr"]), "tgt_lang=fr: line 2 already starts with the tag <2de>; remove it, "
+                                                 "or leave tgt_lang unset to keep each line's own tag"),
         ((["a"], "fr", []), "tgt_lang=fr: this model translates one direction (its vocabulary has no "
                             "target-language tags); leave tgt_lang unset"),
     ]
@@ -170,6 +179,17 @@ def test_the_target_language_tag_is_added_and_checked():
         assert str(e.value) == message
     with pytest.raises(ValueError, match="is not a language code"):
         tag("../x")
+
+
+def test_alignments_leave_the_tag_out_and_count_the_sentences_own_words():
+    from nmt.alignments import pharaoh
+    from nmt.languages import tag_words
+
+    tagged, plain = ["\u2581", "<2fr>", "\u2581hund", "\u2581kat", "ze"], ["\u2581hund", "\u2581kat", "ze"]
+    assert tag_words(tagged) == 1 and tag_words(["\u2581<2fr>", "\u2581a"]) == 1 and tag_words(plain) == 0
+    weights = [[0.0, 0.1, 0.9, 0.0, 0.0], [0.0, 0.0, 0.1, 0.8, 0.1], [0.9, 0.0, 0.0, 0.1, 0.0]]  # the last: the tag
+    assert pharaoh(tagged, ["\u2581chien", "\u2581chat", "\u2581."], weights, skip=tag_words(tagged)) == "0-0 1-1"
+    assert pharaoh(plain, ["\u2581chien", "\u2581chat"], [row[2:] for row in weights[:2]]) == "0-0 1-1"
 
 
 def test_the_wrong_language_rate_counts_translations_in_another_language():
@@ -182,8 +202,8 @@ def test_the_wrong_language_rate_counts_translations_in_another_language():
     sources = ["<2fr> Ein Hund läuft.", "<2en> Ein Hund läuft.", "<2en> Ein Mann geht."]
     refs = ["Un chien court.", "A dog runs.", "A man walks."]
     hyps = ["A dog runs.", "A dog runs.", "A man walks."]  # the zero-shot direction answers in English
-    reports = direction_reports(sources, hyps, refs, np.array([1, 0, 0]), ["de-en", "de-fr"], ["de-fr"],
-                                edges=[10], n_bootstrap=1)
+    split = Plan(["de-en", "de-fr"], np.array([1, 0, 0]), ["de-fr"], True)
+    reports = direction_reports(split, sources, hyps, refs, edges=[10], n_bootstrap=1)
     assert reports["de-en"]["kind"] == "supervised" and reports["de-en"]["bleu"] == pytest.approx(100.0)
     assert reports["de-fr"]["kind"] == "zero-shot" and reports["de-fr"]["wrong_language"]["rate"] == 1.0
     assert reports["de-fr"]["reference_wrong_language"]["rate"] == 0.0
@@ -214,15 +234,25 @@ def test_translate_takes_the_target_language_and_refuses_before_any_output(multi
     out = tmp_path / "out.txt"
     done = translate_here(capsys, f"ckpt={multilingual_ckpt}", f"input={source}", f"output={out}", "tgt_lang=fr")
     assert done.returncode == 0 and len(out.read_text().split("\n")) == 4  # three lines, the empty one kept
+    tagged = tmp_path / "tagged.txt"
+    tagged.write_text("<2fr> hund\n<2en> katze\n" * 3)
+    done = translate_here(capsys, f"ckpt={multilingual_ckpt}", f"input={tagged}", "chunk_lines=2")
+    assert done.returncode == 0 and len(done.stdout.split("\n")) == 7  # each line in the language of its own tag
     out.write_text("keep me\n")
-    for option, message in ((None, "error: tgt_lang: this model is multilingual; set tgt_lang to the language to "
-                                   "translate into, one of de, en, fr"),
-                            ("tgt_lang=cs", "error: tgt_lang=cs: unknown language tag; this model translates into "
-                                            "de, en, fr")):
-        done = translate_here(capsys, f"ckpt={multilingual_ckpt}", f"input={source}", f"output={out}",
+    late = tmp_path / "late.txt"
+    late.write_text("<2fr> hund\n" * 5 + "katze\n")  # the bad line in the input's last chunk
+    for files, option, message in (
+            ((source,), None, "error: tgt_lang: line 1 has no target-language tag; this model is multilingual: set "
+                              "tgt_lang to one of de, en, fr, or start each line with its tag, e.g. <2de>"),
+            ((late,), None, "error: tgt_lang: line 6 has no target-language tag; this model is multilingual: set "
+                            "tgt_lang to one of de, en, fr, or start each line with its tag, e.g. <2de>"),
+            ((tagged,), "tgt_lang=en", "error: tgt_lang=en: line 1 already starts with the tag <2fr>; remove it, or "
+                                       "leave tgt_lang unset to keep each line's own tag"),
+            ((source,), "tgt_lang=cs", "error: tgt_lang=cs: unknown language tag; this model translates into de, en, fr")):
+        done = translate_here(capsys, f"ckpt={multilingual_ckpt}", f"input={files[0]}", f"output={out}", "chunk_lines=2",
                               *([option] if option else []))
-        assert done.returncode == 1 and message in done.stderr.splitlines()
-    assert out.read_text() == "keep me\n"
+        assert done.returncode == 1 and message in done.stderr.splitlines(), done.stderr
+        assert out.read_text() == "keep me\n"  # checked before the output is opened
 
 
 def test_evaluate_reports_each_direction_with_its_wrong_language_rate(multilingual_ckpt, tmp_path, capsys):
@@ -239,6 +269,39 @@ def test_evaluate_reports_each_direction_with_its_wrong_language_rate(multilingu
     assert (tmp_path / "eval" / "ml.de-fr" / "bleu_by_length.json").is_file()
 
 
+def test_evaluate_refuses_a_multilingual_model_on_data_it_does_not_translate_into(multilingual_ckpt, tmp_path, capsys):
+    folder = corpus(tmp_path / "c")
+    common = [f"ckpts={{ml: {multilingual_ckpt}}}", "data=files", f"data.source.path={folder}", "data.source.splits.valid=val",
+              "data.tokenizer.vocab_size=60", "n_bootstrap=10", "word_frequency=false", "reordering=false"]
+    done = evaluate_here(capsys, tmp_path / "one", *common, "data.src_lang=de", "data.tgt_lang=fr")
+    assert done.returncode == 0, done.stderr  # de-fr data: the model reads <2fr> on each source
+    table = json.loads((tmp_path / "one" / "directions.json").read_text())["ml"]
+    assert list(table) == ["de-fr"] and table["de-fr"]["count"] == 24
+    (folder / "test.cs").write_text((folder / "test.de").read_text())
+    (folder / "val.cs").write_text((folder / "val.de").read_text())
+    (folder / "train.cs").write_text((folder / "train.de").read_text())
+    done = evaluate_here(capsys, tmp_path / "two", *common, "data.src_lang=de", "data.tgt_lang=cs")
+    assert done.returncode == 1
+    assert "error: ckpts: ml is multilingual (into de, en, fr), but its test data are de-cs: evaluate it on data in " \
+           "its languages" in done.stderr.splitlines()
+    assert not (tmp_path / "two" / "ml.hyp.txt").exists()  # refused before any translation
+
+
+def test_a_zero_shot_direction_needs_only_its_test_files(tmp_path):
+    folder = corpus(tmp_path / "c")
+    tested = tmp_path / "only_test"
+    tested.mkdir()
+    for lang in ("de", "fr"):
+        (tested / f"test.{lang}").write_text((folder / f"test.{lang}").read_text())
+    source = MultilingualSource(str(folder), ["de-en", "en-fr"], ["de-fr"], splits={"valid": "val"},
+                                folders={"de-fr": str(tested)})
+    assert source.describe()["files"]["de-fr"].keys() == {"test"}
+    dm = TranslationDataModule(source, {"vocab_size": 60, "hard_vocab_limit": False}, "mul", "mul",
+                               cache_dir=str(tmp_path / "cache"))
+    dm.setup()
+    assert np.bincount(dm.origins["test"]).tolist() == [24, 24, 24]
+
+
 def test_the_server_takes_tgt_lang_per_request(multilingual_ckpt):
     from fastapi.testclient import TestClient
 
@@ -251,14 +314,19 @@ def test_the_server_takes_tgt_lang_per_request(multilingual_ckpt):
         assert client.get("/info").json()["target_languages"] == ["de", "en", "fr"]
         ok = client.post("/translate", json={"text": ["hund", ""], "tgt_lang": "fr"})
         assert ok.status_code == 200 and len(ok.json()["translations"]) == 2
-        for body, message in (({"text": ["hund"]}, '"tgt_lang": this model is multilingual; set tgt_lang to the '
-                                                   'language to translate into, one of de, en, fr'),
-                              ({"text": ["hund"], "tgt_lang": "xx"}, '"tgt_lang"=xx: unknown language tag; this model '
-                                                                      'translates into de, en, fr'),
+        own = client.post("/translate", json={"text": ["<2fr> hund", "<2en> katze"]})  # each sentence its own tag
+        assert own.status_code == 200 and len(own.json()["translations"]) == 2
+        for body, message in (({"text": ["<2de> katze", "hund"]}, "tgt_lang: sentence 1 has no target-language tag; "
+                                                                  "this model is multilingual: set tgt_lang to one of "
+                                                                  "de, en, fr, or start each sentence with its tag, "
+                                                                  "e.g. <2de>"),
+                              ({"text": ["hund"], "tgt_lang": "xx"}, "tgt_lang=xx: unknown language tag; this model "
+                                                                      "translates into de, en, fr"),
                               ({"text": ["hund"], "tgt_lang": 3}, '"tgt_lang" must be a language code such as "fr", not 3'),
-                              ({"text": ["<2de> hund"], "tgt_lang": "fr"}, '"tgt_lang"=fr: sentence 0 already starts '
-                                                                           'with the tag <2de>; remove it (the tag of '
-                                                                           'tgt_lang is added to every sentence)')):
+                              ({"text": ["<2de> hund"], "tgt_lang": "fr"}, "tgt_lang=fr: sentence 0 already starts "
+                                                                           "with the tag <2de>; remove it, or leave "
+                                                                           "tgt_lang unset to keep each line's own "
+                                                                           "tag")):
             answer = client.post("/translate", json=body)
             assert answer.status_code == 400 and answer.json()["error"] == message
     GlobalHydra.instance().clear()
@@ -288,3 +356,23 @@ def test_one_model_learns_to_translate_into_the_language_its_tag_names(tmp_path,
     for lang, expected in (("en", "dog cat man\ntree car ball woman\n"), ("fr", "chien chat homme\narbre voiture balle femme\n")):
         done = translate_here(capsys, f"ckpt={ckpt}", f"input={source}", f"tgt_lang={lang}")
         assert done.returncode == 0 and done.stdout == expected, done.stderr
+
+
+def test_a_files_bad_directions_are_refused_naming_the_file_and_a_runs_in_one_line(tmp_path, capsys):
+    from nmt import file_config
+    from nmt.cli_io import ending_cleanly
+    from nmt.train import train
+
+    config = {"_target_": "nmt.data.datamodule.TranslationDataModule", "tokenizer": None, "src_lang": "mul",
+              "tgt_lang": "mul", "source": {"_target_": "nmt.data.multilingual.MultilingualSource", "path": "/x",
+                                            "directions": ["de-en"] * 2000}}
+    checked = file_config.check(config, "data", "x.ckpt")
+    with pytest.raises(file_config.ConfigRefused, match=r"^x.ckpt: its data config does not build \(DataError: "
+                                                        r"data.source.directions: 2000 directions; at most 1000\)$"):
+        file_config.build_data(checked, "x.ckpt")
+    cfg = compose_run("train", tmp_path / "run", [*TINY[1:], "data=multi30k_multilingual", "data.source.directions=de-en"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit), ending_cleanly():  # as train.py runs it
+        train(cfg)
+    assert capsys.readouterr().err.strip().splitlines()[-1:] == [
+        "error: data.source.directions: a list such as [de-en, en-de], not 'de-en'"]

@@ -155,9 +155,10 @@ class TranslationDataModule(L.LightningDataModule):
             given = self.tokenizer_options.get("user_defined_symbols") or []
             given = given.split(",") if isinstance(given, str) else list(given)
             self.tokenizer_options["user_defined_symbols"] = sorted(set(given) | set(self.tags))
-        if temperature is not None and not (isinstance(temperature, (int, float)) and 0 < temperature <= 1000):
-            raise ValueError(f"data.temperature={temperature}: a number above 0 (1: the corpus proportions; "
-                             "larger: closer to equal shares of the directions) or null")
+        if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+                                        or not 1 <= temperature <= 1000):
+            raise ValueError(f"data.temperature={temperature}: a number from 1 (the corpus proportions) to 1000 "
+                             "(close to equal shares of the directions), or null")
         self.temperature = temperature
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
         self.max_tokens, self.batch_size = max_tokens, batch_size
@@ -271,6 +272,9 @@ class TranslationDataModule(L.LightningDataModule):
                 origin = np.asarray(arrays(f"{split}.origin"))
                 self.origins[split] = origin if kept is None else origin[kept]
         self.origin_names = list(manifest.get("origins") or [])
+        if self.temperature is not None and "train" not in self.origins:
+            log.warning("data.temperature=%s: the source has one direction; every training pair is read once an epoch",
+                        self.temperature)
         train = self.datasets["train"]
         options = {"sampler": 1, "max_tokens": self.max_tokens, "batch_size": self.batch_size, "seed": self.seed,
                    "max_len": [self.max_src_len, self.max_tgt_len], "too_long": self.too_long,

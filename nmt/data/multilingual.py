@@ -17,6 +17,7 @@ test pairs are tagged like the others, and no training or validation pair pairs 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -26,6 +27,7 @@ from nmt.data.readers import CHUNK, DataError
 from nmt.data.sources import SPLITS, FileSource, plain
 from nmt.languages import tag
 
+MAX_DIRECTIONS = 1000  # directions of one source (a config from a file must not ask for millions)
 Origins = tuple[list[str], list[str], np.ndarray]  # (sources, targets, origin of each pair) of one chunk
 
 
@@ -57,15 +59,27 @@ class MultilingualSource:
 
     def __init__(self, path: str, directions: list[str], zero_shot: list[str] | None = None,
                  splits: Mapping[str, str] | None = None, folders: Mapping[str, str] | None = None) -> None:
-        trained = [parse_direction(d, f"data.source.directions[{i}]") for i, d in enumerate(plain(directions) or [])]
-        tested = [parse_direction(d, f"data.source.zero_shot[{i}]") for i, d in enumerate(plain(zero_shot) or [])]
+        directions, zero_shot = plain(directions), plain(zero_shot) or []
+        for key, value in (("directions", directions), ("zero_shot", zero_shot)):
+            if not isinstance(value, list):
+                raise DataError(f"data.source.{key}: a list such as [de-en, en-de], not {str(value)[:40]!r}")
+            if len(value) > MAX_DIRECTIONS:
+                raise DataError(f"data.source.{key}: {len(value)} directions; at most {MAX_DIRECTIONS}")
+        trained = [parse_direction(d, f"data.source.directions[{i}]") for i, d in enumerate(directions)]
+        tested = [parse_direction(d, f"data.source.zero_shot[{i}]") for i, d in enumerate(zero_shot)]
         if not trained:
             raise DataError("data.source.directions: give at least one direction, e.g. [de-en, en-de]")
         names = [f"{s}-{t}" for s, t in trained + tested]
-        if len(set(names)) < len(names):
-            repeated = sorted({n for n in names if names.count(n) > 1})
-            raise DataError(f"data.source: the direction(s) {', '.join(repeated)} are given twice (a zero_shot "
-                            "direction is one no pair of directions trains)")
+        repeated = sorted(n for n, count in Counter(names).items() if count > 1)
+        if repeated:
+            raise DataError(f"data.source: the direction(s) {', '.join(repeated)} are given twice (a direction is "
+                            "trained, in directions, or tested only, in zero_shot)")
+        sources, targets = {s for s, _ in trained}, {t for _, t in trained}
+        for i, (s, t) in enumerate(tested):
+            if s not in sources or t not in targets:
+                side, lang = ("from", s) if s not in sources else ("into", t)
+                raise DataError(f"data.source.zero_shot[{i}]={s}-{t}: no trained direction translates {side} {lang}; "
+                                "zero-shot pairs languages the model learns in other directions")
         self.origins = names  # origin i of a pair: its direction
         self.zero_shot = names[len(trained):]
         self.tags = sorted({tag(t) for _, t in trained + tested})
@@ -73,6 +87,9 @@ class MultilingualSource:
         if unknown := sorted(set(folders) - set(names)):
             raise DataError(f"data.source.folders: {', '.join(unknown)} is not one of the directions ({', '.join(names)})")
         self._files = [FileSource(folders.get(name, path), *pair, splits=splits) for name, pair in zip(names, trained + tested)]
+        for i, source in enumerate(self._files):
+            source.needed, source.lang_keys = self._splits_of(i), \
+                "directions of the languages the folder has, or the direction's own folder (data.source.folders)"
 
     def _where(self, i: int) -> str:
         k = i - (len(self.origins) - len(self.zero_shot))

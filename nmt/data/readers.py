@@ -40,8 +40,9 @@ BAD_ROWS = ("error", "skip")
 Pairs = tuple[list[str], list[str]]  # (source sentences, target sentences) of one chunk
 
 
-class DataError(Exception):
-    """A corpus cannot be loaded or is malformed; the message says what to fix."""
+class DataError(ValueError):
+    """A corpus cannot be loaded or is malformed; the message says what to fix (a user's error:
+    the commands print it as one line)."""
 
 
 def _open(path: Path) -> BinaryIO:

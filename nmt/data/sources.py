@@ -148,6 +148,8 @@ class FileSource:
         self.splits = {s: s for s in SPLITS} | dict(plain(splits) or {})
         self.files = dict(plain(files) or {}) or None
         self.hub = dict(plain(hub) or {}) or None
+        self.needed = SPLITS  # the splits read (a zero-shot direction of nmt.data.multilingual: test only)
+        self.lang_keys = "data.src_lang / data.tgt_lang"  # what a missing language tells the user to set
         self._plan: dict[str, tuple[str, ...]] | None = None  # split -> (reader, *paths); None: the hub
         self._tried: list[str] = []
         self._hub_data: Any = None
@@ -191,13 +193,13 @@ class FileSource:
     # -- local -------------------------------------------------------------------------
     def _local_plan(self) -> dict[str, tuple[str, ...]]:
         if self.files:
-            return {s: self._split_files(s) for s in SPLITS}
+            return {s: self._split_files(s) for s in self.needed}
         assert self.path is not None
         if not self.path.is_dir():
             raise _LocalMissing(f"data folder {self.path} does not exist; set data.source.path "
                                 "or NMT_DATA_DIR (the folder that holds the corpus folders)")
         plan = {}
-        for split in SPLITS:
+        for split in self.needed:
             stem = self.splits[split]
             paths = []
             for lang in (self.src_lang, self.tgt_lang):
@@ -220,8 +222,7 @@ class FileSource:
                             f"available stems: {', '.join(sorted(stems)) or 'none'}. Set "
                             f"data.source.splits.{split}=<stem>")
         raise DataError(f"{path} not found: language {lang!r} is not in {self.path}; available "
-                        f"languages: {', '.join(sorted(stems[stem]))}. Set data.src_lang / "
-                        "data.tgt_lang")
+                        f"languages: {', '.join(sorted(stems[stem]))}. Set {self.lang_keys}")
 
     def _resolve(self, p: str) -> Path:
         path = Path(p).expanduser()

@@ -25,6 +25,12 @@ async function loadInfo() {
     (info.training.test_bleu != null ? `, test BLEU ${info.training.test_bleu.toFixed(1)}` : "");
   $("src-label").textContent = `source (${info.src_lang || "?"})`;
   $("tgt-label").textContent = `translation (${info.tgt_lang || "?"})`;
+  if (info.target_languages.length) {  // a multilingual model: the language to translate into
+    for (const lang of info.target_languages) $("lang").add(new Option(lang, lang));
+    $("lang-label").hidden = false;
+    $("src-label").textContent = "source";
+    $("tgt-label").textContent = "translation";
+  }
   $("beam").value = info.decoding.beam_size || 1;
   $("beam").max = $("nbest").max = info.limits.max_beam_size;
   if (!info.attention) { $("attention").checked = false; $("attention-label").hidden = true; }
@@ -78,6 +84,7 @@ async function translate() {
   if (!lines.length) return;
   const request = { text: lines, beam_size: Number($("beam").value), nbest: Number($("nbest").value),
                     attention: $("attention").checked };
+  if (info && info.target_languages.length) request.tgt_lang = $("lang").value;
   const mine = ++pending;
   $("status").textContent = "";
   const response = await fetch("/translate", { method: "POST", headers: withKey({ "Content-Type": "application/json" }),
