@@ -21,7 +21,7 @@ from nmt.checkpoint import load_checkpoint
 from nmt.decoding import greedy_search
 from nmt.lit_module import TranslationModule
 from nmt.inference import translate_lines
-from tests.conftest import ROOT, compose_train
+from tests.conftest import ROOT, compose_train, translate_here
 
 # 10 steps with dropout: a validation after steps 3, 6 and 9, epochs of 5 batches (a new loader
 # iterator before step 6), last.ckpt every 4 steps.
@@ -180,7 +180,7 @@ def test_every_entry_point_registers_the_resolvers_before_hydra_composes(imports
     assert "vocab_size: 16" in out
 
 
-def test_translate_resolves_pad_to_in_a_checkpoints_model_config(traced, tmp_path):
+def test_translate_resolves_pad_to_in_a_checkpoints_model_config(traced, tmp_path, capsys):
     """A stored model config that still holds ``${pad_to:...}`` loads in translate.py."""
     checkpoint = torch.load(traced.ckpt, map_location="cpu", weights_only=True)
     model = checkpoint["run_config"]["model"]
@@ -188,7 +188,8 @@ def test_translate_resolves_pad_to_in_a_checkpoints_model_config(traced, tmp_pat
     model["decoder"]["vocab_size"] = "${pad_to:${..tgt_vocab_size},${..vocab_multiple}}"
     ckpt = tmp_path / "unresolved.ckpt"
     torch.save(checkpoint, ckpt)
-    result = subprocess.run([sys.executable, "translate.py", f"ckpt={ckpt}", "decoding=greedy"], cwd=ROOT,
-                            input="a b c\n\nd e\n", capture_output=True, text=True, timeout=300)
+    source = tmp_path / "in.txt"
+    source.write_text("a b c\n\nd e\n")
+    result = translate_here(capsys, f"ckpt={ckpt}", "decoding=greedy", f"input={source}")  # translate.py's body
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(result.stdout.split("\n")) == 4
