@@ -20,6 +20,7 @@ rank starts from rank 0's torch RNG state and the per-rank token counters are re
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -34,6 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from nmt import directions
 from nmt.checkpoint import FORMAT, load_optimizer_state, nonfinite
 from nmt.data.tokenizer import PAD
 from nmt.length_report import DEFAULT_EDGES, length_report, write_report
@@ -321,13 +323,24 @@ class TranslationModule(L.LightningModule):
         out_dir.mkdir(parents=True, exist_ok=True)
         for name in ("hyps", "sources"):
             (out_dir / f"test_{name}.txt").write_text("".join(h + "\n" for h in results[name]), encoding="utf-8")
-        unit = getattr(self.trainer.datamodule, "src_words", "words")
-        report = length_report(results["sources"], results["hyps"], results["refs"], self.hparams.length_buckets,
-                               unit=unit, tokenize=self.hparams.sacrebleu_tokenize)
+        datamodule = self.trainer.datamodule
+        unit = getattr(datamodule, "src_words", "words")
+        sources = directions.untagged(results["sources"])  # a multilingual split's tags are not words
+        options = {"edges": self.hparams.length_buckets, "unit": unit, "tokenize": self.hparams.sacrebleu_tokenize}
+        report = length_report(sources, results["hyps"], results["refs"], **options)
         report["checkpoint"] = self.tested_checkpoint()
-        paths = write_report(report, out_dir, name=self.hparams.report_name or type(self.model.decoder).__name__)
+        name = self.hparams.report_name or type(self.model.decoder).__name__
+        paths = write_report(report, out_dir, name=name)
         results.update(report=report, report_paths=paths)
         log.info("BLEU by source length -> %s", paths["md"])
+        if "test" in getattr(datamodule, "origins", {}):  # several directions: a row each (nmt.directions)
+            split = directions.plan(datamodule)
+            split.origins = split.origins[np.asarray(results["ids"], dtype=np.int64)]
+            table = {name: directions.direction_reports(split, results["sources"], results["hyps"], results["refs"],
+                                                        **options)}
+            (out_dir / "directions.json").write_text(json.dumps(table, indent=2) + "\n")
+            (out_dir / "directions.md").write_text(directions.markdown(table))
+            log.info("by direction -> %s\n%s", out_dir / "directions.md", (out_dir / "directions.md").read_text())
 
     def tested_checkpoint(self) -> dict[str, Any]:
         """The checkpoint file the test decoded with, and its step (in-memory weights: no file)."""

@@ -222,10 +222,18 @@ def multilingual_ckpt(tmp_path_factory) -> Path:
                                              f"data.source.path={folder}", "data.source.splits.test=test",
                                              "data.tokenizer.vocab_size=60", "data.max_tokens=512",
                                              "data.source.directions=[de-en,en-de,en-fr]", "data.source.zero_shot=[de-fr]",
-                                             "test=false"], cache_dir=tmp / "cache")
+                                             "test=true"], cache_dir=tmp / "cache")
     train(cfg)
     GlobalHydra.instance().clear()
     return Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+
+
+def test_the_training_runs_test_report_has_a_row_per_direction(multilingual_ckpt):
+    run = multilingual_ckpt.parent.parent
+    table = json.loads((run / "directions.json").read_text())
+    (system,) = table
+    assert list(table[system]) == ["de-en", "en-de", "en-fr", "de-fr"] and table[system]["de-fr"]["kind"] == "zero-shot"
+    assert json.loads((run / "bleu_by_length.json").read_text())["count"] == 4 * 24  # every direction's test pairs
 
 
 def test_translate_takes_the_target_language_and_refuses_before_any_output(multilingual_ckpt, tmp_path, capsys):
