@@ -83,10 +83,14 @@ class MultilingualSource:
         self.origins = names  # origin i of a pair: its direction
         self.zero_shot = names[len(trained):]
         self.tags = sorted({tag(t) for _, t in trained + tested})
-        folders = dict(plain(folders) or {})
+        folders = plain(folders) or {}
+        if not isinstance(folders, Mapping):
+            raise DataError(f"data.source.folders: a mapping such as {{en-fr: /data/en-fr}}, not {str(folders)[:40]!r}")
         if unknown := sorted(set(folders) - set(names)):
-            raise DataError(f"data.source.folders: {', '.join(unknown)} is not one of the directions ({', '.join(names)})")
-        self._files = [FileSource(folders.get(name, path), *pair, splits=splits) for name, pair in zip(names, trained + tested)]
+            raise DataError(f"data.source.folders: {', '.join(map(str, unknown))} is not one of the directions "
+                            f"({', '.join(names)})")
+        self._files = [FileSource(str(folders.get(name, path)), *pair, splits=splits)
+                       for name, pair in zip(names, trained + tested)]
         for i, source in enumerate(self._files):
             source.needed, source.lang_keys = self._splits_of(i), \
                 "directions of the languages the folder has, or the direction's own folder (data.source.folders)"
