@@ -1,8 +1,8 @@
 """Score checkpoints or hypothesis files on a test split, overall and by source length.
 
     python evaluate.py ckpts=[runA/checkpoints/last.ckpt,runB/checkpoints/last.ckpt]
-    python evaluate.py ckpts={final: run/checkpoints/last.ckpt, averaged: run/checkpoints/average_last5.ckpt}
-    python evaluate.py data=europarl_it_en hyps={lstm: lstm.txt, transformer: tf.txt} baseline=lstm
+    python evaluate.py 'ckpts={final: run/checkpoints/last.ckpt, averaged: run/checkpoints/average_last5.ckpt}'
+    python evaluate.py data=europarl_it_en 'hyps={lstm: lstm.txt, transformer: tf.txt}' baseline=lstm
 
 With several systems: one comparison table (markdown, CSV, JSON) and one plot with a curve per
 system, all scored on the same sentences per bucket, and every system tested against the baseline
