@@ -235,7 +235,7 @@ def run_summary(cfg: DictConfig, module, trainer: L.Trainer, tested: dict[str, A
     lines.append(f"summary: {out / 'summary.json'}")
     ckpt = (tested or {}).get("path") or (str(last) if last.is_file() else None)
     if ckpt:
-        lines.append(f"translate: python translate.py ckpt={ckpt} < input.txt > output.txt")
+        lines.append(f"translate: nmt-translate ckpt={ckpt} < input.txt > output.txt")
     return "\n".join(lines)
 
 

@@ -52,7 +52,7 @@ def test_debugging_flags_score_the_sentences_they_decode(cfg_train, caplog, over
     # The run ends with a summary: scores, the by-length table, the files, the translate command.
     (summary,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("run finished:")]
     assert f"({count} sentences; step " in summary and "| all |" in summary
-    assert f"translate: python translate.py ckpt={Path(cfg.paths.output_dir)}/checkpoints/" in summary
+    assert f"translate: nmt-translate ckpt={Path(cfg.paths.output_dir)}/checkpoints/" in summary
 
 
 def test_the_progress_bar_shows_the_time_the_run_has_left():
