@@ -201,8 +201,8 @@ def serve_cfg(ckpt: Path, *overrides: str) -> DictConfig:
 # The files that take longest, first: pytest-xdist's --dist loadfile hands files to the workers in
 # collection order, so a long file collected last keeps one worker busy after the others are done.
 LONGEST_FIRST = ["test_export_ctranslate2.py", "test_reliability.py", "test_serve.py", "test_checkpoint_files.py",
-                 "test_serve_hostile.py", "test_side_effects.py", "test_multilingual.py", "test_alignments.py", "test_constraints.py",
-                 "test_configs.py", "test_translate_modes.py", "test_augment.py", "test_train.py"]
+                 "test_serve_hostile.py", "test_side_effects.py", "test_multilingual.py", "test_alignments.py",
+                 "test_constraints.py", "test_configs.py", "test_translate_modes.py", "test_augment.py", "test_train.py"]
 
 
 def pytest_collection_modifyitems(config, items):
