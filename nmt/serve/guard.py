@@ -195,7 +195,8 @@ def parse_request(body: bytes, limits: DictConfig, default_beam: int, can_align:
     if lang is not None and not isinstance(lang, str):
         return error(400, f'"tgt_lang" must be a language code such as "fr", not {_shown(lang)}')
     try:
-        texts = with_target_language(texts, lang, languages or [], where="tgt_lang", numbers=list(range(len(texts))), line="sentence")
+        texts = with_target_language(texts, lang, languages or [], where="tgt_lang", numbers=list(range(len(texts))),
+                                     line="sentence")
     except ValueError as e:
         return error(400, str(e))
     guide = _guide(request, texts, limits, can_guide)
