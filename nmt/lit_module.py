@@ -111,6 +111,7 @@ class TranslationModule(L.LightningModule):
         self.tokenizer_protos: dict[str, bytes] | None = None
         self.loaded_step: int | None = None  # global step of the checkpoint loaded last (resume, test)
         self.monitor_step: int | None = None  # the step of the last validation score
+        self.validations: list[dict[str, Any]] = []  # this process's validations: step, sentences, seconds, BLEU
         # Set by train() for a fine-tuning run (init_from): where its weights came from (saved in its
         # checkpoints, restored on resume), and with init_optimizer=keep the file's optimizer state.
         self.init_origin: dict[str, Any] | None = None
@@ -202,11 +203,15 @@ class TranslationModule(L.LightningModule):
         self._eval_started = time.perf_counter()
 
     def _log_evaluation(self, stage: str, scores: dict[str, Any]) -> None:
-        """One line per validation or test: what it scored and how long decoding and scoring took."""
+        """One line per validation or test: what it scored and how long decoding and scoring took
+        (validations are also kept in ``validations``, for the run summary)."""
+        seconds, sentences = time.perf_counter() - self._eval_started, len(self.last_results[stage]["hyps"])
         log.info("%s at step %d: BLEU %.2f, %d sentences in %.1f s, hypothesis/reference length %.2f",
                  "validation" if stage == "val" else "test", self.global_step, scores["bleu"],
-                 len(self.last_results[stage]["hyps"]), time.perf_counter() - self._eval_started,
-                 scores["length_ratio"])
+                 sentences, seconds, scores["length_ratio"])
+        if stage == "val":
+            self.validations.append({"step": self.global_step, "sentences": sentences, "seconds": round(seconds, 2),
+                                     "bleu": round(float(scores["bleu"]), 2)})
 
     def _loss_scaler(self) -> Any:
         trainer = getattr(self, "_trainer", None)
@@ -294,9 +299,10 @@ class TranslationModule(L.LightningModule):
                 f"non-finite weights after step {self.global_step} ({', '.join(bad[:5])}): this model is "
                 f"neither scored nor saved; resume from the last checkpoint with a lower optimizer.lr"
             )
-        scores = self._score("val", "valid")
+        scores = self._score("val", self.trainer.datamodule.val_split)
         self.monitor_step = self.global_step
-        self.best_bleu = max(self.best_bleu, scores["bleu"])
+        if self.trainer.state.fn == "fit":  # not the full set's validation after training (train.py)
+            self.best_bleu = max(self.best_bleu, scores["bleu"])
         # Every rank scored the same gathered hypotheses: the mean over ranks is that score.
         self.log("val/bleu", scores["bleu"], prog_bar=True, sync_dist=True)
         self.log("val/chrf", scores["chrf"], sync_dist=True)

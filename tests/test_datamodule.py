@@ -293,3 +293,38 @@ def test_vocab_from_a_model_file_or_a_checkpoint(tmp_path):
     torch.save({"state_dict": {}}, tmp_path / "foreign.pt")  # any name: torch.save files are recognised by content
     with pytest.raises(ValueError, match=r"data.vocab_from=.*foreign.pt: no saved run config/tokenizers"):
         tiny(tmp_path, vocab_from=str(tmp_path / "foreign.pt")).setup()
+
+
+def test_validation_reads_a_seeded_sample_in_corpus_order_until_switched_to_every_pair(tmp_path):
+    """data.val_sample: validation decodes a fixed sample of the valid pairs, the same for the same
+    seed (another seed draws another), in corpus order, sources and references kept together;
+    validate_in_full() switches to the 20 pairs."""
+    dm = tiny(tmp_path / "cache", val_sample=5)
+    dm.setup()
+    assert dm.val_split == "valid_sample" and len(dm.datasets["valid_sample"]) == 5
+    src, ref = dm.raw("valid_sample")
+    all_src, all_ref = dm.raw("valid")
+    positions = [all_src.index(s) for s in src]
+    assert positions == sorted(positions) and [all_ref[i] for i in positions] == ref
+    assert sorted(i for batch in dm.val_dataloader() for i in batch["ids"].tolist()) == list(range(5))
+    again = tiny(tmp_path / "cache", val_sample=5)
+    again.setup()
+    assert again.raw("valid_sample") == (src, ref)
+    other = tiny(tmp_path / "cache", val_sample=5, seed=7)
+    other.setup()
+    assert other.raw("valid_sample")[0] != src
+    assert dm.validate_in_full() and dm.val_split == "valid" and not dm.validate_in_full()
+    assert sorted(i for batch in dm.val_dataloader() for i in batch["ids"].tolist()) == list(range(20))
+
+
+@pytest.mark.parametrize("val_sample", [None, 20, 500])
+def test_a_sample_as_large_as_the_split_is_every_pair(tmp_path, val_sample):
+    dm = tiny(tmp_path / "cache", val_sample=val_sample)
+    dm.setup()
+    assert dm.val_split == "valid" and "valid_sample" not in dm.datasets
+
+
+@pytest.mark.parametrize("val_sample", [0, -3, 2.5, True, "100"])
+def test_a_bad_validation_sample_is_refused_naming_the_key(tmp_path, val_sample):
+    with pytest.raises(ValueError, match=r"data\.val_sample=.*: a positive number of validation pairs, or null for all"):
+        tiny(tmp_path / "cache", val_sample=val_sample)

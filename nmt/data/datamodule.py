@@ -38,6 +38,13 @@ from nmt.data.tokenizer import Tokenizer, options_with_defaults
 
 log = logging.getLogger(__name__)
 
+VALID_SAMPLE_STREAM = 0x76616C  # the validation sample's own random stream beside the seed
+
+
+def stored(split: str) -> str:
+    """The prepared split a split's pairs are read from (the validation sample: valid's)."""
+    return "valid" if split == "valid_sample" else split
+
 
 Flat = tuple[np.ndarray, np.ndarray]  # (uint16/uint32 tokens, int64 offsets), memory-mapped
 
@@ -123,6 +130,10 @@ class TranslationDataModule(L.LightningDataModule):
         (`nmt.data.augment`: upper, title, noise); each epoch draws the pairs it changes. The
         number of batches then varies by epoch: the trainer must reload its training loader
         every epoch (`trainer.reload_dataloaders_every_n_epochs=1`, as `augment=robust` sets).
+    val_sample: validation during training decodes a fixed sample of this many valid pairs
+        (drawn once with `seed`, kept in corpus order), so that it does not dominate training on a
+        large development set; `validate_in_full()` switches to every pair (train() does, after
+        fit, for the final weights). None, or a number at least the split's size: every pair.
     temperature: with a source of several directions (`nmt.data.multilingual.MultilingualSource`),
         each epoch samples its training pairs by direction with this temperature
         (`temperature_items`); directions of unequal sizes then change the number of batches by
@@ -137,7 +148,8 @@ class TranslationDataModule(L.LightningDataModule):
                  seed: int = 0, eval_max_tokens: int | None = None, train_pairs: int | None = None,
                  train_max_words: int | None = None, vocab_from: str | None = None,
                  vocab_loader: Callable[[str], tuple[Tokenizer, Tokenizer]] | None = None,
-                 augment: list | None = None, temperature: float | None = None) -> None:
+                 augment: list | None = None, temperature: float | None = None,
+                 val_sample: int | None = None) -> None:
         super().__init__()
         if too_long not in ("drop", "truncate"):
             raise ValueError(f"too_long must be 'drop' or 'truncate', got {too_long!r}")
@@ -160,6 +172,10 @@ class TranslationDataModule(L.LightningDataModule):
             raise ValueError(f"data.temperature={temperature}: a number from 1 (the corpus proportions) to 1000 "
                              "(close to equal shares of the directions), or null")
         self.temperature = temperature
+        if val_sample is not None and (isinstance(val_sample, bool) or not isinstance(val_sample, int) or val_sample < 1):
+            raise ValueError(f"data.val_sample={val_sample!r}: a positive number of validation pairs, or null for all")
+        self.val_sample = val_sample
+        self.val_split = "valid"  # what validation decodes: "valid", or "valid_sample" (see val_sample)
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
         self.max_tokens, self.batch_size = max_tokens, batch_size
         self.eval_max_tokens = eval_max_tokens or max_tokens
@@ -272,6 +288,7 @@ class TranslationDataModule(L.LightningDataModule):
                 origin = np.asarray(arrays(f"{split}.origin"))
                 self.origins[split] = origin if kept is None else origin[kept]
         self.origin_names = list(manifest.get("origins") or [])
+        self._sample_valid()
         if self.temperature is not None and "train" not in self.origins:
             log.warning("data.temperature=%s: the source has one direction; every training pair is read once an epoch",
                         self.temperature)
@@ -296,6 +313,25 @@ class TranslationDataModule(L.LightningDataModule):
         log.info("data ready in %.1fs: %s; training batches %d, padding %.1f%%",
                  self.prepare_seconds, ", ".join(f"{s} {len(d)}" for s, d in self.datasets.items()),
                  len(self._train_sampler), 100 * self.train_padding)
+
+    def _sample_valid(self) -> None:
+        """The ``valid_sample`` split: ``val_sample`` pairs of valid drawn with the seed (a stream of
+        their own), in corpus order; validation reads it until ``validate_in_full``."""
+        valid = self.datasets["valid"]
+        if self.val_sample is None or self.val_sample >= len(valid):
+            return
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, VALID_SAMPLE_STREAM]))
+        positions = np.sort(rng.choice(len(valid), self.val_sample, replace=False))
+        self.datasets["valid_sample"] = TokenizedSplit(valid.src, valid.tgt, valid.index[positions], valid.max_src_len,
+                                                       valid.max_tgt_len, sizes=valid.sizes)
+        if "valid" in self.origins:
+            self.origins["valid_sample"] = self.origins["valid"][positions]
+        self.val_split = "valid_sample"
+
+    def validate_in_full(self) -> bool:
+        """Validation reads every valid pair from now on; False if it already did."""
+        was, self.val_split = self.val_split, "valid"
+        return was != "valid"
 
     def _sampled(self) -> bool:
         """Whether the epochs sample the training pairs by direction (`temperature` changes them)."""
@@ -337,14 +373,14 @@ class TranslationDataModule(L.LightningDataModule):
         if split not in self._raw:
             self.setup()
             index = self.datasets[split].index
-            self._raw[split] = tuple(TextColumn(self.prepared_dir, f"{split}.{side}").take(index)
+            self._raw[split] = tuple(TextColumn(self.prepared_dir, f"{stored(split)}.{side}").take(index)
                                      for side in SIDES)  # type: ignore[assignment]
         return self._raw[split]
 
     def text_lengths(self, split: str, side: str = "src") -> np.ndarray:
         """Lengths of `raw(split)` sentences: source per `src_words` (words | chars), target words."""
         self.setup()
-        words = np.load(self.prepared_dir / f"{split}.{side}.words.npy", mmap_mode="r")
+        words = np.load(self.prepared_dir / f"{stored(split)}.{side}.words.npy", mmap_mode="r")
         return words[self.datasets[split].index].astype(np.int64)
 
     def _replicas(self) -> tuple[int, int]:
@@ -413,7 +449,7 @@ class TranslationDataModule(L.LightningDataModule):
         return self._loader(dataset, sampler, rank)
 
     def val_dataloader(self) -> DataLoader:
-        return self._eval_loader("valid")
+        return self._eval_loader(self.val_split)
 
     def test_dataloader(self) -> DataLoader:
         return self._eval_loader("test")
