@@ -42,7 +42,7 @@ def open_translator(cfg: DictConfig) -> Any:
     kernels, decoding, max_tokens, workers, ctranslate2.*)."""
     backend, settings = backend_of(cfg), search_settings(cfg)
     if backend == "ctranslate2":
-        if str(cfg.precision) != "32":
+        if str(cfg.precision) not in ("auto", "32"):
             raise ValueError(f"precision={cfg.precision} is the torch backend's; a CTranslate2 folder computes in "
                              "the type it was exported with, or ctranslate2.compute_type=int8|bfloat16|...")
         try:

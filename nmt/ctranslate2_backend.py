@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from typing import Any
 from nmt.alignments import pharaoh
 from nmt.languages import tag_words, vocabulary_languages
 from nmt.limits import tokens
+from nmt.machine import usable_cores
 from nmt.search_settings import SearchSettings
 from nmt.translations import Attention, Hypothesis, Translation, in_line_order
 
@@ -104,7 +104,7 @@ def decoding_cap(num_pieces: int, max_len_a: float, max_len_b: int, max_tgt_len:
 def default_workers() -> int:
     """Batches decoded at once: one per core this process may use (one thread each is
     CTranslate2's fastest setting on a small CPU)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return usable_cores()
 
 
 class CTranslate2Translator:

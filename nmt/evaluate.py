@@ -188,6 +188,7 @@ def evaluate(cfg: DictConfig) -> None:
     data_cfg, data_source = cfg.get("data"), None
     decoding = OmegaConf.to_container(cfg.decoding)
     loaded = [Translator.load(p, device=str(cfg.device), kernels=str(cfg.get("kernels", "auto")),
+                              precision=str(cfg.get("precision", "auto")),
                               allow_pickle=cfg.allow_pickle, decoding=decoding, max_tokens=cfg.max_tokens) for p in ckpts]
     if data_cfg is None:
         if not loaded:

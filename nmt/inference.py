@@ -14,8 +14,9 @@ is cut there, with a warning naming its line), sorted by length and cut into bat
 ``max_tokens`` source tokens (padding included). On a CPU, ``workers`` batches decode at once, one
 thread each (default: as many as torch has threads): a decoding step is many small operations
 that one thread runs nearly as fast as two, so batches side by side use the cores better.
-``precision``: ``32``; ``bf16`` (autocast: bf16 matmuls, fp32 scores and softmax); ``int8`` (CPU: a
-copy of the model whose linear layers multiply in int8, ``nmt.kernels.int8``).
+``precision``: ``auto`` (``load``'s default: bf16 where the device computes it in hardware, else
+fp32, ``nmt.machine``); ``32``; ``bf16`` (autocast: bf16 matmuls, fp32 scores and softmax); ``int8``
+(CPU: a copy of the model whose linear layers multiply in int8, ``nmt.kernels.int8``).
 """
 
 from __future__ import annotations
@@ -42,25 +43,19 @@ from nmt.kernels import on_cpu
 from nmt.languages import tag_words, vocabulary_languages
 from nmt.kernels.malloc import bound_onednn_cache, keep_freed_memory
 from nmt.limits import model_max_src_len, model_max_tgt_len
+from nmt.machine import decoding_device, resolve_decoding_precision
 from nmt.search_settings import SearchSettings
 from nmt.translations import Attention, Hypothesis, Translation, in_line_order
 
 log = logging.getLogger(__name__)
 
-PRECISIONS = ("32", "bf16", "int8")
+PRECISIONS = ("auto", "32", "bf16", "int8")
 
 
 def check_precision(precision: Any) -> str:
     if str(precision) not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
     return str(precision)
-
-
-def choose_device(device: str, precision: str) -> torch.device:
-    """``device=auto``: cuda when there is one, except for int8, which decodes on CPUs."""
-    if device != "auto":
-        return torch.device(device)
-    return torch.device("cuda" if torch.cuda.is_available() and str(precision) != "int8" else "cpu")
 
 
 def encode_sources(lines: list[str], vocab: Tokenizer, max_len: int, numbers: list[int] | None = None) -> list[list[int]]:
@@ -130,7 +125,8 @@ class Translator:
                  precision: str = "32", max_tokens: int = 2048, workers: int | None = None,
                  max_src_len: int | None = None, step: int | None = None, report: dict[str, Any] | None = None) -> None:
         self.run_config = run_config or {}
-        self.precision = check_precision(precision)
+        device = next(model.parameters()).device.type
+        self.precision = resolve_decoding_precision(check_precision(precision), device)
         self.source_model = model.eval()  # as loaded: what ``info`` describes
         self.model = copy.deepcopy(model).quantize_int8() if self.precision == "int8" else self.source_model
         self.device = next(self.model.parameters()).device
@@ -145,12 +141,12 @@ class Translator:
         self._attention: bool | None = None
 
     @classmethod
-    def load(cls, path: str | Path, device: str = "auto", precision: str = "32", kernels: str = "auto",
+    def load(cls, path: str | Path, device: str = "auto", precision: str = "auto", kernels: str = "auto",
              allow_pickle: bool = False, **options: Any) -> Translator:
         """A checkpoint or release file, on ``device`` with ``kernels`` (``nmt.kernels``); the
         process-wide memory settings of those kernels are applied here, once."""
         precision = check_precision(precision)
-        target = choose_device(str(device), precision)
+        target = torch.device(decoding_device(str(device), precision))
         bound_onednn_cache()
         if on_cpu(kernels, target.type):
             keep_freed_memory()

@@ -51,7 +51,8 @@ from nmt.checkpoint import (INIT_OPTIMIZER, check_architecture, check_init_vocab
 from nmt.length_report import markdown_table
 from nmt import kernels
 from nmt.kernels.malloc import bound_onednn_cache, keep_freed_memory, release_freed_memory
-from nmt.machine import cpu_name, resolve_precision, training_device
+from nmt.cpu_threads import CpuThreads
+from nmt.machine import cpu_name, resolve_precision, training_device, usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     datamodule = build_datamodule(cfg.data)
     datamodule.setup("fit")
     release_freed_memory()  # the data set-up's temporaries (sorting 10M lengths: ~0.5 GB) are not kept
+    if datamodule.val_split != "valid" and cfg.get("train", True):
+        log.info("validation during training: a fixed sample of %d of the %d valid pairs (data.val_sample); the "
+                 "final weights on all of them after training", len(datamodule.datasets[datamodule.val_split]),
+                 len(datamodule.datasets["valid"]))
     model = build_model(cfg, datamodule.src_vocab.vocab_size, datamodule.tgt_vocab.vocab_size)
     if ckpt_path:
         check_resume(ckpt_path, model, datamodule.src_vocab, datamodule.tgt_vocab, not weights_only)
@@ -169,6 +174,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         log.warning("trainer.max_time (the safety net) stopped training at step %d of its budget of %d "
                     "(trainer.max_steps): this run's results are not the budget's; resume it (ckpt_path=latest) "
                     "or raise trainer.max_time", trainer.global_step, trainer.max_steps)
+    if stopped_by is None:
+        validate_in_full(cfg, trainer, module, datamodule)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if stopped_by is not None:  # preempted: no test, and an exit status that says so
         if trainer.is_global_zero:
@@ -211,6 +218,27 @@ def fit(cfg: DictConfig, trainer: L.Trainer, module: L.LightningModule, datamodu
     if preemption or trainer.received_sigterm:
         stopped_by = preemption[0] if preemption else signal.SIGTERM
     return stopped_by
+
+
+def validate_in_full(cfg: DictConfig, trainer: L.Trainer, module: L.LightningModule,
+                     datamodule: L.LightningDataModule) -> None:
+    """After a training run that validated on a sample (``data.val_sample``), validate its final
+    weights on every valid pair: ``val/bleu`` and ``val/chrf`` then score the whole split."""
+    if (not cfg.get("train", True) or not trainer.limit_val_batches or trainer.fast_dev_run
+            or trainer.overfit_batches or not module.validations or not datamodule.validate_in_full()):
+        return
+    log.info("validating the final weights on all %d valid pairs", len(datamodule.datasets["valid"]))
+    trainer.validate(module, datamodule=datamodule, verbose=False)
+
+
+def validation_summary(module: L.LightningModule, datamodule: L.LightningDataModule) -> dict[str, Any]:
+    """What validation decoded and what it cost: the sample (or every pair) during training, each
+    validation of this process, and the final one on every pair where a sample came first."""
+    runs = list(module.validations)
+    full = len(datamodule.datasets["valid"]) if "valid" in datamodule.datasets else None
+    sample = datamodule.datasets.get("valid_sample")
+    return {"sentences": full, "during_training": len(sample) if sample is not None else full,
+            "seconds": round(sum(r["seconds"] for r in runs), 1), "runs": runs}
 
 
 def run_summary(cfg: DictConfig, module, trainer: L.Trainer, tested: dict[str, Any] | None) -> str:
@@ -273,12 +301,16 @@ def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: t
         "init_from": module.init_origin,  # what a fine-tuning run started from (None: fresh weights)
         "stopped_by": stopped_by,
         "skipped_steps": module.skipped_steps,
+        "validation": validation_summary(module, trainer.datamodule) if trainer.datamodule is not None else None,
         "hardware": {  # what the wall-clock numbers were measured on
             "accelerator": type(trainer.accelerator).__name__, "devices": trainer.num_devices,
             "num_nodes": trainer.num_nodes, "precision": str(trainer.precision),
             "cpu": cpu_name(), "cpu_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+            "usable_cores": usable_cores(),
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         },
+        # time on each thread count where other programs shared the CPU (nmt.cpu_threads)
+        "cpu_threads": next((cb.summary() for cb in trainer.callbacks if isinstance(cb, CpuThreads)), None),
         "metrics": metrics,
     }
     path = Path(cfg.paths.output_dir) / "summary.json"

@@ -194,8 +194,8 @@ def check_options(cfg: DictConfig) -> None:
     here, before the output is opened."""
     if cfg.mode not in ("translate", "score"):
         raise ValueError(f"mode={cfg.mode}: choose translate or score")
-    if str(cfg.precision) not in ("32", "bf16", "int8"):
-        raise ValueError(f"precision={cfg.precision!r}: choose one of 32, bf16, int8")
+    if str(cfg.precision) not in ("auto", "32", "bf16", "int8"):
+        raise ValueError(f"precision={cfg.precision!r}: choose one of auto, 32, bf16, int8")
     if cfg.errors not in ERRORS:
         raise ValueError(f"errors={cfg.errors}: choose strict or replace")
     backend_of(cfg)

@@ -1,17 +1,22 @@
-"""Translation with the CTranslate2 backend against CTranslate2 called directly, on the same
-exported weights: whole commands, alternating rounds, wall time, peak resident memory and BLEU.
+"""Translation with the CTranslate2 backend against CTranslate2 called directly and against the
+torch backend in each decoding precision, on the same weights: whole commands, alternating rounds,
+wall time, peak resident memory, BLEU, and the precision each command chose.
 
     python scripts/compare_ctranslate2.py --ckpt <run>/checkpoints/last.ckpt --src test.de --ref test.en \\
-        [--rounds 3 --threads 2 --out docs/results/benchmark_cpu]
+        [--rounds 3 --threads 2 --isa AVX2 --out docs/results/benchmark_cpu]
 
 Exports the checkpoint to CTranslate2 (int8 weights) under ``--work``, then runs, in turn each
 round, each a fresh process whose peak resident memory comes from ``wait4``:
-``translate.py ckpt=<folder>`` (the CTranslate2 backend), ``translate.py ckpt=<ckpt> precision=int8``
-(the torch backend) and this script's ``--direct`` mode: the few lines a CTranslate2 user writes
-(SentencePiece, one ``translate_batch`` over the whole input, the same beam, length penalty and
-cap). All use beam 5 and ``--threads`` batches at once, one thread each (CTranslate2's fastest
-setting on 2 cores, as ``translate.py``'s workers). Writes ``compare_ctranslate2.{json,md}`` into
-``--out``: medians over the rounds and the ratio of each to CTranslate2 direct.
+``translate.py ckpt=<folder>`` (the CTranslate2 backend), ``translate.py ckpt=<ckpt>`` with
+``precision=auto`` (the default), ``32``, ``bf16`` and ``int8`` (the torch backend), and this
+script's ``--direct`` mode: the few lines a CTranslate2 user writes (SentencePiece, one
+``translate_batch`` over the whole input, the same beam, length penalty and cap). All use beam 5
+and ``--threads`` batches at once, one thread each (CTranslate2's fastest setting on 2 cores, as
+``translate.py``'s workers). ``--isa AVX2`` runs every command as on a CPU without bf16 and VNNI
+(``ONEDNN_MAX_CPU_ISA``, ``ATEN_CPU_CAPABILITY`` and ``CT2_FORCE_CPU_ISA`` capped there: the
+matmul libraries and the precision probes of ``nmt.machine`` then see that CPU). Writes
+``compare_ctranslate2[_<isa>].{json,md}`` into ``--out``: medians over the rounds and the ratio of
+each to CTranslate2 direct.
 """
 
 from __future__ import annotations
@@ -50,10 +55,11 @@ def direct(folder: Path, src: Path, threads: int) -> None:
 
 
 def timed(cmd: list[str], out: Path, env: dict[str, str]) -> tuple[float, float]:
-    """Wall seconds and peak resident MiB of one command, its stdout written to ``out``."""
+    """Wall seconds and peak resident MiB of one command, its stdout written to ``out`` and its
+    stderr to ``out`` with the suffix ``.log``."""
     start = time.perf_counter()
-    with out.open("w") as f:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.DEVNULL, env=env)
+    with out.open("w") as f, out.with_suffix(".log").open("w") as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=err, env=env)
         _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
@@ -71,6 +77,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work", type=Path, default=Path("outputs/compare_ctranslate2"))
     parser.add_argument("--out", type=Path, default=ROOT / "docs/results/benchmark_cpu")
+    parser.add_argument("--isa", choices=["AVX2"], help="run as on a CPU of this instruction set (no bf16, no VNNI)")
     args = parser.parse_args()
     if args.direct is not None:
         return direct(args.direct, args.src, args.threads)
@@ -89,42 +96,62 @@ def main() -> None:
         loaded = load_checkpoint(args.ckpt)
         to_ctranslate2(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, ct2, quantization="int8")
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    if args.isa:
+        env |= {"ONEDNN_MAX_CPU_ISA": args.isa, "ATEN_CPU_CAPABILITY": args.isa.lower(), "CT2_FORCE_CPU_ISA": args.isa}
     common = [f"input={args.src.resolve()}", f"workers={args.threads}", f"hydra.run.dir={args.work.resolve() / 'hydra'}"]
+    torch_backend = [sys.executable, "translate.py", f"ckpt={args.ckpt.resolve()}", *common]
     systems = {
         "translate.py, CTranslate2 backend": [sys.executable, "translate.py", f"ckpt={ct2.resolve()}", *common,
                                               "ctranslate2.intra_threads=1"],
-        "translate.py, torch backend, int8": [sys.executable, "translate.py", f"ckpt={args.ckpt.resolve()}", *common,
-                                              "precision=int8"],
         "CTranslate2 direct": [sys.executable, "scripts/compare_ctranslate2.py", "--direct", str(ct2.resolve()),
                                "--src", str(args.src.resolve()), "--threads", str(args.threads)],
+        **{f"translate.py, torch backend, precision={p}": [*torch_backend, f"precision={p}"]
+           for p in ("auto", "32", "bf16", "int8")},
     }
     refs = args.ref.read_text(encoding="utf-8").splitlines()
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in systems}
     bleu: dict[str, float] = {}
+    chosen: dict[str, str] = {}
     for round_ in range(args.rounds):
         for name, cmd in systems.items():
             out = args.work / f"{name.replace(' ', '_').replace('=', '')}.txt"
             runs[name].append(timed(cmd, out, env))
             hyps = out.read_text(encoding="utf-8").splitlines()
             bleu[name] = round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
-            print(f"round {round_ + 1} {name}: {runs[name][-1][0]:.2f} s, {runs[name][-1][1]:.0f} MiB, BLEU {bleu[name]}",
-                  flush=True)
+            chosen[name] = chosen_precision(out.with_suffix(".log").read_text(encoding="utf-8", errors="replace"),
+                                            cmd)
+            print(f"round {round_ + 1} {name}: {runs[name][-1][0]:.2f} s, {runs[name][-1][1]:.0f} MiB, BLEU {bleu[name]}"
+                  f", ran in {chosen[name]}", flush=True)
     medians = {name: {"seconds": statistics.median(s for s, _ in r), "peak_mib": statistics.median(m for _, m in r),
-                      "bleu": bleu[name], "runs": r} for name, r in runs.items()}
+                      "bleu": bleu[name], "precision": chosen[name], "runs": r} for name, r in runs.items()}
     base = medians["CTranslate2 direct"]
-    lines = ["| command | seconds | x CTranslate2 direct | peak MiB | x CTranslate2 direct | BLEU |", "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| command | ran in | seconds | x CTranslate2 direct | peak MiB | x CTranslate2 direct | BLEU |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     for name, m in medians.items():
-        lines.append(f"| {name} | {m['seconds']:.2f} | {m['seconds'] / base['seconds']:.2f} | {m['peak_mib']:.0f} | "
-                     f"{m['peak_mib'] / base['peak_mib']:.2f} | {m['bleu']:.2f} |")
+        lines.append(f"| {name} | {m['precision']} | {m['seconds']:.2f} | {m['seconds'] / base['seconds']:.2f} | "
+                     f"{m['peak_mib']:.0f} | {m['peak_mib'] / base['peak_mib']:.2f} | {m['bleu']:.2f} |")
     table = "\n".join(lines) + "\n"
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "compare_ctranslate2.json").write_text(json.dumps(
+    stem = "compare_ctranslate2" + (f"_{args.isa.lower()}" if args.isa else "")
+    (args.out / f"{stem}.json").write_text(json.dumps(
         {"ckpt": str(args.ckpt), "src": str(args.src), "threads": args.threads, "rounds": args.rounds,
-         "systems": {n: systems[n] for n in systems}, "results": medians}, indent=2) + "\n")
-    (args.out / "compare_ctranslate2.md").write_text(
-        f"Beam 5, {args.src.name}, {args.threads} threads, medians of {args.rounds} alternating rounds, whole commands.\n\n"
-        + table)
+         "isa": args.isa, "systems": {n: systems[n] for n in systems}, "results": medians}, indent=2) + "\n")
+    cpu = f"as a CPU without bf16 and VNNI ({args.isa} caps), " if args.isa else ""
+    (args.out / f"{stem}.md").write_text(
+        f"Beam 5, {args.src.name}, {args.threads} threads, {cpu}medians of {args.rounds} alternating rounds, "
+        f"whole commands.\n\n" + table)
     print(table)
+
+
+def chosen_precision(log: str, cmd: list[str]) -> str:
+    """The precision a command decoded in: what ``precision=auto`` logged, else the one it gave
+    (``slow`` added where it was warned about), or the CTranslate2 folder's int8."""
+    import re
+
+    found = re.search(r"precision=auto: (\w+)", log)
+    given = next((a.split("=", 1)[1] for a in cmd if a.startswith("precision=")), None)
+    name = found[1] if found else given or "int8 (CTranslate2)"
+    return name + (", warned slow" if re.search(r"precision=\w+: this cpu has no", log) else "")
 
 
 if __name__ == "__main__":

@@ -145,8 +145,21 @@ def measure(entry: dict, run_dir: Path) -> list[dict]:
         drift = measured - documented
         row.update(measured=measured, drift=drift)
         row["status"] = "OUTSIDE" if tolerance is not None and abs(drift) > tolerance else "ok"
+        ran_in = run_precision(run_dir)
+        if entry.get("precision") and ran_in and ran_in != entry["precision"]:
+            row["status"] += f" (measured in {ran_in}, documented in {entry['precision']})"
         rows.append(row)
     return rows
+
+
+def run_precision(run_dir: Path) -> str | None:
+    """The trainer precision of the first training run under ``run_dir`` (its summary.json)."""
+    for path in sorted(run_dir.rglob("summary.json")):
+        try:
+            return str(json.loads(path.read_text())["hardware"]["precision"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
 
 
 def number(value: float | None, signed: bool = False) -> str:

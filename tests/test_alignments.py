@@ -109,7 +109,8 @@ def test_the_alignment_reads_the_attention_the_search_computed(model_run):
     name, ckpt = model_run
     if name == "lstm":
         pytest.skip("no attention")
-    translator = Translator.load(ckpt, decoding={"_target_": "nmt.decoding.greedy_search", "_partial_": True})
+    translator = Translator.load(ckpt, precision="32",  # as the greedy search it is compared with
+                                 decoding={"_target_": "nmt.decoding.greedy_search", "_partial_": True})
     compared = 0
     for translation, line in zip(translator.translate(LINES, attention=True), LINES):
         source = encode_sources([line], translator.src_vocab, translator.max_src_len)

@@ -82,7 +82,7 @@ def compose_defaults(tmp_path: Path, overrides: list[str]):
     HydraConfig().set_config(cfg)
     with open_dict(cfg):
         del cfg["hydra"]
-        cfg.trainer.precision = "32-true"  # the experiments' bf16-mixed needs no check here
+        cfg.trainer.precision = "32-true"  # the build is checked, not the precision auto picks
     return cfg
 
 

@@ -50,7 +50,8 @@ def test_a_run_stopped_by_its_time_budget_saves_and_tests_its_final_weights(budg
     assert json.loads((run / "bleu_by_length.json").read_text())["checkpoint"] == summary["tested_checkpoint"]
 
     # translate on last.ckpt writes exactly the test hypotheses of the run.
-    result = translate_here(capsys, f"ckpt={last}", f"input={run / 'test_sources.txt'}", "decoding.beam_size=3")
+    result = translate_here(capsys, f"ckpt={last}", f"input={run / 'test_sources.txt'}", "decoding.beam_size=3",
+                            "precision=32")  # as the run (fp32) tested
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout == (run / "test_hyps.txt").read_text(encoding="utf-8")
 

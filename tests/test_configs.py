@@ -53,7 +53,7 @@ def test_every_model_preset_builds(model):
 EXPERIMENTS = {
     "bleu_vs_length": {"model": "lstm_bahdanau", "data": "synthetic", "scheduler._target_": "nmt.schedules.WarmupCosine",
                        "test_ckpt": "last", "position_shift": 30, "data.max_tokens": 2048, "trainer.max_steps": 2500,
-                       "trainer.precision": "bf16-mixed", "trainer.val_check_interval": 500,
+                       "trainer.val_check_interval": 500,
                        "callbacks.early_stopping": None},
     "bleu_vs_length_europarl": {"model": "lstm_bahdanau", "data": "europarl_it_en", "position_shift": 0,
                                 "data.train_pairs": 60000, "data.train_max_words": 30, "data.max_tokens": 3000,
@@ -65,7 +65,7 @@ EXPERIMENTS = {
                    "trainer.max_steps": -1, "trainer.max_time": None},
     "multi30k_lstm": {"model": "lstm", "data": "multi30k", "model.hidden_size": 256,
                       "model.share_src_tgt_embeddings": True, "optimizer.lr": 0.008, "trainer.max_steps": 1200,
-                      "trainer.val_check_interval": 300, "trainer.precision": "bf16-mixed", "test_ckpt": "best"},
+                      "trainer.val_check_interval": 300, "test_ckpt": "best"},
     "multi30k_lstm_bahdanau": {"model": "lstm_bahdanau", "data": "multi30k", "model.hidden_size": 256,
                                "optimizer.lr": 0.008, "trainer.max_steps": 800, "trainer.val_check_interval": 200,
                                "test_ckpt": "best"},

@@ -164,7 +164,7 @@ def test_batches_decoded_side_by_side_give_the_serial_translations_and_attention
         torch.testing.assert_close(torch.tensor(parallel_attn[i].weights), torch.tensor(attn.weights))
         assert (parallel_attn[i].source, parallel_attn[i].target) == (attn.source, attn.target)
     assert torch.get_num_threads() == threads
-    with pytest.raises(ValueError, match="precision='fp16': choose one of 32, bf16, int8"):
+    with pytest.raises(ValueError, match="precision=.fp16.: choose one of auto, 32, bf16, int8"):
         translate_lines(*args, precision="fp16")
 
 
@@ -216,3 +216,25 @@ def test_loss_on_real_positions_equals_cross_entropy_on_all_logits(cfg_train, ep
             assert g is None or not g.any()
         else:
             torch.testing.assert_close(g, r)
+
+
+def test_training_validates_a_sample_and_the_final_weights_on_every_pair(cfg_train, caplog):
+    """data.val_sample=5 of the tiny corpus's 20 valid pairs: each validation during training
+    decodes the 5, then the final weights are validated on all 20 (its BLEU is val/bleu in the
+    metrics and the summary; val/bleu_best stays the training validations' best); the log and the
+    summary say which was used."""
+    import logging
+
+    cfg = cfg_train(["data.val_sample=5", "trainer.max_epochs=2", "test=false"], model="transformer")
+    with caplog.at_level(logging.INFO):
+        metrics = train(cfg)
+    assert "validation during training: a fixed sample of 5 of the 20 valid pairs (data.val_sample)" in caplog.text
+    assert "validating the final weights on all 20 valid pairs" in caplog.text
+    summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
+    validation = summary["validation"]
+    assert (validation["sentences"], validation["during_training"]) == (20, 5)
+    assert [r["sentences"] for r in validation["runs"]] == [5, 5, 20]
+    assert validation["runs"][-1]["step"] == summary["steps"]
+    assert validation["seconds"] == pytest.approx(sum(r["seconds"] for r in validation["runs"]), abs=0.11)
+    assert metrics["val/bleu"] == pytest.approx(validation["runs"][-1]["bleu"], abs=0.01)
+    assert metrics["val/bleu_best"] == pytest.approx(max(r["bleu"] for r in validation["runs"][:2]), abs=0.01)

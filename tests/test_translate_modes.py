@@ -26,8 +26,9 @@ def ckpt(tmp_path_factory) -> Path:
 
 
 def translate(ckpt: Path, capsys, *overrides: str, ok: bool = True) -> Finished:
-    """translate.py's run in this process (``tests.conftest.translate_here``)."""
-    result = translate_here(capsys, f"ckpt={ckpt}", *overrides)
+    """translate.py's run in this process (``tests.conftest.translate_here``), in fp32: the scores
+    compared here to 1e-3 are fp32's (precision=auto picks bf16 on a CPU that has it)."""
+    result = translate_here(capsys, f"ckpt={ckpt}", "precision=32", *overrides)
     assert (result.returncode == 0) == ok, result.stderr[-3000:]
     return result
 

@@ -42,6 +42,7 @@ import sentencepiece as spm
 
 from nmt.data.sources import SPLITS, DataError, columns, drop_empty
 from nmt.data.tokenizer import Tokenizer, options_with_defaults, text_hash, train_sentencepiece
+from nmt.machine import usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -344,7 +345,7 @@ def _close(writers: dict[str, tuple[NpyWriter, ...]]) -> None:
 
 
 def default_workers() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return usable_cores()
 
 
 def prepare(source: Any, cache_dir: str | Path, tokenizer: Mapping[str, Any] | None = None,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import numpy as np
 import sentencepiece as spm
 
 from nmt.specials import BOS, EOS, PAD, UNK  # noqa: F401  (re-exported for data code)
+from nmt.machine import usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ DEFAULTS: dict[str, Any] = {
 
 
 def _num_threads() -> int:
-    return os.cpu_count() or 1
+    return usable_cores()
 
 
 class Tokenizer:
