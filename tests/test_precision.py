@@ -201,3 +201,17 @@ def test_documented_results_record_their_precision():
     trained = [r for r in results if "train.py" in r["command"] or "nmt.study" in r["command"]]
     assert trained and all(r.get("precision") in ("32-true", "bf16-mixed") for r in trained), \
         [r["name"] for r in trained if r.get("precision") not in ("32-true", "bf16-mixed")]
+
+
+def test_translate_warns_once_about_a_slow_int8_and_still_translates(serve_ckpt, monkeypatch, capsys, tmp_path):
+    """translate.py precision=int8 where int8 is slow: one warning line on stderr naming the factor
+    and the faster choice; the translations are the int8 model's, one line per input line."""
+    from tests.conftest import translate_here
+
+    cpu_with(monkeypatch, bf16=False, vnni=False, factor=12.5)
+    src = tmp_path / "in.txt"
+    src.write_text("a b c\n\nd e\n", encoding="utf-8")
+    result = translate_here(capsys, f"ckpt={serve_ckpt}", f"input={src}", "precision=int8")
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.split("\n")) == 4 and result.stdout.split("\n")[1] == ""
+    assert [line for line in result.stderr.splitlines() if "slow" in line] == [NO_VNNI_SLOW]
