@@ -151,7 +151,7 @@ def chosen_precision(log: str, cmd: list[str]) -> str:
     found = re.search(r"precision=auto: (\w+)", log)
     given = next((a.split("=", 1)[1] for a in cmd if a.startswith("precision=")), None)
     name = found[1] if found else given or "int8 (CTranslate2)"
-    return name + (", warned slow" if re.search(r"precision=\w+: this cpu has no", log) else "")
+    return name + (", warned slow" if "runs slowly" in log else "")
 
 
 if __name__ == "__main__":
