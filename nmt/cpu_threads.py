@@ -29,7 +29,7 @@ import pytorch_lightning as L
 import torch
 from pytorch_lightning.callbacks import Callback
 
-from nmt.machine import usable_cores
+from nmt.machine import affinity_cores
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +74,11 @@ class CpuThreads(Callback):
     at the end."""
 
     def __init__(self, interval_s: float = 0.5, patience: int = 2) -> None:
-        if not interval_s > 0 or not math.isfinite(interval_s):
-            raise ValueError(f"callbacks.cpu_threads.interval_s={interval_s}: a positive number of seconds")
-        if patience < 1:
-            raise ValueError(f"callbacks.cpu_threads.patience={patience}: at least 1 look")
+        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not interval_s > 0 \
+                or not math.isfinite(interval_s):
+            raise ValueError(f"callbacks.cpu_threads.interval_s={interval_s!r}: a positive number of seconds")
+        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
+            raise ValueError(f"callbacks.cpu_threads.patience={patience!r}: a whole number of looks, at least 1")
         self.interval, self.patience = float(interval_s), int(patience)
         self.enabled = False
         self.most: int | None = None
@@ -89,7 +90,7 @@ class CpuThreads(Callback):
     def _start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.most is None:
             self.most = torch.get_num_threads()
-        self.cpus = usable_cores()
+        self.cpus = affinity_cores()  # the busy share of /proc/stat is counted in these
         self.last = cpu_times()
         self.since = self.changed_at = time.monotonic()
         self.enabled = (self.last is not None and self.most > 1 and trainer.world_size == 1
@@ -181,5 +182,7 @@ class CpuThreads(Callback):
             log.info("cpu_threads: %s (%d change(s) of the thread count)", shares, self.changes)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.enabled:
+            self._account()  # the time until now on the thread count in force
         if self.most is not None and torch.get_num_threads() != self.most:
             torch.set_num_threads(self.most)  # the process (a sweep's next run, the test) starts from the full count

@@ -299,7 +299,7 @@ class TranslationModule(L.LightningModule):
                 f"non-finite weights after step {self.global_step} ({', '.join(bad[:5])}): this model is "
                 f"neither scored nor saved; resume from the last checkpoint with a lower optimizer.lr"
             )
-        scores = self._score("val", self.trainer.datamodule.val_split)
+        scores = self._score("val", getattr(self.trainer.datamodule, "val_split", "valid"))
         self.monitor_step = self.global_step
         if self.trainer.state.fn == "fit":  # not the full set's validation after training (train.py)
             self.best_bleu = max(self.best_bleu, scores["bleu"])

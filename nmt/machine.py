@@ -31,17 +31,24 @@ ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE"
                "AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX10_1_512_AMX", "AVX512_CORE_AMX",
                "AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16", "ALL", "DEFAULT")
 CPU_FLAGS = {"bf16": ("avx512_bf16", "amx_tile"), "vnni": ("vnni", "amx_tile")}  # torch.cpu._is_<flag>_supported
-# the lowest oneDNN level that has each: a cap below it turns the feature off
-LOWEST_ISA = {"bf16": "AVX512_CORE_BF16", "vnni": "AVX2_VNNI"}
+# the oneDNN caps that leave each feature on (the AVX2 line has VNNI from AVX2_VNNI, no bf16 matmuls;
+# the AVX-512 line VNNI from AVX512_CORE_VNNI, bf16 from AVX512_CORE_BF16)
+ALLOWING = {"bf16": set(ONEDNN_ISAS[ONEDNN_ISAS.index("AVX512_CORE_BF16"):]),
+            "vnni": {"AVX2_VNNI", "AVX2_VNNI_2"} | set(ONEDNN_ISAS[ONEDNN_ISAS.index("AVX512_CORE_VNNI"):])}
 
 
 def usable_cores() -> int:
     """Cores this process may run on: its CPU affinity mask, within the cgroup's CPU quota (a
     container limited to 2 CPUs of a 64-core host gets 2), at least 1. ``os.cpu_count()`` counts
     the host's cores and ignores both."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = affinity_cores()
     quota = cgroup_cpu_quota()
     return max(1, min(cores, quota) if quota is not None else cores)
+
+
+def affinity_cores() -> int:
+    """The CPUs this process's affinity mask allows (``os.cpu_count()`` where there is no mask)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> int | None:
@@ -95,7 +102,7 @@ def cpu_computes(feature: str) -> bool:
 
     present = any(getattr(torch.cpu, f"_is_{isa}_supported", lambda: False)() for isa in CPU_FLAGS[feature])
     cap = onednn_cap()
-    return present and (cap is None or ONEDNN_ISAS.index(cap) >= ONEDNN_ISAS.index(LOWEST_ISA[feature]))
+    return present and (cap is None or cap in ALLOWING[feature])
 
 
 def cpu_has_bf16() -> bool:
@@ -110,9 +117,15 @@ def cpu_has_vnni() -> bool:
 
 
 def gpu_has_bf16() -> bool:
+    """Whether the GPU computes bf16 in hardware (Ampere and later; older ones only emulate it)."""
     import torch
 
-    return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    if not torch.cuda.is_available():
+        return False
+    try:
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except TypeError:  # a torch without the argument
+        return torch.cuda.get_device_capability()[0] >= 8
 
 
 # -- devices --------------------------------------------------------------------------------------

@@ -77,7 +77,7 @@ def heatmaps(ckpt: Path, sources: list[str], out_dir: Path, count: int) -> None:
     from nmt.inference import Translator  # torch and matplotlib: not for --help or a refused option
     from nmt.plots import plot_attention
 
-    translator = Translator.load(ckpt, device="cpu")
+    translator = Translator.load(ckpt, device="cpu", precision="32")
     longest = sorted(range(len(sources)), key=lambda i: -len(sources[i].split()))[:count]
     translations = translator.translate([sources[i] for i in longest], attention=True)
     for j, translation in enumerate(translations):

@@ -174,9 +174,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
         log.warning("trainer.max_time (the safety net) stopped training at step %d of its budget of %d "
                     "(trainer.max_steps): this run's results are not the budget's; resume it (ckpt_path=latest) "
                     "or raise trainer.max_time", trainer.global_step, trainer.max_steps)
-    if stopped_by is None:
-        validate_in_full(cfg, trainer, module, datamodule)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    if stopped_by is None:  # Lightning's validate resets the logged metrics: training's are kept here
+        try:
+            validate_in_full(cfg, trainer, module, datamodule)
+        except SIGTERMException:
+            stopped_by = signal.SIGTERM
+        metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")})
     if stopped_by is not None:  # preempted: no test, and an exit status that says so
         if trainer.is_global_zero:
             write_summary(cfg, module, metrics, seconds, params, trainer, resumed_from=ckpt_path,

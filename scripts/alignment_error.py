@@ -59,7 +59,7 @@ def main() -> None:
     results: dict[str, dict[str, float]] = {}
     for spec in args.ckpt:
         name, _, path = spec.partition("=")
-        translator = Translator.load(path, device="cpu")
+        translator = Translator.load(path, device="cpu", precision="32")
         data = translator.run_config["data"]
         if "SyntheticSource" not in str(data.get("source", {}).get("_target_", "")):
             raise SystemExit(f"{path}: trained on {data.get('source', {}).get('_target_')}; gold alignments exist for "

@@ -105,6 +105,18 @@ def test_ddp_eval_disjoint_complete(lengths, world):
     assert sorted(everything) == list(range(len(lengths)))
 
 
+@pytest.mark.parametrize("world", [4, 8])
+def test_ddp_eval_with_fewer_batches_than_ranks_gives_every_rank_one(world):
+    """A small validation sample on many ranks: 3 batches for 4 or 8 ranks. A rank without a batch
+    would skip validation and leave the others waiting in their gather; so the batches repeat, and
+    together the ranks still cover every example."""
+    small = np.full((30, 2), 20, dtype=np.int64)  # 30 pairs of 20 tokens: 3 batches of 10 at 400 tokens
+    per_rank = [list(TokenBatchSampler(small, max_tokens=400, shuffle=False, num_replicas=world, rank=r))
+                for r in range(world)]
+    assert sum(len(batches) for batches in per_rank) == world and all(len(b) == 1 for b in per_rank)
+    assert sorted(set(flat(flat(per_rank)))) == list(range(30))
+
+
 def test_resume_mid_epoch(lengths):
     sampler = TokenBatchSampler(lengths, max_tokens=600, seed=4)
     list(sampler)  # finish epoch 0

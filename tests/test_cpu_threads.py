@@ -46,7 +46,7 @@ def load_samples(monkeypatch, others: list[float]) -> int:
     clock = iter(range(0, 10_000))
     monkeypatch.setattr(nmt.cpu_threads, "cpu_times", lambda: next(feed))
     monkeypatch.setattr(nmt.cpu_threads.time, "monotonic", lambda: float(next(clock)))
-    monkeypatch.setattr(nmt.cpu_threads, "usable_cores", lambda: 2)
+    monkeypatch.setattr(nmt.cpu_threads, "affinity_cores", lambda: 2)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     return before
@@ -151,7 +151,9 @@ def test_test_batches_follow_the_load_and_the_count_comes_back_at_the_end(monkey
 @pytest.mark.parametrize("kwargs, message", [
     ({"interval_s": 0}, "callbacks.cpu_threads.interval_s=0: a positive number of seconds"),
     ({"interval_s": float("nan")}, "callbacks.cpu_threads.interval_s=nan: a positive number of seconds"),
-    ({"patience": 0}, "callbacks.cpu_threads.patience=0: at least 1 look"),
+    ({"patience": 0}, "callbacks.cpu_threads.patience=0: a whole number of looks, at least 1"),
+    ({"patience": 1.5}, "callbacks.cpu_threads.patience=1.5: a whole number of looks, at least 1"),
+    ({"interval_s": "0.5s"}, "callbacks.cpu_threads.interval_s='0.5s': a positive number of seconds"),
 ])
 def test_bad_settings_are_refused_naming_the_key(kwargs, message):
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):

@@ -105,6 +105,7 @@ def test_auto_decoding_never_picks_int8_and_picks_bf16_on_a_gpu_that_has_it(monk
 
 
 @pytest.mark.parametrize("cap, bf16, vnni", [(None, True, True), ("AVX2", False, False), ("avx2_vnni", False, True),
+                                             ("AVX512_CORE", False, False), ("AVX512_CORE_VNNI", False, True),
                                              ("AVX512_CORE_BF16", True, True), ("ALL", True, True),
                                              ("no-such-level", True, True)])
 def test_a_onednn_isa_cap_below_the_hardware_is_what_the_probes_see(monkeypatch, cap, bf16, vnni):

@@ -46,7 +46,8 @@ def test_ddp_on_two_cpu_processes_matches_single_process_bleu(tmp_path):
     hyps = (out / "test_hyps.txt").read_text().splitlines()
     assert len(hyps) == 20  # every test sentence once, none duplicated by the sampler
     single = tmp_path / "single"
-    run(["evaluate.py", f"ckpts=[{summary['best_checkpoint']}]", "n_bootstrap=10", f"hydra.run.dir={single}",
+    run(["evaluate.py", f"ckpts=[{summary['best_checkpoint']}]", "n_bootstrap=10", "precision=32",  # as the run tested
+         f"hydra.run.dir={single}",
          f"paths.cache_dir={tmp_path.parent / 'nmt-cache'}"])
     report = json.loads((single / "comparison.json").read_text())
     (name,) = report

@@ -237,4 +237,5 @@ def test_training_validates_a_sample_and_the_final_weights_on_every_pair(cfg_tra
     assert validation["runs"][-1]["step"] == summary["steps"]
     assert validation["seconds"] == pytest.approx(sum(r["seconds"] for r in validation["runs"]), abs=0.11)
     assert metrics["val/bleu"] == pytest.approx(validation["runs"][-1]["bleu"], abs=0.01)
+    assert "train/loss" in metrics and "train/loss" in summary["metrics"]  # not reset by the final validation
     assert metrics["val/bleu_best"] == pytest.approx(max(r["bleu"] for r in validation["runs"][:2]), abs=0.01)

@@ -186,7 +186,8 @@ def own_translations(ckpt: Path, lines: list[str]) -> list[str]:
 def test_a_signal_stops_the_run_with_whole_translated_lines_and_no_traceback(ckpt, tmp_path, signum, workers):
     src, out = long_input(tmp_path), tmp_path / "out.txt"
     with open(tmp_path / "stderr.txt", "w") as stderr:
-        proc = subprocess.Popen(command(ckpt, f"input={src}", f"output={out}", "chunk_lines=8", f"workers={workers}"),
+        proc = subprocess.Popen(command(ckpt, f"input={src}", f"output={out}", "chunk_lines=8", f"workers={workers}",
+                                        "precision=32"),  # as own_translations decodes
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, cwd=tmp_path)
         try:
             wait_for_lines(out, proc, 16)

@@ -118,7 +118,9 @@ class TokenBatchSampler(Sampler[list[int]]):
         sorted by length, every example exactly once.
     num_replicas / rank: DDP. Training pads the batch list by repeating batches from its start
         (or, with `drop_last`, truncates it) so every rank gets the same number of batches;
-        evaluation splits the batches without duplicates (ranks may get unequal counts).
+        evaluation splits the batches without duplicates (ranks may get unequal counts), except that
+        fewer batches than ranks are repeated so that every rank has one (a rank without a batch
+        would skip validation and leave the others waiting for it).
     The epoch advances after each complete pass or with `set_epoch`; `state_dict` records the
     batches already yielded in the current epoch, by this rank and by all ranks together, so a
     resumed run skips exactly those, on any number of ranks: the epoch's batch list does not
@@ -237,6 +239,8 @@ class TokenBatchSampler(Sampler[list[int]]):
                 ids = ids[: len(ids) // r * r]
             else:
                 ids = np.concatenate([ids, np.resize(epoch_ids, -len(ids) % r)])
+        elif r > 1 and 0 < len(ids) < r:  # evaluation: every rank gets a batch (repeated ones are scored once)
+            ids = np.resize(ids, r)
         return ids[self.rank :: r]
 
     def rank_batches(self, epoch: int | None = None) -> list[list[int]]:
