@@ -241,7 +241,7 @@ def slow_precision_warning(key: str, precision: str, device: str, faster: str) -
     if device != "cpu":
         return None if missing is None else (f"{key}={precision}: this {device} has no {missing}, so {precision} "
                                              f"runs slowly; {key}={faster} is faster on this machine")
-    if missing is None and precision != "int8" or precision.startswith("32"):
+    if precision != "int8" and missing is None:  # fp32, or a precision the hardware computes
         return None
     factor = matmul_slowdown(precision)
     if factor < SLOW:
