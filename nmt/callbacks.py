@@ -243,12 +243,15 @@ def run_eta(trainer: L.Trainer, seconds: float, steps: int) -> float | None:
 
 def ended_by(trainer: L.Trainer) -> str:
     """What ended training: ``max_steps`` (the budget), ``max_time`` (the safety net, before the
-    budget), ``early_stopping`` or ``max_epochs``."""
+    budget), ``pruned`` (a sweep's pruner, ``nmt.sweep_pruning``), ``early_stopping`` or
+    ``max_epochs``."""
     if 0 < trainer.max_steps <= trainer.global_step:
         return "max_steps"
     budget = time_left(trainer)
     if budget is not None and budget <= 0:
         return "max_time"
+    if any(getattr(cb, "pruned_at", None) is not None for cb in trainer.callbacks):
+        return "pruned"
     if trainer.should_stop:
         return "early_stopping"
     return "max_epochs"

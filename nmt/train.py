@@ -294,7 +294,7 @@ def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: t
         "train_wall_seconds": round(train_seconds, 1),
         "steps": trainer.global_step,
         "max_steps": trainer.max_steps,  # the step budget (-1: none)
-        "ended_by": ended_by,  # max_steps | max_time | early_stopping | max_epochs (None: not trained, or stopped_by)
+        "ended_by": ended_by,  # max_steps | max_time | pruned | early_stopping | max_epochs (None: not trained, or stopped_by)
         "epochs": trainer.current_epoch,
         "train_tokens_per_sec": round(module.train_tokens * trainer.world_size / max(module.train_seconds, 1e-9), 1),
         "train_tgt_tokens_per_sec": None if module.train_tgt_tokens is None else  # resumed from an older checkpoint

@@ -51,6 +51,17 @@ def test_synthetic_source_natural_train_lengths_and_uniform_test(tmp_path):
         assert columns(data[split])[0] == (out / f"{split}.src").read_text().splitlines()
     with pytest.raises(DataError, match=r"data.source.test_lengths='zipf': choose one of uniform, natural"):
         SyntheticSource(test_lengths="zipf")
+    with pytest.raises(DataError, match=r"data.source.valid_lengths='zipf': choose one of uniform, natural"):
+        SyntheticSource(valid_lengths="zipf")
+
+
+def test_synthetic_valid_lengths_change_the_valid_split_only(tmp_path):
+    natural = SyntheticSource(200, 200, 5, seed=4, min_len=3, max_len=60).load()
+    uniform = SyntheticSource(200, 200, 5, seed=4, min_len=3, max_len=60, valid_lengths="uniform").load()
+    for split in ("train", "test"):
+        assert columns(natural[split]) == columns(uniform[split])
+    words = {name: sorted(len(s.split()) for s in columns(data["valid"])[0]) for name, data in (("natural", natural), ("uniform", uniform))}
+    assert words["natural"][100] < 20 < 25 < words["uniform"][100] < 40  # medians: natural ~15, uniform ~31
 
 
 def test_misaligned_names_both_files_and_counts(corpus):

@@ -20,7 +20,7 @@ LAYERS = {
         "nmt.machine", "nmt.serve", "nmt.serve.batching", "nmt.languages", "nmt.language_id", "nmt.kernels*"],
     1: ["nmt.data*", "nmt.models*", "nmt.serve.guard", "nmt.cpu_threads"],
     2: ["nmt.decoding", "nmt.file_config", "nmt.length_report", "nmt.word_frequency"],
-    3: ["nmt.checkpoint", "nmt.significance", "nmt.export_ctranslate2", "nmt.ctranslate2_backend", "nmt.constrained_decoding", "nmt.reordering",
+    3: ["nmt.checkpoint", "nmt.sweep_pruning", "nmt.significance", "nmt.export_ctranslate2", "nmt.ctranslate2_backend", "nmt.constrained_decoding", "nmt.reordering",
         "nmt.directions"],
     4: ["nmt.lit_module", "nmt.callbacks", "nmt.inference"],
     5: ["nmt.builders", "nmt.backends"],

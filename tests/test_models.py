@@ -20,6 +20,8 @@ VOCAB = 40
 VARIANTS = {
     "lstm": ("lstm", []),
     "lstm_bahdanau": ("lstm_bahdanau", []),
+    "lstm_reversed": ("lstm", ["model.encoder.reverse=true", "model.encoder.bidirectional=false"]),
+    "lstm_bahdanau_reversed": ("lstm_bahdanau", ["model.encoder.reverse=true"]),
     "lstm_luong": ("lstm_luong", []),
     "lstm_luong_dot_nofeed": ("lstm_luong", ["model.decoder.attention.score=dot", "model.decoder.input_feeding=none"]),
     "lstm_luong_concat": ("lstm_luong", ["model.decoder.attention.score=concat"]),
@@ -110,6 +112,25 @@ def test_padding_does_not_change_a_sentence(name):
     torch.testing.assert_close(together[1:], alone, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("name", ["lstm_reversed", "lstm_bahdanau_reversed"])
+def test_reversed_encoder_reads_each_sentence_last_word_first(name):
+    """``reverse``: the encoding of a sentence is the plain encoder's of its words in reverse
+    order, with the outputs back in source order (so attention indexes source positions)."""
+    model = build(name)
+    plain = copy.deepcopy(model)
+    plain.encoder.reverse = False
+    src, src_mask, _ = batch(lengths=(7, 5, 3))
+    flipped = src.clone()
+    for i, n in enumerate(src_mask.sum(1).tolist()):
+        flipped[i, :n] = src[i, :n].flip(0)
+    ours, theirs = model.encoder(src, src_mask), plain.encoder(flipped, src_mask)
+    for key in ("final_h", "final_c"):
+        torch.testing.assert_close(ours[key], theirs[key])
+    for i, n in enumerate(src_mask.sum(1).tolist()):
+        torch.testing.assert_close(ours["enc_out"][i, :n], theirs["enc_out"][i, :n].flip(0))
+    assert not torch.allclose(ours["final_h"], plain.encoder(src, src_mask)["final_h"])
+
+
 @pytest.mark.parametrize("name", VARIANTS)
 def test_gradients_do_not_share_storage(name):
     """Every parameter gets its own gradient memory, so in-place updates of gradients (clipping,
@@ -123,7 +144,10 @@ def test_gradients_do_not_share_storage(name):
         assert end <= start, f"{a} and {b} share gradient memory"
 
 
-@pytest.mark.parametrize("name", [n for n in VARIANTS if n not in ("lstm", "hybrid_transformer_plain_lstm")])
+PLAIN = ("lstm", "lstm_reversed", "hybrid_transformer_plain_lstm")  # no attention
+
+
+@pytest.mark.parametrize("name", [n for n in VARIANTS if n not in PLAIN])
 def test_attention_is_a_distribution_over_real_tokens(name):
     model = build(name)
     src, src_mask, tgt_in = batch()
@@ -134,7 +158,7 @@ def test_attention_is_a_distribution_over_real_tokens(name):
     torch.testing.assert_close(attn.sum(-1), torch.ones(attn.shape[:-1]))
 
 
-@pytest.mark.parametrize("name", ["lstm", "hybrid_transformer_plain_lstm"])
+@pytest.mark.parametrize("name", PLAIN)
 def test_plain_decoder_sees_the_source_only_through_its_initial_state(name):
     """The bottleneck baseline: no attention, and changing the encoder outputs while keeping the
     initial state fixed changes nothing."""

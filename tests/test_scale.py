@@ -131,7 +131,7 @@ def test_optuna_sweep_of_two_trials_writes_its_table(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     sweep = tmp_path / "sweep"
     overrides = [o for o in cli_overrides(tmp_path) if not o.startswith("logger")]
-    run(["train.py", "-m", "hparams_search=transformer_optuna", "hydra.sweeper.n_trials=2", *overrides, *SMALL_TF[1:],
+    run(["train.py", "-m", "hparams_search=optuna", "model=transformer", "hydra.sweeper.n_trials=2", *overrides, *SMALL_TF[1:],
          "test=false", f"hydra.sweep.dir={sweep}"], timeout=900)
     assert (sweep / "optimization_results.yaml").is_file()
     run(["-m", "nmt.runs_table", str(sweep)])

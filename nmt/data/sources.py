@@ -91,21 +91,23 @@ class SyntheticSource:
     """Pairs from the project's synthetic-language generator (`nmt.data.synthetic`).
 
     The same pairs as the files `synthetic.write_corpus(dir, {train: .., valid: .., test: ..},
-    seed, lengths=...)` writes: split i is generated with seed `seed * 1000 + i`. Train and valid
-    lengths follow `lengths`, the test split `test_lengths` (default uniform, so that every
-    source-length bucket of the test report holds about as many sentences).
+    seed, lengths=...)` writes: split i is generated with seed `seed * 1000 + i`. Train lengths
+    follow `lengths`, valid lengths `valid_lengths` (default: `lengths`), the test split
+    `test_lengths` (default uniform, so that every source-length bucket of the test report holds
+    about as many sentences).
     """
 
     def __init__(self, num_pairs: int = 50000, valid_pairs: int = 500, test_pairs: int = 1000,
                  seed: int = 0, min_len: int = 3, max_len: int = 60, lengths: str = "natural",
-                 test_lengths: str = "uniform", median_len: float = 15) -> None:
+                 test_lengths: str = "uniform", median_len: float = 15, valid_lengths: str | None = None) -> None:
         from nmt.data.synthetic import LENGTHS
 
-        for key, value in (("lengths", lengths), ("test_lengths", test_lengths)):
+        valid_lengths = valid_lengths or lengths
+        for key, value in (("lengths", lengths), ("valid_lengths", valid_lengths), ("test_lengths", test_lengths)):
             if value not in LENGTHS:
                 raise DataError(f"data.source.{key}={value!r}: choose one of {', '.join(LENGTHS)}")
         self.sizes = {"train": num_pairs, "valid": valid_pairs, "test": test_pairs}
-        self.lengths = {"train": lengths, "valid": lengths, "test": test_lengths}
+        self.lengths = {"train": lengths, "valid": valid_lengths, "test": test_lengths}
         self.seed, self.min_len, self.max_len, self.median_len = seed, min_len, max_len, median_len
 
     def describe(self) -> dict[str, Any]:

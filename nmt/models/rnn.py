@@ -21,6 +21,15 @@ from nmt.specials import PAD
 FEEDS = ("none", "context", "attentional")
 
 
+def reverse_words(x: Tensor, mask: Tensor) -> Tensor:
+    """Each row's unpadded positions in reverse order, padding where it was: x (B, S, D), mask
+    (B, S) true on words (left-aligned). Its own inverse."""
+    positions = torch.arange(x.size(1), device=x.device)
+    reversed_ = mask.sum(1, keepdim=True) - 1 - positions  # (B, S); negative on padding
+    index = torch.where(reversed_ >= 0, reversed_, positions)
+    return x.gather(1, index.unsqueeze(-1).expand_as(x))
+
+
 class RNNEncoder(UsesKernels, nn.Module):
     """Multi-layer (bidirectional) ``nn.LSTM`` over packed sequences: padding never changes a
     sentence's encoding.
@@ -30,6 +39,10 @@ class RNNEncoder(UsesKernels, nn.Module):
     (B, L, H) with the two directions' last states side by side. With gradient checkpointing the
     LSTM keeps only its input and recomputes in the backward pass (per layer with the CPU
     kernel, ``nmt.kernels.lstm.encoder_layer``).
+
+    ``reverse``: each sentence is read last word first (Sutskever et al. 2014, sec. 3.3), so its
+    first words are the last the final state saw; the outputs are put back in source order, so
+    attention and alignments still index source positions.
     """
 
     def __init__(
@@ -40,11 +53,13 @@ class RNNEncoder(UsesKernels, nn.Module):
         num_layers: int = 2,
         dropout: float = 0.0,
         bidirectional: bool = True,
+        reverse: bool = False,
     ) -> None:
         super().__init__()
         if bidirectional and hidden_size % 2:
             raise ValueError(f"a bidirectional RNNEncoder needs an even hidden_size, got {hidden_size}")
         self.num_directions = 2 if bidirectional else 1
+        self.reverse = reverse
         self.final_state_layers = num_layers
         self.gradient_checkpointing = False
         self.embed = nn.Embedding(vocab_size, emb_size, padding_idx=PAD)
@@ -60,8 +75,12 @@ class RNNEncoder(UsesKernels, nn.Module):
 
     def forward(self, src: Tensor, src_mask: Tensor) -> dict[str, Tensor]:
         x = self.dropout(self.embed(src))  # (B, S, E)
+        if self.reverse:
+            x = reverse_words(x, src_mask)
         checkpointing = self.gradient_checkpointing and self.training
         out, final_h, final_c = self.kernels.ops(x).encoder_lstm(self.rnn, x, src_mask, checkpointing)
+        if self.reverse:
+            out = reverse_words(out, src_mask)
         return {"enc_out": self.dropout(out), "src_mask": src_mask, "final_h": final_h, "final_c": final_c}
 
 
