@@ -30,6 +30,8 @@ def collect(folder: Path, metric: str = "val/bleu_best") -> list[dict[str, Any]]
                 "train_tokens_per_sec": summary["train_tokens_per_sec"],
                 "fit_minutes": round(summary["fit_seconds"] / 60, 2),
                 "steps": summary["steps"],
+                "max_steps": summary.get("max_steps"),
+                "ended_by": summary.get("ended_by"),
                 **{k: round(v, 3) for k, v in sorted(summary["metrics"].items()) if k.split("/")[0] in ("val", "test")},
             })
         except ValueError as error:  # json.JSONDecodeError included
@@ -53,12 +55,25 @@ def write(rows: list[dict[str, Any]], folder: Path, metric: str) -> tuple[Path, 
         writer = csv.DictWriter(f, fieldnames=keys)
         writer.writeheader()
         writer.writerows(rows)
-    shown = ["run", "overrides", metric, "test/bleu", "parameters", "train_tokens_per_sec", "fit_minutes"]
+    shown = ["run", "overrides", metric, "test/bleu", "steps", "ended_by", "parameters", "train_tokens_per_sec", "fit_minutes"]
     shown = [k for k in dict.fromkeys(shown) if k in keys]
     lines = ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
     lines += ["| " + " | ".join(str(row.get(k, "")) for k in shown) + " |" for row in rows]
+    if saved := pruning_saved(rows):
+        lines += ["", saved]
     md_path.write_text("\n".join(lines) + "\n")
     return csv_path, md_path
+
+
+def pruning_saved(rows: list[dict[str, Any]]) -> str | None:
+    """What pruning saved a sweep, in steps (the same on any machine), or None if no run was pruned."""
+    pruned = [row for row in rows if row.get("ended_by") == "pruned"]
+    budgets = [row.get("max_steps") for row in rows]
+    if not pruned or not all(isinstance(b, int) and b > 0 for b in budgets):
+        return None
+    trained, budget = sum(row["steps"] for row in rows), sum(budgets)
+    return (f"pruned: {len(pruned)} of {len(rows)} runs; {trained:,} of {budget:,} budgeted steps trained "
+            f"({100 * (1 - trained / budget):.0f}% saved)")
 
 
 def main() -> None:

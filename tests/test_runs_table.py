@@ -11,12 +11,13 @@ from pathlib import Path
 from nmt.runs_table import collect, write
 
 
-def fake_run(folder: Path, overrides: list[str], metrics: dict[str, float]) -> None:
+def fake_run(folder: Path, overrides: list[str], metrics: dict[str, float], steps: int = 10,
+             ended_by: str = "max_steps") -> None:
     """A run folder as ``nmt.train`` leaves it, as far as the table reads it."""
     folder.mkdir(parents=True)
     (folder / "summary.json").write_text(json.dumps({
         "overrides": overrides, "parameters": 1234, "train_tokens_per_sec": 500.0, "fit_seconds": 90.0,
-        "steps": 10, "metrics": {"train/loss": 1.0, **metrics}}))
+        "steps": steps, "max_steps": 10, "ended_by": ended_by, "metrics": {"train/loss": 1.0, **metrics}}))
 
 
 def runs_folder(tmp_path: Path) -> Path:
@@ -41,8 +42,19 @@ def test_the_table_sorts_finished_runs_by_the_metric(tmp_path):
     csv_path, md_path = write(rows, sweep, "val/bleu_best")
     assert [r["run"] for r in csv.DictReader(csv_path.open())] == ["1", "0", "2"]
     lines = md_path.read_text().splitlines()
-    assert lines[0] == "| run | overrides | val/bleu_best | test/bleu | parameters | train_tokens_per_sec | fit_minutes |"
-    assert lines[2] == "| 1 | model=transformer | 30.0 | 28.0 | 1234 | 500.0 | 1.5 |"
+    assert lines[0] == ("| run | overrides | val/bleu_best | test/bleu | steps | ended_by | parameters | "
+                        "train_tokens_per_sec | fit_minutes |")
+    assert lines[2] == "| 1 | model=transformer | 30.0 | 28.0 | 10 | max_steps | 1234 | 500.0 | 1.5 |"
+    assert len(lines) == 5  # no run was pruned: no pruning line
+
+
+def test_a_pruned_sweep_says_what_pruning_saved(tmp_path):
+    sweep = runs_folder(tmp_path)
+    fake_run(sweep / "4", ["model=lstm", "optimizer.lr=1"], {"val/bleu_best": 1.0}, steps=4, ended_by="pruned")
+    fake_run(sweep / "5", ["model=lstm", "optimizer.lr=2"], {"val/bleu_best": 0.5}, steps=2, ended_by="pruned")
+    _, md_path = write(collect(sweep), sweep, "val/bleu_best")
+    lines = md_path.read_text().splitlines()
+    assert lines[-1] == "pruned: 2 of 5 runs; 36 of 50 budgeted steps trained (28% saved)"
 
 
 def test_the_command_prints_the_table_and_refuses_bad_input_in_one_line(tmp_path):
