@@ -30,6 +30,7 @@ from nmt.checkpoint import CheckpointError, saved_vocabularies
 from nmt.inference import Translator, encode_sources
 from nmt.length_report import length_report, markdown_table, plot_bleu_by_length, write_report
 from nmt.significance import significance, significance_table
+from nmt.text_lines import read_lines
 
 log = logging.getLogger(__name__)
 
@@ -211,8 +212,7 @@ def evaluate(cfg: DictConfig) -> None:
             entropies[name] = entropy
         (out_dir / f"{name}.hyp.txt").write_text("".join(h + "\n" for h in hyps[name]), encoding="utf-8")
     for name, file in hyp_files.items():
-        lines = Path(file).read_text(encoding="utf-8").split("\n")
-        lines = lines[:-1] if lines and lines[-1] == "" else lines
+        lines = read_lines(str(file), alternative=None)
         if len(lines) != len(refs):
             raise ValueError(f"{file}: {len(lines)} lines, but the test split has {len(refs)} references")
         hyps[str(name)] = lines

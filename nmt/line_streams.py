@@ -1,57 +1,16 @@
-"""Input lines in, output rows out, for ``translate`` and ``score``: lines read lazily (invalid
-UTF-8 an error naming the line, or replaced and reported), pairs read in step from two files or
-one TSV, chunks of lines, and a writer that writes each line's rows in input order as soon as
-every earlier line's are written. No torch here.
+"""Input lines in, output rows out, for ``translate`` and ``score``: pairs read in step from two
+files or one TSV (each read by ``nmt.text_lines``), chunks of lines, and a writer that writes each
+line's rows in input order as soon as every earlier line's are written. No torch here.
 """
 
 from __future__ import annotations
 
-import codecs
 import itertools
-import logging
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO
 
-log = logging.getLogger(__name__)
-
-
-def iter_lines(path: str | None, errors: str = "strict", replaced: list[int] | None = None) -> Iterator[str]:
-    """Lines of a file (stdin when ``path`` is None) without their newline (nor a UTF-8 byte-order
-    mark at the start), read lazily; invalid UTF-8 raises with the line number, or is replaced
-    (U+FFFD) when ``errors="replace"`` and its line number appended to ``replaced``."""
-    stream = sys.stdin.buffer if path is None else open(path, "rb")
-    name = "<stdin>" if path is None else path
-    with stream:
-        for number, raw in enumerate(stream, start=1):
-            raw = raw.rstrip(b"\r\n")
-            if number == 1:
-                raw = raw.removeprefix(codecs.BOM_UTF8)
-            try:
-                yield raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                if errors != "replace":
-                    raise ValueError(
-                        f"{name}, line {number}: invalid UTF-8 ({err.reason} at byte {err.start}); "
-                        f"fix the file or run with errors=replace"
-                    ) from None
-                if replaced is not None:
-                    replaced.append(number)
-                yield raw.decode("utf-8", errors="replace")
-
-
-def read_lines(path: str | None, errors: str = "strict") -> list[str]:
-    """All lines of ``iter_lines``; replaced lines are reported in one warning."""
-    replaced: list[int] = []
-    lines = list(iter_lines(path, errors, replaced))
-    report_replaced(path, replaced)
-    return lines
-
-
-def report_replaced(path: str | None, replaced: list[int]) -> None:
-    if replaced:
-        log.warning("%s: replaced invalid UTF-8 on %d line(s): %s", path or "<stdin>", len(replaced), replaced[:20])
+from nmt.text_lines import InputError, columns, iter_lines, name_of
 
 
 def chunked(lines: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -74,20 +33,17 @@ def read_pairs(source: str | None, target: str | None, errors: str, replaced: li
     file of ``source<TAB>target`` lines when ``target`` is None."""
     if target is None:
         for number, line in enumerate(iter_lines(source, errors, replaced), start=1):
-            if "\t" not in line:
-                if not line.strip():
-                    yield "", ""
-                    continue
-                raise ValueError(f"{source or '<stdin>'}, line {number}: no tab; give source<TAB>target lines, "
-                                 "or the targets in their own file with target=<file>")
-            src, tgt = line.split("\t", 1)
-            yield src, tgt
+            cols = columns(line)
+            if isinstance(cols, str):
+                raise InputError(f"{name_of(source)}, line {number}: {cols}; or give the targets in their own "
+                                 "file with target=<file>")
+            yield cols[0], cols[1]
         return
     sources, targets = iter_lines(source, errors, replaced), iter_lines(target, errors, replaced_targets)
     for number, (src, tgt) in enumerate(itertools.zip_longest(sources, targets, fillvalue=_END), start=1):
         if src is _END or tgt is _END:
-            short, long = (source or "<stdin>", target) if src is _END else (target, source or "<stdin>")
-            raise ValueError(f"{short} has {number - 1} lines but {long} has more: give one target per source line")
+            short, long = (name_of(source), target) if src is _END else (target, name_of(source))
+            raise InputError(f"{short} has {number - 1} lines but {long} has more: give one target per source line")
         yield src, tgt
 
 

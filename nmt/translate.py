@@ -54,8 +54,8 @@ from nmt import CONF_DIR, register_resolvers
 from nmt.backends import backend_of, model_file, open_translator, search_settings
 from nmt.cli_io import StopSignals, Stopped, check_paths, close_output, ending_cleanly, open_output
 from nmt.languages import with_target_language
-from nmt.line_streams import (OrderedWriter, Progress, chunked, count_lines, iter_lines, read_lines, read_pairs,
-                              report_replaced)
+from nmt.line_streams import OrderedWriter, Progress, chunked, count_lines, read_pairs
+from nmt.text_lines import iter_lines, read_lines, report_replaced
 from nmt.translations import Translation, output_format, score_row, translation_rows
 
 log = logging.getLogger(__name__)

@@ -19,6 +19,7 @@ from pathlib import Path
 from nmt import register_resolvers
 from nmt.decoding import beam_search, greedy_search, sample_search
 from nmt.inference import Translator
+from nmt.text_lines import read_lines
 
 
 def main() -> None:
@@ -31,8 +32,8 @@ def main() -> None:
     args = parser.parse_args()
     register_resolvers()  # checkpoint configs may use them
     translator = Translator.load(args.ckpt, device="cpu", precision=args.precision)
-    sources = args.src.read_text(encoding="utf-8").splitlines()
-    refs = args.ref.read_text(encoding="utf-8").splitlines()
+    sources = read_lines(args.src)
+    refs = read_lines(args.ref)
     limits = {"max_len_a": 1.5, "max_len_b": 10}
     searches = {
         "beam 5": partial(beam_search, beam_size=5, alpha=0.6, **limits),

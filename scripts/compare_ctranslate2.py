@@ -32,6 +32,8 @@ from pathlib import Path
 
 import sacrebleu
 
+from nmt.text_lines import read_lines
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -44,7 +46,7 @@ def direct(folder: Path, src: Path, threads: int) -> None:
     src_sp = spm.SentencePieceProcessor(model_file=str(folder / "source.model"))
     tgt_sp = spm.SentencePieceProcessor(model_file=str(folder / "target.model"))
     translator = ctranslate2.Translator(str(folder), device="cpu", inter_threads=threads, intra_threads=1)
-    lines = src.read_text(encoding="utf-8").splitlines()
+    lines = read_lines(src)
     sources = [[src_sp.id_to_piece(i) for i in ids][: meta["max_src_len"] - 1] for ids in src_sp.encode(lines)]
     n = sum(len(s) + 1 for s in sources) / max(len(sources), 1)
     longest = max(len(s) for s in sources) + 1
@@ -108,7 +110,7 @@ def main() -> None:
         **{f"translate.py, torch backend, precision={p}": [*torch_backend, f"precision={p}"]
            for p in ("auto", "32", "bf16", "int8")},
     }
-    refs = args.ref.read_text(encoding="utf-8").splitlines()
+    refs = read_lines(args.ref)
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in systems}
     bleu: dict[str, float] = {}
     chosen: dict[str, str] = {}
@@ -116,7 +118,7 @@ def main() -> None:
         for name, cmd in systems.items():
             out = args.work / f"{name.replace(' ', '_').replace('=', '')}.txt"
             runs[name].append(timed(cmd, out, env))
-            hyps = out.read_text(encoding="utf-8").splitlines()
+            hyps = read_lines(out)
             bleu[name] = round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
             chosen[name] = chosen_precision(out.with_suffix(".log").read_text(encoding="utf-8", errors="replace"),
                                             cmd)

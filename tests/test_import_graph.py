@@ -15,10 +15,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nmt"
 # Lower numbers are lower layers; a module may import only modules of lower layers, or of its own
 # layer inside its own sub-package (nmt.data.*, nmt.kernels.*, nmt.models.*, nmt.serve.*).
 LAYERS = {
-    0: ["nmt", "nmt.specials", "nmt.limits", "nmt.search_settings", "nmt.translations", "nmt.line_streams", "nmt.alignments",
+    0: ["nmt", "nmt.specials", "nmt.text_lines", "nmt.limits", "nmt.search_settings", "nmt.translations", "nmt.alignments",
         "nmt.cli_io", "nmt.metrics", "nmt.plots", "nmt.run_files", "nmt.schedules",
         "nmt.machine", "nmt.serve", "nmt.serve.batching", "nmt.languages", "nmt.language_id", "nmt.kernels*"],
-    1: ["nmt.data*", "nmt.models*", "nmt.serve.guard", "nmt.cpu_threads"],
+    1: ["nmt.data*", "nmt.models*", "nmt.serve.guard", "nmt.cpu_threads", "nmt.line_streams"],
     2: ["nmt.decoding", "nmt.file_config", "nmt.length_report", "nmt.word_frequency"],
     3: ["nmt.checkpoint", "nmt.sweep_pruning", "nmt.significance", "nmt.export_ctranslate2", "nmt.ctranslate2_backend", "nmt.constrained_decoding", "nmt.reordering",
         "nmt.directions"],
@@ -105,7 +105,7 @@ def test_imports_go_down_the_layers():
 def test_data_code_reads_no_checkpoint():
     for name, targets in graph().items():
         if name.startswith("nmt.data"):
-            assert not {t for t in targets if not t.startswith("nmt.data") and t not in ("nmt", "nmt.specials", "nmt.languages", "nmt.machine")}, name
+            assert not {t for t in targets if not t.startswith("nmt.data") and t not in ("nmt", "nmt.specials", "nmt.languages", "nmt.machine", "nmt.text_lines")}, name
 
 
 def test_the_commands_import_no_torch_until_a_torch_model_is_opened():

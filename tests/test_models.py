@@ -21,6 +21,7 @@ VARIANTS = {
     "lstm": ("lstm", []),
     "lstm_bahdanau": ("lstm_bahdanau", []),
     "lstm_reversed": ("lstm", ["model.encoder.reverse=true", "model.encoder.bidirectional=false"]),
+    "lstm_fixed_context": ("lstm", ["model.decoder.input_feeding=context"]),
     "lstm_bahdanau_reversed": ("lstm_bahdanau", ["model.encoder.reverse=true"]),
     "lstm_luong": ("lstm_luong", []),
     "lstm_luong_dot_nofeed": ("lstm_luong", ["model.decoder.attention.score=dot", "model.decoder.input_feeding=none"]),
@@ -144,7 +145,7 @@ def test_gradients_do_not_share_storage(name):
         assert end <= start, f"{a} and {b} share gradient memory"
 
 
-PLAIN = ("lstm", "lstm_reversed", "hybrid_transformer_plain_lstm")  # no attention
+PLAIN = ("lstm", "lstm_reversed", "lstm_fixed_context", "hybrid_transformer_plain_lstm")  # no attention
 
 
 @pytest.mark.parametrize("name", [n for n in VARIANTS if n not in PLAIN])

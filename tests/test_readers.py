@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from nmt.data.prepare import select_train
 from nmt.data.sources import DataError, FileSource, columns, drop_empty, iter_jsonl, iter_lines, iter_parallel, iter_tsv
 from nmt.train import train
-from nmt.line_streams import read_lines as read_input_lines
+from nmt.text_lines import read_lines as read_input_lines
 from tests.conftest import compose_train
 
 SPLITS = ("train", "valid", "test")

@@ -25,7 +25,7 @@ from nmt.decoding import greedy_search
 from nmt.lit_module import TranslationModule
 from nmt.train import train
 from nmt.inference import translate_lines
-from nmt.line_streams import read_lines
+from nmt.text_lines import read_lines
 from tests.callbacks import PoisonAt
 from tests.conftest import CONF_DIR, KERNELS, ROOT, TINY, compose_train, translate_here
 

@@ -98,7 +98,12 @@ def test_scoring_bad_input_names_the_file_and_line(ckpt, src, tmp_path, capsys):
     result = translate(ckpt, capsys, "mode=score", f"input={src}", f"target={short}", ok=False)
     assert f"{short} has 2 lines but {src} has more: give one target per source line" in result.stderr
     result = translate(ckpt, capsys, "mode=score", f"input={src}", ok=False)
-    assert f"{src}, line 1: no tab; give source<TAB>target lines" in result.stderr
+    assert (f"{src}, line 1: expected 2 tab-separated columns (source<TAB>target), found 1; or give the targets "
+            "in their own file with target=<file>") in result.stderr
+    three = tmp_path / "three.tsv"
+    three.write_text("a\tb\nc\td\te\n", encoding="utf-8")  # training refuses this row: so does scoring
+    result = translate(ckpt, capsys, "mode=score", f"input={three}", ok=False)
+    assert f"{three}, line 2: expected 2 tab-separated columns (source<TAB>target), found 3" in result.stderr
     broken = tmp_path / "broken.txt"
     broken.write_bytes(b"ok\tfine\nbad \xc3\x28\tutf8\n")
     result = translate(ckpt, capsys, "mode=score", f"input={broken}", ok=False)

@@ -88,7 +88,11 @@ class RNNDecoder(UsesKernels, nn.Module):
     """LSTM decoder; its wiring follows the papers:
 
     - ``attention: null`` (``input_feeding: none``): the source reaches the decoder only through
-      its initial state, the encoder's final state (the fixed-vector bottleneck).
+      its initial state, the encoder's final state (the fixed-vector bottleneck; Sutskever et al.
+      2014). With ``input_feeding: context`` the same fixed vector, the encoder's top final state
+      ``c``, also enters every step with ``y_{i-1}`` and the output ``tanh(W_c [c; s_i])`` (the
+      RNN Encoder-Decoder of Cho et al. 2014, the baseline of Bahdanau et al. 2015): still one
+      vector for the whole sentence, but the decoder is not left to carry it alone.
     - ``input_feeding: context`` (Bahdanau et al. 2015, eq. 4-6): the previous state
       ``s_{i-1}`` attends, and the context ``c_i`` enters the recurrence with ``y_{i-1}``.
     - ``input_feeding: attentional`` (Luong et al. 2015, sec. 3.3): the new state ``h_t`` attends;
@@ -118,8 +122,8 @@ class RNNDecoder(UsesKernels, nn.Module):
         super().__init__()
         if input_feeding not in FEEDS:
             raise ValueError(f"input_feeding must be one of {FEEDS}, got {input_feeding!r}")
-        if attention is None and input_feeding != "none":
-            raise ValueError(f"input_feeding={input_feeding!r} needs an attention; set input_feeding: none")
+        if attention is None and input_feeding == "attentional":
+            raise ValueError("input_feeding='attentional' needs an attention; set input_feeding: none or context")
         memory_size = memory_size or hidden_size
         self.input_feeding = input_feeding
         self.needs_init_state = num_layers
@@ -134,7 +138,9 @@ class RNNDecoder(UsesKernels, nn.Module):
             batch_first=True,
         )
         self.attention = attention(query_size=hidden_size, key_size=memory_size) if attention else None
-        self.att_out = nn.Linear(memory_size + hidden_size, hidden_size, bias=False) if attention else None
+        self.fixed_context = attention is None and input_feeding == "context"  # Cho et al. 2014
+        with_context = attention is not None or self.fixed_context
+        self.att_out = nn.Linear(memory_size + hidden_size, hidden_size, bias=False) if with_context else None
         self.out = nn.Linear(hidden_size, vocab_size, bias=False)
 
     def _lstm(self, memory: dict[str, Any]) -> Any:
@@ -149,7 +155,7 @@ class RNNDecoder(UsesKernels, nn.Module):
         training calls ``nn.LSTM`` once) and, with attention, the values as the steps read them
         and the projected keys."""
         ops = self.kernels.ops(memory["enc_out"])
-        if self.input_feeding != "none" or not self.training:
+        if not self.training or (self.attention is not None and self.input_feeding != "none"):
             memory = {**memory, "lstm": ops.decoder_lstm(self.rnn, self.embed.embedding_dim)}
         if self.attention is None:
             return memory
@@ -158,6 +164,8 @@ class RNNDecoder(UsesKernels, nn.Module):
 
     def init_state(self, memory: dict[str, Tensor]) -> dict[str, Any]:
         state = {"h": memory["final_h"], "c": memory["final_c"]}  # (B, L, H)
+        if self.fixed_context:  # in the state, which beams and finished sentences select rows of
+            state["feed"] = memory["final_h"][:, -1]
         if self.input_feeding == "attentional":
             state["feed"] = memory["final_h"].new_zeros(memory["final_h"].shape[0], self.rnn.hidden_size)
         return state
@@ -176,7 +184,9 @@ class RNNDecoder(UsesKernels, nn.Module):
         context (B, Hk) | None, attention (B, S) | None; ``state`` (lists ``h``/``c`` of (B, H)
         per layer, and ``feed``) is updated in place."""
         context = attn = None
-        if self.input_feeding == "context":
+        if self.fixed_context:
+            context = state["feed"]
+        elif self.input_feeding == "context":
             context, attn = self._attend(state["h"][-1], memory)
             state["feed"] = context
         lstm.step(y, state.get("feed"), state["h"], state["c"])
@@ -196,16 +206,20 @@ class RNNDecoder(UsesKernels, nn.Module):
         h_top, context, attn = self._step(y, lstm, memory, step_state)
         output = step_state["feed"] if self.input_feeding == "attentional" else self._output(h_top, context)
         new_state = {"h": torch.stack(step_state["h"], 1), "c": torch.stack(step_state["c"], 1)}
-        if self.input_feeding == "attentional":
-            new_state["feed"] = output
+        if self.input_feeding == "attentional" or self.fixed_context:
+            new_state["feed"] = step_state["feed"]
         return self.out(output), new_state, attn
 
     def _run(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> tuple[Tensor, Tensor | None]:
         """Teacher-forced outputs (B, T, H) and attention (B, T, S) or None."""
         emb = self.dropout(self.embed(tgt_in))  # (B, T, E)
         state = self.init_state(memory)
-        if self.input_feeding == "none":  # no recurrence through attention: one LSTM call
+        if self.input_feeding == "none" or self.fixed_context:  # no recurrence through attention: one LSTM call
             hc = tuple(state[k].transpose(0, 1).to(emb.dtype).contiguous() for k in ("h", "c"))
+            if self.fixed_context:  # the same vector at every step: (B, T, H)
+                context = state["feed"].unsqueeze(1).expand(-1, emb.size(1), -1).to(emb.dtype)
+                h = self.kernels.ops(emb).lstm(self.rnn, torch.cat([emb, context], -1), hc)
+                return self._output(h, context), None
             h = self.kernels.ops(emb).lstm(self.rnn, emb, hc)  # (B, T, H)
             if self.attention is None:
                 return self._output(h, None), None
