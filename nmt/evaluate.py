@@ -113,6 +113,7 @@ def load_data(data_cfg: DictConfig | dict, source: str | None = None) -> Any:
     return datamodule
 
 
+SPLITS = ("test", "valid")  # what evaluate may translate and score
 SIGNIFICANCE_COLUMNS = ["vs_baseline", "differing", "delta_bleu", "delta_ci_low", "delta_ci_high", "p_bootstrap",
                         "p_randomization"]
 
@@ -178,6 +179,9 @@ def evaluate(cfg: DictConfig) -> None:
     hyp_files = dict(cfg.hyps or {})
     if not ckpts and not hyp_files:
         raise ValueError("nothing to evaluate: set ckpts=[<file>.ckpt, ...] and/or hyps={name: file, ...}")
+    split_name = str(cfg.get("split", "test"))
+    if split_name not in SPLITS:
+        raise ValueError(f"split={split_name}: choose one of {', '.join(SPLITS)} (tune on valid, read test once)")
     variants = [str(v) for v in cfg.get("test_variants") or []]
     if variants:
         from nmt.data.augment import modifiers
@@ -198,7 +202,7 @@ def evaluate(cfg: DictConfig) -> None:
         if isinstance(data_cfg, dict):  # prepared data goes to this machine's cache, not the one the file names
             data_cfg = {**data_cfg, "cache_dir": str(cfg.paths.cache_dir)}
     datamodule = load_data(data_cfg, data_source)
-    (tagged, refs), unit = datamodule.raw("test"), datamodule.src_words
+    (tagged, refs), unit = datamodule.raw(split_name), datamodule.src_words
     sources = directions.untagged(tagged)  # what the reports count and show; multilingual models read the tags
     inputs = {name: directions.model_inputs(t, name, tagged, sources, datamodule) for name, t in zip(names, loaded)}
     split = directions.plan(datamodule)  # before any translation: the language identifier
@@ -214,7 +218,7 @@ def evaluate(cfg: DictConfig) -> None:
     for name, file in hyp_files.items():
         lines = read_lines(str(file), alternative=None)
         if len(lines) != len(refs):
-            raise ValueError(f"{file}: {len(lines)} lines, but the test split has {len(refs)} references")
+            raise ValueError(f"{file}: {len(lines)} lines, but the {split_name} split has {len(refs)} references")
         hyps[str(name)] = lines
     reports = {
         name: length_report(sources, h, refs, cfg.length_buckets, unit=unit, tokenize=cfg.sacrebleu_tokenize,

@@ -107,6 +107,27 @@ def test_evaluate_compares_two_hypothesis_files(tmp_path, capsys):
     assert (out / "comparison.png").is_file() and (out / "good" / "bleu_by_length.csv").is_file()
 
 
+def test_evaluate_scores_the_validation_split_when_asked(tmp_path, capsys):
+    """split=valid: the references are the valid split's (settings are chosen there; the test is
+    read once); the test's hypotheses do not fit them."""
+    from tests.conftest import ROOT, evaluate_here
+
+    refs = {split: (ROOT / f"tests/data/tiny/{split}.tgt").read_text().splitlines() for split in ("valid", "test")}
+    assert refs["valid"] != refs["test"]
+    hyps = tmp_path / "valid.txt"
+    hyps.write_text("\n".join(refs["valid"]) + "\n")
+    common = ["data=tiny", "n_bootstrap=10", "word_frequency=false", f"paths.cache_dir={tmp_path / 'cache'}"]
+    result = evaluate_here(capsys, tmp_path / "v", *common, f"hyps={{v: {hyps}}}", "split=valid")
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "v" / "comparison.json").read_text())["v"]["bleu"] == pytest.approx(100.0)
+    hyps.write_text("\n".join(refs["valid"][:-1]) + "\n")
+    result = evaluate_here(capsys, tmp_path / "t", *common, f"hyps={{v: {hyps}}}")
+    assert result.stderr.strip().endswith(f"error: {hyps}: {len(refs['valid']) - 1} lines, but the test split has "
+                                          f"{len(refs['test'])} references")
+    result = evaluate_here(capsys, tmp_path / "x", *common, f"hyps={{v: {hyps}}}", "split=train")
+    assert result.stderr.strip().endswith("error: split=train: choose one of test, valid (tune on valid, read test once)")
+
+
 @pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_study_script_trains_every_model_and_draws_the_comparison(tmp_path):
     """nmt-study: one multirun, then the comparison, the summary (with cost
