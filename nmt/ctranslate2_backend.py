@@ -41,6 +41,7 @@ from nmt.alignments import pharaoh
 from nmt.languages import tag_words, vocabulary_languages
 from nmt.limits import tokens
 from nmt.machine import usable_cores
+from nmt.requests import Naming, Request, RequestMeaning
 from nmt.search_settings import SearchSettings
 from nmt.translations import Attention, Hypothesis, Translation, in_line_order
 
@@ -107,7 +108,7 @@ def default_workers() -> int:
     return usable_cores()
 
 
-class CTranslate2Translator:
+class CTranslate2Translator(RequestMeaning):
     """A CTranslate2 model folder with its SentencePiece models, limits and decoding defaults."""
 
     backend = "ctranslate2"
@@ -154,9 +155,11 @@ class CTranslate2Translator:
 
     def batches(self, lines: list[str], beam_size: int | None = None, nbest: int | None = None,
                 attention: Iterable[int] | bool = (), first_line: int = 1,
-                alignments: bool | None = None) -> Iterator[list[tuple[int, Translation]]]:
-        """As ``nmt.inference.Translator.batches``: the (index, ``Translation``) pairs of each
-        group of sentences with one length cap, as soon as CTranslate2 has decoded it."""
+                alignments: bool | None = None, tgt_lang: str | None = None) -> Iterator[list[tuple[int, Translation]]]:
+        """As ``nmt.inference.Translator.batches`` (no prefixes or constraints): the (index,
+        ``Translation``) pairs of each group of sentences with one length cap, as soon as
+        CTranslate2 has decoded it."""
+        lines = self.prepare(Request(lines, tgt_lang), Naming(numbers=range(first_line, first_line + len(lines)))).sources
         s = self.settings
         align = s.alignments if alignments is None else alignments
         if align and not self.can_align:
@@ -227,8 +230,9 @@ class CTranslate2Translator:
         return Translation(hypotheses, attention)
 
     def translate(self, lines: list[str], beam_size: int | None = None, nbest: int | None = None,
-                  attention: Iterable[int] | bool = (), alignments: bool | None = None) -> list[Translation]:
-        return in_line_order(self.batches(lines, beam_size, nbest, attention, alignments=alignments), len(lines),
+                  attention: Iterable[int] | bool = (), alignments: bool | None = None,
+                  tgt_lang: str | None = None) -> list[Translation]:
+        return in_line_order(self.batches(lines, beam_size, nbest, attention, alignments=alignments, tgt_lang=tgt_lang), len(lines),
                              Translation)
 
     # --- scoring ------------------------------------------------------------------------------

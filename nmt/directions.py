@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from nmt.language_id import identifier, identify
-from nmt.languages import split_tag, with_target_language
+from nmt.languages import split_tag
+from nmt.requests import Naming, Request, RequestError
 from nmt.length_report import length_report
 
 log = logging.getLogger(__name__)
@@ -62,20 +63,20 @@ def plan(datamodule: Any) -> Plan | None:
 
 
 def model_inputs(translator: Any, name: str, tagged: list[str], sources: list[str], datamodule: Any) -> list[str]:
-    """The test sources as ``translator`` reads them: untagged for a model of one direction; for a
-    multilingual model the split's own tags (each checked against the model's languages), or, on
-    data of one direction, the tag of the data's target language; a ValueError naming ``name``
-    when the model does not translate into it."""
+    """The test sources as ``translator`` reads them (its ``prepare``): untagged for a model of one
+    direction; for a multilingual model the split's own tags (each checked against the model's
+    languages), or, on data of one direction, the tag of the data's target language; a
+    ``RequestError`` naming ``name`` when the model does not translate into it."""
     languages = translator.target_languages
     if not languages:
         return sources
-    where = f"ckpts: {name}"
+    naming = Naming(item="test pair", tgt_lang=f"ckpts: {name}")
     if datamodule.origins.get("test") is not None:
-        return with_target_language(tagged, None, languages, where=where, line="test pair")
+        return translator.prepare(Request(tagged), naming).sources
     if datamodule.tgt_lang not in languages:
-        raise ValueError(f"{where} is multilingual (into {', '.join(languages)}), but its test data are "
-                         f"{datamodule.src_lang}-{datamodule.tgt_lang}: evaluate it on data in its languages")
-    return with_target_language(sources, datamodule.tgt_lang, languages, where=where, line="test pair")
+        raise RequestError(f"ckpts: {name} is multilingual (into {', '.join(languages)}), but its test data are "
+                           f"{datamodule.src_lang}-{datamodule.tgt_lang}: evaluate it on data in its languages")
+    return translator.prepare(Request(sources, datamodule.tgt_lang), naming).sources
 
 
 def wrong_language(texts: Sequence[str], expected: str, languages: Sequence[str]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from nmt.cli_io import ending_cleanly
 from nmt import directions, file_config, reordering, word_frequency
 from nmt.checkpoint import CheckpointError, saved_vocabularies
 from nmt.inference import Translator, encode_sources
+from nmt.languages import split_tag, tag
 from nmt.length_report import length_report, markdown_table, plot_bleu_by_length, write_report
 from nmt.significance import significance, significance_table
 from nmt.text_lines import read_lines
@@ -287,14 +288,14 @@ def robustness(cfg: DictConfig, translators: dict[str, Any], variants: list[str]
     from nmt.data.augment import augmented_copy
 
     sources, refs, unit, inputs = test
-    tags = {name: [read[: len(read) - len(text)] for read, text in zip(inputs[name], sources)]  # "<2fr> " or ""
-            for name in translators}
+    langs = {name: [split_tag(read)[0] for read in inputs[name]] for name in translators}  # each pair's tag, if any
     table = {name: {"clean": {"bleu": reports[name]["bleu"], "bleu_ci": reports[name]["bleu_ci"],
                               "chrf": reports[name]["chrf"]}} for name in translators}
     for variant in variants:
         copy_sources, copy_refs = augmented_copy(variant, sources, refs, seed=int(cfg.seed))
         for name, translator in translators.items():
-            hyps = [t.text for t in translator.translate([t + s for t, s in zip(tags[name], copy_sources)])]
+            hyps = [t.text for t in translator.translate([s if lang is None else f"{tag(lang)} {s}"
+                                                          for lang, s in zip(langs[name], copy_sources)])]
             (out_dir / f"{name}.{variant}.hyp.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
             report = length_report(copy_sources, hyps, copy_refs, cfg.length_buckets, unit=unit,
                                    tokenize=cfg.sacrebleu_tokenize, n_bootstrap=cfg.n_bootstrap)

@@ -44,6 +44,7 @@ from nmt.languages import tag_words, vocabulary_languages
 from nmt.kernels.malloc import bound_onednn_cache, keep_freed_memory
 from nmt.limits import model_max_src_len, model_max_tgt_len
 from nmt.machine import decoding_device, resolve_decoding_precision
+from nmt.requests import Naming, Request, RequestError, RequestMeaning
 from nmt.search_settings import SearchSettings
 from nmt.translations import Attention, Hypothesis, Translation, in_line_order
 
@@ -114,10 +115,12 @@ def run_batches(batches: list[Any], work: Callable[[Any], Any], device: torch.de
             pool.shutdown(cancel_futures=True)  # after an error, the batches not started are dropped
 
 
-class Translator:
-    """A model with its vocabularies, limits and decoding, ready to translate and score."""
+class Translator(RequestMeaning):
+    """A model with its vocabularies, limits and decoding, ready to translate and score; what a
+    request means: ``prepare`` (``nmt.requests``)."""
 
     backend = "torch"
+    can_guide = True  # prefixes and constraints
     can_align = True  # decoding.alignments (every model; an empty alignment without attention)
 
     def __init__(self, model: torch.nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer,
@@ -159,38 +162,35 @@ class Translator:
     def batches(self, lines: list[str], beam_size: int | None = None, nbest: int | None = None,
                 attention: Iterable[int] | bool = (), first_line: int = 1,
                 search: Callable[..., Hypotheses] | None = None, alignments: bool | None = None,
-                prefixes: list[str] | None = None,
-                constraints: list[list[str]] | None = None) -> Iterator[list[tuple[int, Translation]]]:
+                prefixes: list[str] | None = None, constraints: list[list[str]] | None = None,
+                tgt_lang: str | None = None) -> Iterator[list[tuple[int, Translation]]]:
         """Translate the non-empty ``lines`` batch by batch: each batch's (0-based index into
         ``lines``, ``Translation``) pairs, as soon as it is decoded. ``attention``: the indices
         whose attention is returned (True: all); ``first_line``: the input line number of
-        ``lines[0]`` (for warnings); ``alignments``: word-align every hypothesis (None: as
-        ``decoding.alignments`` says); ``prefixes``: per line, the text its translation starts
-        with ("" for none; ``prefix_ids``); ``constraints``: per line, the phrases its translation
-        must hold (lexically constrained beam search, ``nmt.constrained_decoding``)."""
+        ``lines[0]`` (for warnings and errors); ``alignments``: word-align every hypothesis (None:
+        as ``decoding.alignments`` says); ``tgt_lang``, ``prefixes`` (per line, the text its
+        translation starts with, "" for none), ``constraints`` (per line, the phrases its
+        translation must hold: lexically constrained beam search, ``nmt.constrained_decoding``):
+        the request, checked by ``prepare`` (``nmt.requests``)."""
         align = self.settings.alignments if alignments is None else alignments
         search = search or search_functions.search_of(self.settings, beam_size, nbest)
         alpha = float(search.keywords.get("alpha", 0.0)) if isinstance(search, functools.partial) and \
             search.func is search_functions.beam_search else None
-        todo = [i for i, line in enumerate(lines) if line.strip()]
+        prepared = self.prepare(Request(lines, tgt_lang, prefixes, constraints),
+                                Naming(numbers=range(first_line, first_line + len(lines))))
+        todo = [i for i, line in enumerate(prepared.sources) if line.strip()]
         wanted = set(todo) if attention is True else set(attention or ())
-        encoded = encode_sources([lines[i] for i in todo], self.src_vocab, self.max_src_len,
+        encoded = encode_sources([prepared.sources[i] for i in todo], self.src_vocab, self.max_src_len,
                                  numbers=[first_line + i for i in todo])
-        if constraints is not None and prefixes is not None:
-            raise ValueError("constraints and prefixes: give one of the two")
         required, plain_search = None, search
-        if constraints is not None:
-            required = self.constraint_ids([constraints[i] for i in todo], [lines[i] for i in todo],
-                                           numbers=[first_line + i for i in todo])
+        if prepared.constraints is not None:
+            required = [prepared.constraints[i] for i in todo]
             search = functools.partial(constrained_beam_search, beam_size=int(beam_size or self.settings.beam_size),
                                        alpha=self.settings.alpha, nbest=int(nbest or self.settings.nbest),
                                        max_len_a=self.settings.max_len_a, max_len_b=self.settings.max_len_b,
                                        continuation=self._continuation())
             alpha = self.settings.alpha
-        forced = None
-        if prefixes is not None:
-            forced = self.prefix_ids([prefixes[i] for i in todo], [lines[i] for i in todo],
-                                     numbers=[first_line + i for i in todo])
+        forced = None if prepared.prefixes is None else [prepared.prefixes[i] for i in todo]
         order = TokenBatchSampler([len(e) for e in encoded], max_tokens=self.max_tokens, batch_size=None,
                                   shuffle=False, seed=0)
 
@@ -217,10 +217,11 @@ class Translator:
     def translate(self, lines: list[str], beam_size: int | None = None, nbest: int | None = None,
                   attention: Iterable[int] | bool = (), search: Callable[..., Hypotheses] | None = None,
                   alignments: bool | None = None, prefixes: list[str] | None = None,
-                  constraints: list[list[str]] | None = None) -> list[Translation]:
+                  constraints: list[list[str]] | None = None, tgt_lang: str | None = None) -> list[Translation]:
         """One ``Translation`` per line, in order (no hypotheses for an empty line)."""
         return in_line_order(self.batches(lines, beam_size, nbest, attention, search=search, alignments=alignments,
-                                          prefixes=prefixes, constraints=constraints), len(lines), Translation)
+                                          prefixes=prefixes, constraints=constraints, tgt_lang=tgt_lang),
+                             len(lines), Translation)
 
     def _translation(self, hyps: Hypotheses, r: int, source: list[int], with_attention: bool,
                      alpha: float | None) -> Translation:
@@ -273,14 +274,21 @@ class Translator:
     def has_attention(self) -> bool:
         """Whether the model gives attention weights (the LSTM without attention does not)."""
         if self._attention is None:
-            self._attention = self.translate(["a"], attention=True)[0].attention is not None
+            lang = self.target_languages[0] if self.target_languages else None
+            self._attention = self.translate(["a"], attention=True, tgt_lang=lang)[0].attention is not None
         return self._attention
 
+    def guide_ids(self, key: str, guides: list[Any], sources: list[str], where: str, numbers: list[int],
+                  item: str) -> list[Any]:
+        """``prefix_ids`` or ``constraint_ids`` (``key``) of a request's guides (``nmt.requests``)."""
+        ids = self.prefix_ids if key == "prefixes" else self.constraint_ids
+        return ids(guides, sources, where=where, numbers=numbers, item=item)
+
     def prefix_ids(self, prefixes: list[str], sources: list[str], where: str = "prefix",
-                   numbers: list[int] | None = None) -> list[list[int]]:
+                   numbers: list[int] | None = None, item: str = "line") -> list[list[int]]:
         """The target ids each translation of ``sources`` must start with (``prefixes``: one text
-        per source; "" for none), or a one-line ValueError naming the line (``numbers``: their
-        line numbers, default 1..n): a piece the target vocabulary lacks, or a prefix that leaves
+        per source; "" for none), or a one-line ``RequestError`` naming the ``item`` (``numbers``:
+        their numbers, default 1..n): a piece the target vocabulary lacks, or a prefix that leaves
         no room for EOS under the source's length cap."""
         numbers = numbers or list(range(1, len(sources) + 1))
         source_ids = encode_sources(sources, self.src_vocab, self.max_src_len, numbers)
@@ -288,14 +296,14 @@ class Translator:
         for text, src, number in zip(prefixes, source_ids, numbers):
             ids = self.tgt_vocab.encode(text) if text.strip() else []
             if UNK in ids:
-                raise ValueError(f"{where}, line {number}: {text!r} holds characters the target vocabulary lacks "
-                                 "(they would be <unk>)")
+                raise RequestError(f"{where}, {item} {number}: {text!r} holds characters the target vocabulary "
+                                   "lacks (they would be <unk>)")
             cap = min(search_functions.length_cap(len(src), self.settings.max_len_a, self.settings.max_len_b),
                       self.max_tgt_len)
             if len(ids) >= cap:
-                raise ValueError(f"{where}, line {number}: {len(ids)} target tokens, but the line's translation is "
-                                 f"capped at {cap} (decoding.max_len_a * source tokens + decoding.max_len_b, EOS "
-                                 "included)")
+                raise RequestError(f"{where}, {item} {number}: {len(ids)} target tokens, but the {item}'s translation "
+                                   f"is capped at {cap} (decoding.max_len_a * source tokens + decoding.max_len_b, EOS "
+                                   "included)")
             out.append(ids)
         return out
 
@@ -307,10 +315,10 @@ class Translator:
                             device=self.device)
 
     def constraint_ids(self, constraints: list[list[str]], sources: list[str], where: str = "constraints",
-                       numbers: list[int] | None = None) -> list[list[tuple[int, ...]]]:
+                       numbers: list[int] | None = None, item: str = "line") -> list[list[tuple[int, ...]]]:
         """The target ids of each source's constraints (phrases its translation must hold), or a
-        one-line ValueError naming the line: an empty phrase, characters the target vocabulary
-        lacks, or phrases that do not fit under the source's length cap."""
+        one-line ``RequestError`` naming the ``item``: an empty phrase, characters the target
+        vocabulary lacks, or phrases that do not fit under the source's length cap."""
         numbers = numbers or list(range(1, len(sources) + 1))
         source_ids = encode_sources(sources, self.src_vocab, self.max_src_len, numbers)
         out = []
@@ -318,17 +326,17 @@ class Translator:
             ids = []
             for phrase in phrases:
                 if not phrase.strip():
-                    raise ValueError(f"{where}, line {number}: an empty constraint (phrases are separated by tabs)")
+                    raise RequestError(f"{where}, {item} {number}: an empty constraint (phrases are separated by tabs)")
                 encoded = tuple(self.tgt_vocab.encode(phrase))
                 if UNK in encoded:
-                    raise ValueError(f"{where}, line {number}: {phrase!r} holds characters the target vocabulary "
-                                     "lacks (they would be <unk>)")
+                    raise RequestError(f"{where}, {item} {number}: {phrase!r} holds characters the target "
+                                       "vocabulary lacks (they would be <unk>)")
                 ids.append(encoded)
             cap = search_functions.length_cap(len(src), self.settings.max_len_a, self.settings.max_len_b)
             try:
                 check_constraints(ids, cap)
             except ValueError as e:
-                raise ValueError(f"{where}, line {number}: {e}") from None
+                raise RequestError(f"{where}, {item} {number}: {e}") from None
             out.append(ids)
         return out
 

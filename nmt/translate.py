@@ -53,7 +53,7 @@ from omegaconf import DictConfig, OmegaConf
 from nmt import CONF_DIR, register_resolvers
 from nmt.backends import backend_of, model_file, open_translator, search_settings
 from nmt.cli_io import StopSignals, Stopped, check_paths, close_output, ending_cleanly, open_output
-from nmt.languages import with_target_language
+from nmt.requests import GUIDES, Naming, Request
 from nmt.line_streams import OrderedWriter, Progress, chunked, count_lines, read_pairs
 from nmt.text_lines import iter_lines, read_lines, report_replaced
 from nmt.translations import Translation, output_format, score_row, translation_rows
@@ -63,56 +63,49 @@ log = logging.getLogger(__name__)
 ERRORS = ("strict", "replace")
 
 
-GUIDES = {"prefixes": "target prefixes are", "constraints": "constrained decoding is"}  # files that guide the search
-
-
-def read_guides(cfg: DictConfig, translator: Any) -> dict[str, list[Any]]:
-    """``{"prefixes": lines}`` (the text each translation starts with) or ``{"constraints": the
-    lines' phrases}`` (tab-separated phrases each must hold), an empty line meaning none, or ``{}``;
-    checked before any output: a line per input line, no piece the target vocabulary lacks, room
-    for EOS under the length cap (each error names the file and line)."""
-    given = [key for key in GUIDES if cfg.get(key)]
+def read_guides(cfg: DictConfig) -> dict[str, list[Any]]:
+    """The guide file given (``prefixes=<file>``: a prefix per input line; ``constraints=<file>``:
+    tab-separated phrases per input line; an empty line meaning none) as ``Request`` keys, or ``{}``.
+    Guides need the input as a file (a line per input line) and mode=translate."""
+    given = {key: cfg[key] for key in GUIDES if cfg.get(key)}
     if not given:
         return {}
-    if len(given) > 1:
-        raise ValueError("constraints and prefixes: give one of the two")
-    (key,) = given
-    where = f"{key}={cfg[key]}"
-    if cfg.mode == "score" or translator.backend != "torch":
-        raise ValueError(f"{where}: {GUIDES[key]} for mode=translate on the torch backend")
+    where = " and ".join(f"{key}={file}" for key, file in given.items())
+    if cfg.mode == "score":
+        raise ValueError(f"{where}: prefixes and constraints steer mode=translate; mode=score scores the targets given")
     if cfg.input is None:
-        raise ValueError(f"{where}: give the input as a file (input=<file>), a line per line of {key}")
-    lines, sources = read_lines(cfg[key], cfg.errors), tagged(cfg, translator, read_lines(cfg.input, cfg.errors))
-    if len(sources) != len(lines):
-        raise ValueError(f"{where}: {len(lines)} lines, but input={cfg.input} has {len(sources)}")
-    if key == "prefixes":
-        translator.prefix_ids(lines, sources, where=where)
-        return {key: lines}
-    phrases = [line.split("\t") if line.strip() else [] for line in lines]
-    translator.constraint_ids(phrases, sources, where=where)
-    return {key: phrases}
+        raise ValueError(f"{where}: give the input as a file (input=<file>), a line per line of the guides")
+    guides = {key: read_lines(file, cfg.errors) for key, file in given.items()}
+    if "constraints" in guides:
+        guides["constraints"] = [line.split("\t") if line.strip() else [] for line in guides["constraints"]]
+    return guides
 
 
-def tagged(cfg: DictConfig, translator: Any, lines: list[str], first_line: int = 1) -> list[str]:
-    """``lines`` with the tag of ``tgt_lang`` (``nmt.languages.with_target_language``)."""
-    return with_target_language(lines, cfg.get("tgt_lang"), translator.target_languages,
-                                numbers=list(range(first_line, first_line + len(lines))))
+def naming(cfg: DictConfig, first_line: int, count: int) -> Naming:
+    """How translate.py names a request's parts: input lines by number, options as given."""
+    return Naming(numbers=range(first_line, first_line + count), item="line",
+                  **{key: f"{key}={cfg[key]}" for key in GUIDES if cfg.get(key)})
 
 
-def check_tags(cfg: DictConfig, translator: Any) -> None:
-    """The target-language tags of the input (``tagged``), checked before any output: ``tgt_lang``
-    for a model of one direction or of other languages, and each line of an input file, read once
-    more as a stream (from stdin each chunk is checked as it comes, before its lines are written)."""
-    if not translator.target_languages and cfg.get("tgt_lang") is None:
-        return
-    tagged(cfg, translator, [])
-    if cfg.input is None:
-        return
+def check_request(cfg: DictConfig, translator: Any, guides: dict[str, list[Any]]) -> None:
+    """The whole request checked by the translator (``prepare``) before any output: the target
+    language, and for a multilingual model or with guides each line of an input file with its
+    guides, read as a stream (from stdin each chunk is checked as it comes, before its lines are
+    written)."""
+    translator.prepare(Request([], cfg.get("tgt_lang")))
+    if cfg.input is None or not (translator.target_languages or guides):
+        return  # nothing more to check per line: the lines are read once, as they are translated
+    if guides:  # a line per input line: said before the lines themselves are judged
+        count = sum(1 for _ in iter_lines(cfg.input, cfg.errors, []))
+        for key, values in guides.items():
+            if len(values) != count:
+                raise ValueError(f"{key}={cfg[key]}: {len(values)} lines, but input={cfg.input} has {count}")
     lines = (s for s, _ in read_pairs(cfg.input, cfg.get("target"), cfg.errors, [], [])) if cfg.mode == "score" \
         else iter_lines(cfg.input, cfg.errors, [])
     offset = 0
     for chunk in chunked(lines, int(cfg.chunk_lines)):
-        tagged(cfg, translator, chunk, offset + 1)
+        part = {key: values[offset : offset + len(chunk)] for key, values in guides.items()}
+        translator.prepare(Request(chunk, cfg.get("tgt_lang"), **part), naming(cfg, offset + 1, len(chunk)))
         offset += len(chunk)
 
 
@@ -125,14 +118,14 @@ def translate_stream(cfg: DictConfig, translator: Any, writer: OrderedWriter, at
     replaced: list[int] = []
     offset = 0
     for chunk in chunked(iter_lines(cfg.input, cfg.errors, replaced), int(cfg.chunk_lines)):
-        chunk = tagged(cfg, translator, chunk, offset + 1)
         for i, line in enumerate(chunk):
             if not line.strip():
                 writer.put(offset + i, translation_rows(offset + i + 1, Translation(), fmt, nbest, aligned))
         writer.flush()
         attention = {i - offset for i in wanted if offset <= i < offset + len(chunk)}
         extra = {key: lines[offset : offset + len(chunk)] for key, lines in (guides or {}).items()}
-        for batch in translator.batches(chunk, attention=attention, first_line=offset + 1, **extra):
+        for batch in translator.batches(chunk, attention=attention, first_line=offset + 1, tgt_lang=cfg.get("tgt_lang"),
+                                        **extra):
             for i, translation in batch:
                 number = offset + i + 1
                 writer.put(offset + i, translation_rows(number, translation, fmt, nbest, aligned))
@@ -161,7 +154,8 @@ def score_stream(cfg: DictConfig, translator: Any, writer: OrderedWriter) -> int
     offset = 0
     for chunk in chunked(read_pairs(cfg.input, cfg.get("target"), cfg.errors, replaced, replaced_targets),
                          int(cfg.chunk_lines)):
-        sources, targets = tagged(cfg, translator, [s for s, _ in chunk], offset + 1), [t for _, t in chunk]
+        request = Request([s for s, _ in chunk], cfg.get("tgt_lang"))
+        sources, targets = translator.prepare(request, naming(cfg, offset + 1, len(chunk))).sources, [t for _, t in chunk]
         for i, src in enumerate(sources):
             if not src.strip():
                 writer.put(offset + i, [score_row(offset + i + 1, None, fmt, cfg.score_tokens)])
@@ -225,9 +219,9 @@ def translate_file(cfg: DictConfig, signals: StopSignals) -> None:
     check_paths({"input": cfg.input, **({"target": cfg.get("target")} if cfg.mode == "score" else {}),
                  **({"prefixes": cfg.prefixes} if cfg.get("prefixes") else {}),
                  **({"constraints": cfg.constraints} if cfg.get("constraints") else {}), "ckpt": model_file(cfg)}, cfg.output)
+    guides = read_guides(cfg)
     translator = open_translator(cfg)
-    check_tags(cfg, translator)
-    guides = read_guides(cfg, translator)
+    check_request(cfg, translator, guides)
     out: IO[str] = sys.stdout if cfg.output is None else open_output(cfg.output)
     signals.defer()  # from here on, a signal stops the run between whole lines
     show = cfg.progress == "auto" and cfg.input is not None and sys.stderr.isatty() or cfg.progress is True

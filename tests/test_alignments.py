@@ -157,8 +157,15 @@ def test_a_server_on_an_older_ctranslate2_export_refuses_alignments_and_guides()
     limits = OmegaConf.create({"max_sentences": 10, "max_chars": 100, "max_beam_size": 5})
     answer = parse_request(b'{"text": ["a"], "alignments": true}', limits, 5, can_align=False)
     assert answer.status_code == 400 and b"exported before nmt-export kept every head's attention" in answer.body
-    answer = parse_request(b'{"text": ["a"], "prefix": ["b"]}', limits, 5, can_guide=False)
-    assert answer.status_code == 400 and b"decoded by the torch backend" in answer.body
+    from nmt.requests import RequestError, RequestMeaning
+    from nmt.serve.app import naming
+
+    class Export(RequestMeaning):  # what the server asks of a CTranslate2 folder's translator
+        backend, target_languages = "ctranslate2", []
+
+    request, _ = parse_request(b'{"text": ["a"], "prefix": ["b"]}', limits, 5)
+    with pytest.raises(RequestError, match='^"prefix": prefixes are decoded by the torch backend, not by ctranslate2$'):
+        Export().prepare(request, naming(1))
 
 
 def test_decoding_alignments_must_be_a_boolean(serve_ckpt, capsys):

@@ -132,9 +132,9 @@ def test_the_server_takes_constraints_and_prefixes_per_sentence(ckpt):
             ({"constraints": [["fa"]]}, 400, '"constraints" must be a list of 2 lists of phrases, one per sentence'),
             ({"prefix": "fa"}, 400, '"prefix" must be a list of 2 strings, one per sentence ("" for none)'),
             ({"prefix": ["", ""], "constraints": [[], []]}, 400, '"prefix" and "constraints": give one of the two'),
-            ({"constraints": [[""], []]}, 400, "constraints, sentence 0: an empty constraint"),
+            ({"constraints": [[""], []]}, 400, '"constraints", sentence 0: an empty constraint'),
             ({"constraints": [["x"] * 11, []]}, 413, "sentence 0 has 11 constraints; the limit is 10"),
-            ({"prefix": ["", "ÆØÅ"]}, 400, "prefix, sentence 1: 'ÆØÅ' holds characters the target vocabulary lacks"),
+            ({"prefix": ["", "ÆØÅ"]}, 400, '"prefix", sentence 1: \'ÆØÅ\' holds characters the target vocabulary lacks'),
             ({"prefix": ["", "\ud800"]}, 400, "prefix 1: not valid Unicode"),
             ({"constraints": [["a", "\udfff"], []]}, 400, "constraint 1 of sentence 0: not valid Unicode"),
         ]:

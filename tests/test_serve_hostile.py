@@ -347,10 +347,13 @@ def test_parse_request_answers_every_body_with_a_request_or_a_4xx(serve_ckpt, tr
         if isinstance(result, JSONResponse):
             assert result.status_code in (400, 413) and json.loads(result.body)["error"]
         else:
-            texts, (beam_size, nbest, attention, alignments, guide) = result
+            request, (beam_size, nbest, attention, alignments) = result
+            texts = request.texts
             assert all(isinstance(t, str) and len(t) <= limits.max_chars for t in texts) and len(texts) <= limits.max_sentences
             assert 1 <= nbest <= beam_size <= limits.max_beam_size and isinstance(attention, bool)
-            assert isinstance(alignments, bool) and (guide is None or len(guide) == len(texts))
+            assert isinstance(alignments, bool) and request.tgt_lang is None or isinstance(request.tgt_lang, str)
+            for guide in (request.prefixes, request.constraints):
+                assert guide is None or len(guide) == len(texts)
 
     check("parse_request", BODIES, prop, 600)
 

@@ -155,7 +155,7 @@ def train_sentencepiece(sentences: Iterable[str], out_dir: str | Path,
             shuffle_input_sentence=True, max_sentence_length=65536,
             train_extremely_large_corpus=False, num_threads=_num_threads(), minloglevel=2, **opts)
     except (RuntimeError, ValueError) as e:
-        from nmt.data.sources import DataError  # `datasets` is heavy to import; translation never needs it
+        from nmt.data.readers import DataError  # not nmt.data.sources, which imports `datasets`
 
         raise DataError(f"SentencePiece training failed with options {opts}: "
                         f"{str(e).rstrip('.')}. For a small "

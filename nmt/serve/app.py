@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from nmt import CONF_DIR, register_resolvers
 from nmt.cli_io import ending_cleanly
 from nmt.backends import open_translator
-from nmt.languages import with_target_language
+from nmt.requests import Naming, Request as TranslationRequest
 from nmt.serve.batching import Batcher, QueueFull
 from nmt.serve.guard import (ApiKeyMiddleware, HeaderTimeoutH11Protocol, content_type_error, error, parse_request,
                              read_body)
@@ -54,6 +54,12 @@ class Guide:
     request decodes in a call of its own (its guides stay in line with its sentences)."""
 
     rows: tuple[tuple[str, tuple[str, ...]], ...]
+
+
+def naming(count: int) -> Naming:
+    """How the server names a request's parts in its errors: sentences from 0, the JSON fields."""
+    return Naming(numbers=range(count), item="sentence", tgt_lang="tgt_lang", prefixes='"prefix"',
+                  constraints='"constraints"')
 
 
 def answer(translator: Any, texts: list[str], options: tuple[Any, ...]) -> list[dict[str, Any]]:
@@ -175,22 +181,19 @@ def create_app(translator: Any, cfg: DictConfig) -> FastAPI:
         if isinstance(body, JSONResponse):
             return body
         parsed = parse_request(body, limits, translator.settings.beam_size, getattr(translator, "can_align", True),
-                               translator.settings.alignments, translator.backend == "torch",
-                               translator.target_languages, cfg.get("tgt_lang"))
+                               translator.settings.alignments, cfg.get("tgt_lang"))
         if isinstance(parsed, JSONResponse):
             return parsed
-        texts, options = parsed
-        if options[-1] is not None:  # a bad prefix or constraint: a 400 naming the sentence, before any decoding
-            rows = options[-1]
-            try:
-                if any(prefix for prefix, _ in rows):
-                    translator.prefix_ids([p for p, _ in rows], texts, where="prefix", numbers=list(range(len(texts))))
-                else:
-                    translator.constraint_ids([list(c) for _, c in rows], texts, where="constraints",
-                                              numbers=list(range(len(texts))))
-            except (ValueError, RuntimeError) as e:  # RuntimeError: sentencepiece on text it cannot take
-                return error(400, str(e).replace(", line ", ", sentence "))
-            options = (*options[:-1], Guide(rows))
+        asked, options = parsed
+        try:  # what the request means for this model, checked before any decoding: a 400 naming the sentence
+            texts = translator.prepare(asked, naming(len(asked.texts))).sources
+        except (ValueError, RuntimeError) as e:  # RuntimeError: sentencepiece on text it cannot take
+            return error(400, str(e))
+        guide = None
+        if any(asked.prefixes or ()) or any(asked.constraints or ()):  # "" and [] mean none
+            guide = Guide(tuple(zip(asked.prefixes or [""] * len(texts),
+                                    (tuple(c) for c in asked.constraints or [()] * len(texts)))))
+        options = (*options, guide)
         tokens = translator.count_tokens(texts)
         try:
             results = await batcher.submit(texts, options, tokens)
@@ -238,7 +241,7 @@ def load(cfg: DictConfig) -> Any:
     """The translator of ``cfg`` (``nmt.backends``); its attention is probed once, at start."""
     translator = open_translator(cfg)
     if cfg.get("tgt_lang") is not None:  # the default language of requests: one the model has a tag for
-        with_target_language([], str(cfg.tgt_lang), translator.target_languages)
+        translator.prepare(TranslationRequest([], str(cfg.tgt_lang)))
     translator.has_attention  # noqa: B018  (the probe decodes one sentence: before the first request)
     return translator
 

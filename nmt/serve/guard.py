@@ -28,7 +28,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from nmt.languages import with_target_language
+from nmt.requests import Request as TranslationRequest
 
 OPTIONS = {"text", "beam_size", "nbest", "attention", "alignments", "prefix", "constraints", "tgt_lang"}
 MAX_CONSTRAINTS = 10  # phrases a sentence may require
@@ -136,12 +136,11 @@ def _shown(value: Any) -> str:
 
 
 def parse_request(body: bytes, limits: DictConfig, default_beam: int, can_align: bool = True,
-                  default_align: bool = False, can_guide: bool = True, languages: list[str] | None = None,
-                  default_lang: str | None = None) -> tuple[list[str], tuple[Any, ...]] | JSONResponse:
-    """The sentences and (beam_size, nbest, attention, alignments, guide) of a request body, or
-    the error response; guide: None, or per sentence (prefix, constraint phrases). A multilingual
-    model's target ``languages``: each sentence starts with the tag of ``"tgt_lang"`` (else of
-    ``default_lang``; ``nmt.languages``)."""
+                  default_align: bool = False, default_lang: str | None = None) -> tuple[TranslationRequest, tuple[Any, ...]] | JSONResponse:
+    """The ``nmt.requests.Request`` (sentences, ``"tgt_lang"`` else ``default_lang``, prefixes or constraints)
+    and (beam_size, nbest, attention, alignments) of a request body, or the error response: its
+    JSON, types and sizes are checked here; what the request means for the model, by the
+    translator (``nmt.requests``)."""
     try:
         request = json.loads(body.decode("utf-8"), parse_int=_bounded_int, parse_constant=_no_constant)
     except UnicodeDecodeError as e:
@@ -194,28 +193,18 @@ def parse_request(body: bytes, limits: DictConfig, default_beam: int, can_align:
     lang = request.get("tgt_lang", default_lang)
     if lang is not None and not isinstance(lang, str):
         return error(400, f'"tgt_lang" must be a language code such as "fr", not {_shown(lang)}')
-    try:
-        texts = with_target_language(texts, lang, languages or [], where="tgt_lang", numbers=list(range(len(texts))),
-                                     line="sentence")
-    except ValueError as e:
-        return error(400, str(e))
-    guide = _guide(request, texts, limits, can_guide)
+    guide = _guide(request, texts, limits)
     if isinstance(guide, JSONResponse):
         return guide
-    return texts, (values["beam_size"], values["nbest"], attention, alignments, guide)
+    return (TranslationRequest(texts, lang, **guide),
+            (values["beam_size"], values["nbest"], attention, alignments))
 
 
-def _guide(request: dict[str, Any], texts: list[str], limits: DictConfig,
-           torch_backend: bool) -> tuple[tuple[str, tuple[str, ...]], ...] | None | JSONResponse:
-    """Per sentence (prefix, constraint phrases) of ``"prefix"`` (a string per sentence) and
-    ``"constraints"`` (a list of phrases per sentence), or None when the request has neither."""
+def _guide(request: dict[str, Any], texts: list[str], limits: DictConfig) -> dict[str, Any] | JSONResponse:
+    """``"prefix"`` (a string per sentence) and ``"constraints"`` (a list of phrases per sentence)
+    as ``Request`` keys, their types and sizes checked; {} when the request has neither."""
     prefix, constraints = request.get("prefix"), request.get("constraints")
-    if prefix is None and constraints is None:
-        return None
-    if not torch_backend:
-        return error(400, '"prefix" and "constraints" are decoded by the torch backend; this server runs a CTranslate2 folder')
-    if prefix is not None and constraints is not None:
-        return error(400, '"prefix" and "constraints": give one of the two')
+    guides: dict[str, Any] = {}
     if prefix is not None:
         if not isinstance(prefix, list) or len(prefix) != len(texts) or not all(isinstance(p, str) for p in prefix):
             return error(400, f'"prefix" must be a list of {len(texts)} strings, one per sentence ("" for none)')
@@ -223,7 +212,9 @@ def _guide(request: dict[str, Any], texts: list[str], limits: DictConfig,
             return error(413, f"a prefix over max_chars={limits.max_chars} characters", "max_chars", limits.max_chars)
         if (bad := _not_unicode(prefix)) is not None:
             return error(400, f"prefix {bad}: not valid Unicode (a lone surrogate escape such as \\ud800)")
-        return tuple((p, ()) for p in prefix) if any(prefix) else None
+        guides["prefixes"] = prefix
+    if constraints is None:
+        return guides
     if not isinstance(constraints, list) or len(constraints) != len(texts) or not all(
             isinstance(c, list) and all(isinstance(p, str) for p in c) for c in constraints):
         return error(400, f'"constraints" must be a list of {len(texts)} lists of phrases, one per sentence ([] for none)')
@@ -235,7 +226,8 @@ def _guide(request: dict[str, Any], texts: list[str], limits: DictConfig,
                          "max_chars", limits.max_chars)
         if (bad := _not_unicode(phrases)) is not None:
             return error(400, f"constraint {bad} of sentence {i}: not valid Unicode (a lone surrogate escape such as \\ud800)")
-    return tuple(("", tuple(c)) for c in constraints) if any(constraints) else None
+    guides["constraints"] = constraints
+    return guides
 
 
 def _not_unicode(texts: list[str]) -> int | None:

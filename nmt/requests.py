@@ -1,0 +1,107 @@
+"""What a translation request means, checked in one place for every front end (translate.py,
+nmt-serve, evaluate, the Python API): the target language of a multilingual model (its tag on each
+sentence, ``nmt.languages``) and what guides each translation (a prefix it starts with, or phrases
+it must hold). A front end reads a request its own way (files, JSON) and reports a
+``RequestError`` in its own form (one line on stderr, HTTP 400); the words are the same everywhere,
+with the names the front end gives its options (``Naming``). No torch here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nmt.languages import with_target_language
+
+GUIDES = ("prefixes", "constraints")
+
+
+class RequestError(ValueError):
+    """A request the translator cannot take; the message names the option and the sentence."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """The sentences to translate, the language to translate them into (a multilingual model's;
+    None: each sentence's own tag, or a model of one direction), and at most one kind of guide: a
+    prefix per sentence ("" for none) or a list of phrases per sentence ([] for none)."""
+
+    texts: Sequence[str]
+    tgt_lang: str | None = None
+    prefixes: Sequence[str] | None = None
+    constraints: Sequence[Sequence[str]] | None = None
+
+
+@dataclass(frozen=True)
+class Naming:
+    """How a front end names the parts of a request in its errors: each text's number
+    (``numbers``, default 1..n), what a text is (``item``: line, sentence, test pair) and its
+    options (``tgt_lang``, ``prefixes``, ``constraints``: a key, a field, ``prefixes=<file>``)."""
+
+    numbers: Sequence[int] | None = None
+    item: str = "line"
+    tgt_lang: str = "tgt_lang"
+    prefixes: str = "prefixes"
+    constraints: str = "constraints"
+
+    def number_of(self, count: int) -> list[int]:
+        return list(self.numbers) if self.numbers is not None else list(range(1, count + 1))
+
+
+@dataclass
+class Prepared:
+    """A request as the model reads it: the sources with their target-language tags, and each
+    sentence's guide as target ids (``prefixes``: ids; ``constraints``: a tuple of ids per phrase;
+    empty for an empty sentence or none), or None without guides."""
+
+    sources: list[str]
+    prefixes: list[list[int]] | None = None
+    constraints: list[list[tuple[int, ...]]] | None = None
+    numbers: list[int] = field(default_factory=list)
+
+
+class RequestMeaning:
+    """What the translators share: ``prepare`` checks a request against the model. A translator
+    sets ``target_languages`` (empty for one direction) and ``backend``; one that decodes guides
+    sets ``can_guide`` and gives ``guide_ids``."""
+
+    backend = "?"
+    can_guide = False
+    target_languages: list[str]
+
+    def guide_ids(self, key: str, guides: list[Any], sources: list[str], where: str, numbers: list[int],
+                  item: str) -> list[Any]:
+        raise NotImplementedError
+
+    def prepare(self, request: Request, naming: Naming = Naming()) -> Prepared:
+        """``request`` checked and made ready, or a ``RequestError``: a language the model has no tag
+        for or a sentence without one (``nmt.languages.with_target_language``); both kinds of
+        guide; guides on a backend that cannot decode them; not one guide per sentence; a guide
+        piece the target vocabulary lacks or one that leaves no room under the length cap."""
+        numbers = naming.number_of(len(request.texts))
+        try:
+            sources = with_target_language(list(request.texts), request.tgt_lang, self.target_languages,
+                                           where=naming.tgt_lang, numbers=numbers, line=naming.item)
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+        given = [key for key in GUIDES if getattr(request, key) is not None]
+        if not given:
+            return Prepared(sources, numbers=numbers)
+        if len(given) > 1:
+            raise RequestError(f"{naming.prefixes} and {naming.constraints}: give one of the two")
+        (key,) = given
+        where = getattr(naming, key)
+        if not self.can_guide:
+            raise RequestError(f"{where}: {key} are decoded by the torch backend, not by {self.backend}")
+        guides = list(getattr(request, key))
+        if len(guides) != len(sources):
+            raise RequestError(f"{where}: {len(guides)} given for {len(sources)} {naming.item}s; give one per "
+                               f"{naming.item}")
+        todo = [i for i, text in enumerate(sources) if text.strip()]
+        ids = self.guide_ids(key, [guides[i] for i in todo], [sources[i] for i in todo], where,
+                             [numbers[i] for i in todo], naming.item)
+        per_text: list[Any] = [[] for _ in sources]
+        for i, value in zip(todo, ids):
+            per_text[i] = value
+        return Prepared(sources, numbers=numbers, **{key: per_text})
