@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from nmt.checkpoint import CheckpointError, load_checkpoint, read_checkpoint
 from nmt.evaluate import load_test_split
+from nmt.text_lines import read_lines
 from nmt.export import export, export_release
 from nmt.train import train
 from tests.conftest import CONF_DIR, compose_train, evaluate_here, translate_here
@@ -150,7 +151,8 @@ def test_a_crafted_data_config_is_refused_by_evaluate(trained, tmp_path):
 def test_evaluate_builds_the_checkpoints_own_data_config(trained, tmp_path):
     config = {**read_checkpoint(trained)["run_config"]["data"], "cache_dir": str(tmp_path / "cache")}
     sources, refs, unit = load_test_split(config, str(trained))
-    assert len(sources) == len(refs) > 0 and unit == "words"
+    tiny = Path(__file__).parent / "data" / "tiny"  # the corpus the checkpoint's data config names
+    assert (sources, refs, unit) == (read_lines(tiny / "test.src", strip=True), read_lines(tiny / "test.tgt", strip=True), "words")
 
 
 def test_every_class_a_config_names_is_buildable_by_its_exact_name():

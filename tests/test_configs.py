@@ -84,7 +84,8 @@ EXPERIMENTS = {
                   "optimizer.lr": 0.0005, "scheduler._target_": "nmt.schedules.inverse_sqrt", "trainer.max_epochs": 20,
                   "trainer.max_steps": -1},
     "sutskever_2014": {"model": "lstm", "model.hidden_size": 1000, "model.encoder.num_layers": 4,
-                       "model.encoder.bidirectional": False, "trainer.max_epochs": 20, "trainer.max_steps": -1},
+                       "model.encoder.bidirectional": False, "model.encoder.reverse": True,
+                       "model.decoder.input_feeding": "none", "trainer.max_epochs": 20, "trainer.max_steps": -1},
     "transformer_base": {"model": "transformer", "optimizer._target_": "torch.optim.Adam", "model.hidden_size": 512,
                          "model.encoder.num_layers": 6, "model.decoder.num_heads": 8, "model.encoder.ff_size": 2048,
                          "model.encoder.norm": "post", "module.label_smoothing": 0.1, "optimizer.lr": 0.0007,
@@ -132,6 +133,19 @@ def test_only_transformer_encoders_shift_positions(model, tmp_path):
         assert getattr(encoder, "position_shift", None) == (cfg.position_shift if model == "transformer" else None)
         shifts[tuple(experiment)] = cfg.position_shift
     assert shifts == {("experiment=bleu_vs_length",): 30, (): 30, ("position_shift=7",): 7, ("position_shift=0",): 0}
+
+
+@pytest.mark.parametrize("model, data, overrides, words", [
+    ("lstm", "synthetic", [], 30), ("lstm_bahdanau", "synthetic", [], None), ("transformer", "synthetic", [], None),
+    ("lstm", "synthetic", ["data.train_max_words=50"], 50), ("lstm", "synthetic", ["max_words_by_model.lstm=null"], None),
+    ("lstm", "multi30k", [], None)])
+def test_the_default_data_trains_each_preset_on_its_lengths(model, data, overrides, words):
+    """max_words_by_model: the plain LSTM's first run drops longer training pairs on the default data
+    only; an explicit data.train_max_words wins."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=[f"model={model}", f"data={data}", *overrides], return_hydra_config=True)
+    HydraConfig().set_config(cfg)
+    assert cfg.data.train_max_words == words
 
 
 @pytest.mark.parametrize("group", ["optimizer", "scheduler", "decoding", "trainer"])

@@ -192,4 +192,5 @@ def test_translate_resolves_pad_to_in_a_checkpoints_model_config(traced, tmp_pat
     source.write_text("a b c\n\nd e\n")
     result = translate_here(capsys, f"ckpt={ckpt}", "decoding=greedy", f"input={source}")  # translate.py's body
     assert result.returncode == 0, result.stderr[-3000:]
-    assert len(result.stdout.split("\n")) == 4
+    resolved = translate_here(capsys, f"ckpt={traced.ckpt}", "decoding=greedy", f"input={source}")
+    assert result.stdout == resolved.stdout and len(result.stdout.split("\n")) == 4  # the same model, the same lines
