@@ -129,13 +129,11 @@ def tokenizer_protos(src_vocab: Tokenizer, tgt_vocab: Tokenizer) -> dict[str, by
 
 
 def tokenizer_from_proto(proto: bytes, name: str) -> Tokenizer:
-    tok = Tokenizer.__new__(Tokenizer)
-    tok.model_file, tok.trained = f"<checkpoint:{name}>", False
+    """The ``name`` (src or tgt) tokenizer saved in a checkpoint, checked (``Tokenizer.from_proto``)."""
     try:
-        tok.sp = spm.SentencePieceProcessor(model_proto=proto)
-    except (RuntimeError, TypeError) as e:
-        raise CheckpointError(f"the {name} tokenizer saved in the checkpoint is not a SentencePiece model ({e})") from None
-    return tok
+        return Tokenizer.from_proto(proto, f"the {name} tokenizer saved in the checkpoint")
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def check_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], source: str) -> None:
@@ -182,6 +180,9 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", allow_
         model = file_config.build_model(model_cfg, model_state(checkpoint), str(path), check_weights)
     except file_config.ConfigRefused as e:
         raise CheckpointError(str(e)) from None
+    if bad := nonfinite(model.state_dict().items()):
+        raise CheckpointError(f"{path}: weights hold NaN or infinity ({', '.join(bad[:5])}); the file is damaged or "
+                              "its training diverged: use another checkpoint")
     model.to(device).eval()
     protos = checkpoint["tokenizers"]
     log.info("loaded %s (%s, step %s)", path, checkpoint_kind(checkpoint), checkpoint.get("global_step"))

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt.alignments import pharaoh
+from nmt.data.tokenizer import LINE_BREAKING, check_vocabulary
 from nmt.languages import tag_words, vocabulary_languages
 from nmt.limits import tokens
 from nmt.machine import usable_cores
@@ -131,6 +132,8 @@ class CTranslate2Translator(RequestMeaning):
         self.settings = decoding if isinstance(decoding, SearchSettings) else SearchSettings.from_config(decoding)
         self.src_sp = spm.SentencePieceProcessor(model_file=str(self.folder / "source.model"))
         self.tgt_sp = spm.SentencePieceProcessor(model_file=str(self.folder / "target.model"))
+        for sp, name in ((self.src_sp, "source.model"), (self.tgt_sp, "target.model")):
+            check_vocabulary(sp, str(self.folder / name))
         self.target_languages = vocabulary_languages(self.src_sp)  # a multilingual model's <2xx> tags
         if device == "auto":
             device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
@@ -217,7 +220,8 @@ class CTranslate2Translator(RequestMeaning):
             n = len(pieces) + 1  # with EOS
             counted = len(pieces) if len(pieces) >= cap else n
             logprob = float(score) * counted ** slope if slope else float(score)
-            hypotheses.append(Hypothesis(self.tgt_sp.decode([self.tgt_sp.piece_to_id(p) for p in pieces]),
+            text = LINE_BREAKING.sub(" ", self.tgt_sp.decode([self.tgt_sp.piece_to_id(p) for p in pieces]))
+            hypotheses.append(Hypothesis(text,
                                          logprob / gnmt_penalty(n, alpha) if alpha else logprob, logprob))
         if align:  # each hypothesis' attention, as the torch backend's teacher-forced pass reads it
             for hypothesis, pieces, weights in zip(hypotheses, result.hypotheses, result.attention or []):

@@ -4,6 +4,7 @@ unpickling code, bad files get a one-line error, release files, averaging and EM
 from __future__ import annotations
 
 import functools
+import io
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ from omegaconf import OmegaConf
 import nmt.builders
 from nmt.average import average, run_average, select
 from nmt.checkpoint import CheckpointError, load_checkpoint, read_checkpoint
+from nmt.data.tokenizer import Tokenizer
 from nmt.decoding import greedy_search
 from nmt.export import export, export_release
 from nmt.builders import check_logger_packages
@@ -120,6 +122,57 @@ def test_bad_checkpoint_files_get_a_one_line_error_naming_them(budget_run, tmp_p
     with pytest.raises(CheckpointError) as raised:
         load_checkpoint(path)
     assert error in str(raised.value) and str(path) in str(raised.value) and "\n" not in str(raised.value)
+
+
+def with_piece(proto: bytes, piece: str) -> bytes:
+    """A SentencePiece model whose last piece is ``piece`` instead."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    model = sentencepiece_model_pb2.ModelProto()
+    model.ParseFromString(proto)
+    model.pieces[-1].piece = piece
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize("piece", ["a\nb", "\t", "x\u2028", "\x85"])
+def test_a_saved_tokenizer_whose_pieces_break_lines_is_refused(budget_run, tmp_path, piece):
+    """A target piece holding a line break would turn one input line into several output lines."""
+    _, run = budget_run
+    checkpoint = read_checkpoint(run / "checkpoints" / "last.ckpt")
+    tokenizers = checkpoint["tokenizers"]
+    forged = tmp_path / "forged.ckpt"
+    torch.save({**checkpoint, "tokenizers": {**tokenizers, "tgt": with_piece(tokenizers["tgt"], piece)}}, forged)
+    with pytest.raises(CheckpointError, match=r"^the tgt tokenizer saved in the checkpoint: piece \d+ \(.*\) holds a "
+                                              r"control or line-breaking character; a SentencePiece model trained by nmt has none$"):
+        load_checkpoint(forged)
+
+
+def test_weights_holding_nan_or_infinity_are_refused_naming_them(budget_run, tmp_path):
+    _, run = budget_run
+    checkpoint = read_checkpoint(run / "checkpoints" / "last.ckpt")
+    name = next(k for k in checkpoint["state_dict"] if k.startswith("model.encoder.layers.0."))  # not a tied weight
+    for value in (float("nan"), float("-inf")):
+        state = dict(checkpoint["state_dict"])
+        state[name] = state[name].clone().flatten().index_fill(0, torch.tensor([0]), value).view_as(state[name])
+        forged = tmp_path / "diverged.ckpt"
+        torch.save({**checkpoint, "state_dict": state}, forged)
+        with pytest.raises(CheckpointError) as raised:
+            load_checkpoint(forged)
+        assert str(raised.value) == (f"{forged}: weights hold NaN or infinity ({name[len('model.'):]}); the file is "
+                                     "damaged or its training diverged: use another checkpoint")
+
+
+def test_decoded_text_is_one_line_whatever_the_pieces_decode_to():
+    """Byte-fallback pieces may decode to a line break: the translation stays one line."""
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(["a b c", "d e f"] * 20), model_writer=model, vocab_size=300,
+                                   byte_fallback=True, pad_id=0, unk_id=1, bos_id=2, eos_id=3, hard_vocab_limit=False)
+    tok = Tokenizer.from_proto(model.getvalue(), "bytes")
+    newline = tok.sp.piece_to_id("<0x0A>")
+    ids = tok.encode("a") + [newline] + tok.encode("b")
+    assert tok.sp.decode(ids) == "a\n b" and tok.decode(ids) == "a  b" and tok.decode_batch([ids]) == ["a  b"]
 
 
 def test_a_release_file_translates_like_its_checkpoint_and_cannot_resume(budget_run, tmp_path):

@@ -215,7 +215,7 @@ MALFORMED = {
     "state_dict of strings": (lambda c: {**c, "state_dict": {"model.x": "y"}}, "its state_dict is not a mapping"),
     "tokenizers missing": (lambda c: {**c, "tokenizers": {"src": b"abc"}}, "its tokenizers are not two"),
     "tokenizers not models": (lambda c: {**c, "tokenizers": {"src": b"\x00" * 9, "tgt": b"\x01"}},
-                              "the src tokenizer saved in the checkpoint is not a SentencePiece model"),
+                              "the src tokenizer saved in the checkpoint: not a SentencePiece model"),
     "no model section": (lambda c: {**c, "run_config": {"data": c["run_config"]["data"]}}, "has no model section"),
 }
 

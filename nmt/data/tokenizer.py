@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,17 +39,44 @@ def _num_threads() -> int:
     return usable_cores()
 
 
+# Characters no piece may hold: they would end or split an output line (line feeds, carriage
+# returns, tabs, the other C0/C1 controls, U+2028/U+2029). Decoded text has them replaced by spaces.
+LINE_BREAKING = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def check_vocabulary(sp: spm.SentencePieceProcessor, name: str) -> None:
+    """A ValueError naming ``name`` unless the model has nmt's special ids and no piece holds a
+    control or line-breaking character (a model from a file someone else wrote)."""
+    ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
+    if ids != (PAD, UNK, BOS, EOS):
+        raise ValueError(f"{name}: special ids (pad, unk, bos, eos) are {ids}, expected {(PAD, UNK, BOS, EOS)}")
+    for i in range(sp.get_piece_size()):
+        if LINE_BREAKING.search(piece := sp.id_to_piece(i)):
+            raise ValueError(f"{name}: piece {i} ({piece[:40]!r}) holds a control or line-breaking character; "
+                             "a SentencePiece model trained by nmt has none")
+
+
 class Tokenizer:
     """A trained SentencePiece model: text <-> ids with PAD=0, UNK=1, BOS=2, EOS=3."""
 
     def __init__(self, model_file: str | Path) -> None:
         self.model_file = str(model_file)
         self.sp = spm.SentencePieceProcessor(model_file=self.model_file)
-        ids = (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id())
-        if ids != (PAD, UNK, BOS, EOS):
-            raise ValueError(f"{model_file}: special ids (pad, unk, bos, eos) are {ids}, "
-                             f"expected {(PAD, UNK, BOS, EOS)}")
+        check_vocabulary(self.sp, self.model_file)
         self.trained = False  # True when this process trained the model (not read from cache)
+
+    @classmethod
+    def from_proto(cls, proto: bytes, name: str) -> Tokenizer:
+        """A serialized model (a checkpoint's), checked as ``check_vocabulary``; ``name`` says where
+        it came from. A ValueError for bytes that are not a SentencePiece model."""
+        tok = cls.__new__(cls)
+        tok.model_file, tok.trained = name, False
+        try:
+            tok.sp = spm.SentencePieceProcessor(model_proto=proto)
+        except (RuntimeError, TypeError):  # sentencepiece's own message is a C++ source line
+            raise ValueError(f"{name}: not a SentencePiece model (its bytes do not parse as one)") from None
+        check_vocabulary(tok.sp, name)
+        return tok
 
     @property
     def fingerprint(self) -> str:
@@ -115,11 +143,12 @@ class Tokenizer:
         return out
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Detokenized text; stops at the first EOS, drops BOS and PAD."""
-        return self.sp.decode(self._clean(ids))
+        """Detokenized text on one line; stops at the first EOS, drops BOS and PAD (a byte-fallback
+        piece that decodes to a line break becomes a space)."""
+        return LINE_BREAKING.sub(" ", self.sp.decode(self._clean(ids)))
 
     def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:
-        return self.sp.decode([self._clean(ids) for ids in batch])
+        return [LINE_BREAKING.sub(" ", text) for text in self.sp.decode([self._clean(ids) for ids in batch])]
 
     def pieces(self, ids: Iterable[int]) -> list[str]:
         """Subword strings of `ids` (specials included), e.g. for attention-plot labels."""
