@@ -10,10 +10,12 @@ language. The same rate of the references is the identifier's own error on that 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,7 +23,7 @@ import numpy as np
 from nmt.language_id import identifier, identify
 from nmt.languages import split_tag
 from nmt.requests import Naming, Request, RequestError
-from nmt.length_report import length_report
+from nmt.length_report import length_report, write_report
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +115,25 @@ def direction_reports(plan: Plan, sources: Sequence[str], hyps: Sequence[str], r
         result["reference_wrong_language"] = wrong_language(pick(refs), target, languages) if plan.identify else None
         out[name] = result
     return out
+
+
+def write_direction_reports(plan: Plan, sources: Sequence[str], hyps: dict[str, Sequence[str]], refs: Sequence[str],
+                            out_dir: Path, reports: dict[str, dict[str, Any]] | None = None, per_direction: bool = False,
+                            **report: Any) -> dict[str, Any]:
+    """Each system's ``direction_reports`` (``hyps``: system -> its translations of the tagged
+    ``sources``; ``reports``: its whole-split length report, if made) in ``directions.{json,md}``
+    and, with ``per_direction`` on a split of several directions, a length report per system and
+    direction (``<system>.<direction>/``); the table, which is also logged."""
+    table = {name: direction_reports(plan, sources, h, refs, (reports or {}).get(name), **report)
+             for name, h in hyps.items()}
+    if per_direction and plan.origins is not None:
+        for name, by_direction in table.items():
+            for direction, result in by_direction.items():
+                write_report(result, out_dir / f"{name}.{direction}", name=f"{name} ({direction})")
+    (out_dir / "directions.json").write_text(json.dumps(table, indent=2) + "\n")
+    (out_dir / "directions.md").write_text(markdown(table))
+    log.info("by direction -> %s\n%s", out_dir / "directions.md", markdown(table))
+    return table
 
 
 def longest_bucket(report: dict[str, Any]) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ import csv
 import json
 import logging
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -221,61 +222,77 @@ def evaluate(cfg: DictConfig) -> None:
         if len(lines) != len(refs):
             raise ValueError(f"{file}: {len(lines)} lines, but the {split_name} split has {len(refs)} references")
         hyps[str(name)] = lines
-    reports = {
-        name: length_report(sources, h, refs, cfg.length_buckets, unit=unit, tokenize=cfg.sacrebleu_tokenize,
-                            n_bootstrap=cfg.n_bootstrap)
-        for name, h in hyps.items()
-    }
+    baseline = str(cfg.baseline) if cfg.get("baseline") is not None else next(iter(hyps))
+    test = Scored(sources, tagged, refs, unit, hyps, baseline)
+    reports = {name: length_report(sources, h, refs, cfg.length_buckets, unit=unit, tokenize=cfg.sacrebleu_tokenize,
+                                   n_bootstrap=cfg.n_bootstrap) for name, h in hyps.items()}
     if frequency is not None:
-        for name, h in hyps.items():
-            reports[name]["frequency"] = word_frequency.bands(h, refs, frequency, n_bootstrap=cfg.n_bootstrap)
-    aligned = reference_alignments(datamodule, dict(zip(names, loaded)), sources, refs, inputs) \
-        if cfg.get("reordering", True) else None
-    if aligned is not None:
-        distances = [reordering.reordering_distance(links, len(s.split()), len(r.split()))
-                     for links, s, r in zip(aligned[1], sources, refs)]
-        for name, h in hyps.items():
-            reports[name]["reordering"] = reordering.bleu_by_reordering(
-                h, refs, distances, tokenize=cfg.sacrebleu_tokenize, n_bootstrap=cfg.n_bootstrap)
-            reports[name]["reordering_alignments"] = aligned[0]
-        if len(hyps) > 1:  # paired tests per reordering bucket, as per length bucket
-            buckets = list(zip(reordering.reordering_labels(), reordering.reordering_buckets(distances)))
-            baseline = str(cfg.baseline) if cfg.get("baseline") is not None else next(iter(hyps))
-            tests = significance(hyps, sources, refs, baseline, cfg.length_buckets, unit=unit,
-                                 tokenize=cfg.sacrebleu_tokenize, buckets=buckets, **cfg.significance)
-            for name, result in tests.items():
-                reports[name]["reordering_vs_baseline"] = result
+        by_frequency(cfg, test, frequency, reports)
+    if cfg.get("reordering", True):
+        by_reordering(cfg, test, reference_alignments(datamodule, dict(zip(names, loaded)), sources, refs, inputs), reports)
     for name, values in entropies.items():
         reports[name]["attention_entropy"] = reordering.entropy_by_length(sources, values, cfg.length_buckets, unit)
+    if len(hyps) > 1:
+        for name, result in significance(hyps, sources, refs, baseline, cfg.length_buckets, unit=unit,
+                                         tokenize=cfg.sacrebleu_tokenize, **cfg.significance).items():
+            reports[name]["significance"] = result
     for name, report in reports.items():
         write_report(report, out_dir / name, name=name)
     if split is not None:
-        options = {"edges": cfg.length_buckets, "unit": unit, "tokenize": cfg.sacrebleu_tokenize,
-                   "n_bootstrap": cfg.n_bootstrap}
-        by_direction = {name: directions.direction_reports(split, tagged, h, refs, reports[name], **options)
-                        for name, h in hyps.items()}
-        for name, table in by_direction.items():
-            for direction, report in table.items() if split.origins is not None else ():
-                write_report(report, out_dir / f"{name}.{direction}", name=f"{name} ({direction})")
-        (out_dir / "directions.json").write_text(json.dumps(by_direction, indent=2) + "\n")
-        (out_dir / "directions.md").write_text(directions.markdown(by_direction))
-        log.info("by direction -> %s\n%s", out_dir / "directions.md", (out_dir / "directions.md").read_text())
-    if len(hyps) > 1:
-        baseline = str(cfg.baseline) if cfg.get("baseline") is not None else next(iter(hyps))
-        tests = significance(hyps, sources, refs, baseline, cfg.length_buckets, unit=unit,
-                             tokenize=cfg.sacrebleu_tokenize, **cfg.significance)
-        for name, result in tests.items():
-            reports[name]["significance"] = result
-        if frequency is not None:
-            for name in hyps:
-                if name != baseline:
-                    reports[name]["frequency_vs_baseline"] = {"baseline": baseline, "rows": word_frequency.paired(
-                        hyps[name], hyps[baseline], refs, frequency, n_bootstrap=int(cfg.significance.bootstrap))}
+        directions.write_direction_reports(split, tagged, hyps, refs, out_dir, reports, per_direction=True,
+                                           edges=cfg.length_buckets, unit=unit, tokenize=cfg.sacrebleu_tokenize,
+                                           n_bootstrap=cfg.n_bootstrap)
     paths = compare(reports, out_dir, title=cfg.get("title") or "")
     log.info("comparison -> %s\n%s", paths["md"], paths["md"].read_text())
     if variants:
         robust = robustness(cfg, dict(zip(names, loaded)), variants, (sources, refs, unit, inputs), reports, out_dir)
         log.info("clean and augmented test sets -> %s\n%s", robust, robust.read_text())
+
+
+@dataclass
+class Scored:
+    """What every analysis reads: the split's sources (untagged and as stored), references and
+    length unit, each system's hypotheses, and the system the others are tested against."""
+
+    sources: list[str]
+    tagged: list[str]
+    refs: list[str]
+    unit: str
+    hyps: dict[str, list[str]]
+    baseline: str
+
+
+def by_frequency(cfg: DictConfig, test: Scored, frequency: Counter[str], reports: dict[str, dict[str, Any]]) -> None:
+    """Word F-measure by training frequency per system (``frequency``), and paired against the
+    baseline (``nmt.word_frequency``)."""
+    for name, h in test.hyps.items():
+        reports[name]["frequency"] = word_frequency.bands(h, test.refs, frequency, n_bootstrap=cfg.n_bootstrap)
+    for name in test.hyps:
+        if len(test.hyps) > 1 and name != test.baseline:
+            reports[name]["frequency_vs_baseline"] = {"baseline": test.baseline, "rows": word_frequency.paired(
+                test.hyps[name], test.hyps[test.baseline], test.refs, frequency,
+                n_bootstrap=int(cfg.significance.bootstrap))}
+
+
+def by_reordering(cfg: DictConfig, test: Scored, aligned: tuple[str, list[Any]] | None,
+                  reports: dict[str, dict[str, Any]]) -> None:
+    """BLEU by reordering distance per system, from the reference alignments ``aligned`` (their
+    origin, the links; None: no alignments, no analysis), with paired tests per distance bucket."""
+    if aligned is None:
+        return
+    distances = [reordering.reordering_distance(links, len(s.split()), len(r.split()))
+                 for links, s, r in zip(aligned[1], test.sources, test.refs)]
+    for name, h in test.hyps.items():
+        reports[name]["reordering"] = reordering.bleu_by_reordering(h, test.refs, distances,
+                                                                    tokenize=cfg.sacrebleu_tokenize,
+                                                                    n_bootstrap=cfg.n_bootstrap)
+        reports[name]["reordering_alignments"] = aligned[0]
+    if len(test.hyps) > 1:
+        buckets = list(zip(reordering.reordering_labels(), reordering.reordering_buckets(distances)))
+        tests = significance(test.hyps, test.sources, test.refs, test.baseline, cfg.length_buckets, unit=test.unit,
+                             tokenize=cfg.sacrebleu_tokenize, buckets=buckets, **cfg.significance)
+        for name, result in tests.items():
+            reports[name]["reordering_vs_baseline"] = result
 
 
 def robustness(cfg: DictConfig, translators: dict[str, Any], variants: list[str],

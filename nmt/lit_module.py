@@ -20,7 +20,6 @@ rank starts from rank 0's torch RNG state and the per-rank token counters are re
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -342,11 +341,8 @@ class TranslationModule(L.LightningModule):
         if "test" in getattr(datamodule, "origins", {}):  # several directions: a row each (nmt.directions)
             split = directions.plan(datamodule)
             split.origins = split.origins[np.asarray(results["ids"], dtype=np.int64)]
-            table = {name: directions.direction_reports(split, results["sources"], results["hyps"], results["refs"],
-                                                        **options)}
-            (out_dir / "directions.json").write_text(json.dumps(table, indent=2) + "\n")
-            (out_dir / "directions.md").write_text(directions.markdown(table))
-            log.info("by direction -> %s\n%s", out_dir / "directions.md", (out_dir / "directions.md").read_text())
+            directions.write_direction_reports(split, results["sources"], {name: results["hyps"]}, results["refs"],
+                                               out_dir, **options)
 
     def tested_checkpoint(self) -> dict[str, Any]:
         """The checkpoint file the test decoded with, and its step (in-memory weights: no file)."""
