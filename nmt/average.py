@@ -29,6 +29,7 @@ from omegaconf import DictConfig
 from nmt import CONF_DIR, register_resolvers
 from nmt.cli_io import ending_cleanly
 from nmt.checkpoint import CheckpointError, atomic_save, model_weights, read_checkpoint, release
+from nmt.run_files import CHECKPOINTS
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 def candidates(run: Path, allow_pickle: bool = False, recent: bool = False) -> list[tuple[Path, dict[str, Any]]]:
     """The run's checkpoints (``recent``: those of ``checkpoints/recent/`` if there are any), one
     per global step (the first found of equal steps), by step."""
-    folder = run / "checkpoints"
+    folder = run / CHECKPOINTS
     if not folder.is_dir():
         raise FileNotFoundError(f"run={run}: no checkpoints/ folder (give the run's output folder)")
     if recent and any((folder / "recent").glob("*.ckpt")):
@@ -103,7 +104,7 @@ def run_average(cfg: DictConfig) -> Path:
     elif cfg.get("run"):
         found = candidates(Path(cfg.run), cfg.allow_pickle, recent=cfg.get("last") is not None)
         chosen = select(found, cfg.get("last"), cfg.get("best"))
-        default_out = Path(cfg.run) / "checkpoints" / (f"average_last{cfg.last}.ckpt" if cfg.get("last") else
+        default_out = Path(cfg.run) / CHECKPOINTS / (f"average_last{cfg.last}.ckpt" if cfg.get("last") else
                                                        f"average_best{cfg.best}.ckpt")
     else:
         raise ValueError("nothing to average: set run=<run folder> with last=N or best=N, or ckpts=[a.ckpt,b.ckpt]")

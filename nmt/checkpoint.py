@@ -31,6 +31,7 @@ import sentencepiece as spm
 import torch
 from nmt import file_config
 from nmt.data.tokenizer import Tokenizer
+from nmt.run_files import CHECKPOINTS, REPORT_STEM
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +191,6 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", allow_
                   checkpoint.get("global_step"), run_report(checkpoint, path))
 
 
-REPORT = "bleu_by_length"  # <run>/bleu_by_length.json and .png, written by the run's test
 MAX_REPORT_BYTES = {"json": 4 << 20, "png": 16 << 20}
 
 
@@ -216,9 +216,9 @@ def run_report(checkpoint: dict[str, Any], path: str | Path) -> dict[str, Any] |
         embedded = checkpoint.get("report")
         return _report(embedded.get("summary"), embedded.get("png")) if isinstance(embedded, dict) else None
     folder = Path(path).resolve().parent
-    if folder.name != "checkpoints":
+    if folder.name != CHECKPOINTS:
         return None
-    files = {kind: folder.parent / f"{REPORT}.{kind}" for kind in ("json", "png")}
+    files = {kind: folder.parent / f"{REPORT_STEM}.{kind}" for kind in ("json", "png")}
     found = {kind: f.read_bytes() if f.is_file() and f.stat().st_size <= MAX_REPORT_BYTES[kind] else None
              for kind, f in files.items()}
     return _report(found["json"], found["png"]) if found["json"] is not None else None
@@ -460,7 +460,7 @@ def init_origin(checkpoint: dict[str, Any], path: str | Path, weights: str, opti
     for a release file the checkpoint it was exported from), the weights and optimizer taken."""
     source = checkpoint.get("source") if checkpoint_kind(checkpoint) == "release" else None
     exported = source.get("path") if isinstance(source, dict) and isinstance(source.get("path"), str) else None
-    run = next((str(Path(p).parent.parent) for p in (path, exported) if p and Path(p).parent.name == "checkpoints"), None)
+    run = next((str(Path(p).parent.parent) for p in (path, exported) if p and Path(p).parent.name == CHECKPOINTS), None)
     step, epoch = checkpoint.get("global_step"), checkpoint.get("epoch")
     return {"path": str(path), "kind": checkpoint_kind(checkpoint), "step": step if isinstance(step, int) else None,
             "epoch": epoch if isinstance(epoch, int) else None, "run": run, "exported_from": exported,

@@ -39,6 +39,7 @@ from nmt.checkpoint import FORMAT, load_optimizer_state, nonfinite
 from nmt.data.tokenizer import PAD
 from nmt.length_report import DEFAULT_EDGES, length_report, write_report
 from nmt.metrics import corpus_scores
+from nmt.run_files import TEST_TEXT
 
 log = logging.getLogger(__name__)
 
@@ -327,7 +328,7 @@ class TranslationModule(L.LightningModule):
         results = self.last_results["test"]
         out_dir.mkdir(parents=True, exist_ok=True)
         for name in ("hyps", "sources"):
-            (out_dir / f"test_{name}.txt").write_text("".join(h + "\n" for h in results[name]), encoding="utf-8")
+            (out_dir / TEST_TEXT.format(name)).write_text("".join(h + "\n" for h in results[name]), encoding="utf-8")
         datamodule = self.trainer.datamodule
         unit = getattr(datamodule, "src_words", "words")
         sources = directions.untagged(results["sources"])  # a multilingual split's tags are not words

@@ -1,7 +1,9 @@
-"""What a finished run leaves in its folder, read back by the scripts that tabulate runs
-(``scripts/first_runs.py``, ``scripts/reproduce_results.py``): ``summary.json`` (written by
-``nmt.train``), the test report ``bleu_by_length.json`` (``nmt.length_report``), and
-``wall_seconds.json``, written by :func:`run_timed` for a command timed from start to exit."""
+"""The files of a run folder, named in one place and read back here: ``summary.json`` (written by
+``nmt.train``), the test report ``bleu_by_length.{json,png,...}`` (``nmt.length_report``), the
+test's sources and hypotheses, the ``checkpoints/`` folder, and ``wall_seconds.json``, written
+by :func:`run_timed` for a command timed from start to exit. The commands that tabulate runs
+(``nmt-runs``, ``nmt-study``) and the scripts (``first_runs.py``, ``reproduce_results.py``) read
+runs through it."""
 
 from __future__ import annotations
 
@@ -12,8 +14,16 @@ from pathlib import Path
 from typing import Any
 
 SUMMARY = "summary.json"
-REPORT = "bleu_by_length.json"
+REPORT_STEM = "bleu_by_length"  # the test report: <stem>.json, .png, .md, .csv
+REPORT = f"{REPORT_STEM}.json"
 WALL = "wall_seconds.json"
+CHECKPOINTS = "checkpoints"  # the run's checkpoints, last.ckpt among them
+TEST_TEXT = "test_{}.txt"  # the test's sources and hypotheses: TEST_TEXT.format("sources"), ...("hyps")
+
+
+def read_text_lines(run_dir: Path, name: str) -> list[str]:
+    """The lines of the run's own text file ``name`` (written by nmt, one sentence per line)."""
+    return (Path(run_dir) / name).read_text(encoding="utf-8").split("\n")[:-1]
 
 
 def read(run_dir: Path, name: str) -> dict:

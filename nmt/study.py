@@ -27,7 +27,6 @@ with ``OMP_NUM_THREADS=1``) are collected together.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import shlex
 import subprocess
@@ -36,6 +35,7 @@ from datetime import datetime
 from pathlib import Path
 
 from nmt import CONF_DIR, register_resolvers
+from nmt.run_files import REPORT, SUMMARY, TEST_TEXT, read, read_text_lines
 
 MODELS = ["lstm", "lstm_bahdanau", "lstm_luong", "transformer"]
 log = logging.getLogger("nmt.study")
@@ -88,14 +88,14 @@ def heatmaps(ckpt: Path, sources: list[str], out_dir: Path, count: int) -> None:
 
 
 def collect(sweep_dir: Path, num_heatmaps: int) -> Path:
-    runs = sorted(p.parent for p in sweep_dir.glob("*/summary.json"))
+    runs = sorted(p.parent for p in sweep_dir.glob(f"*/{SUMMARY}"))
     if not runs:
-        raise SystemExit(f"nmt-study: no finished runs (summary.json) under {sweep_dir}")
+        raise SystemExit(f"nmt-study: no finished runs ({SUMMARY}) under {sweep_dir}")
     reports, rows = {}, []
     for run in runs:
-        summary = json.loads((run / "summary.json").read_text())
+        summary = read(run, SUMMARY)
         name = model_name(summary)
-        report = json.loads((run / "bleu_by_length.json").read_text())
+        report = read(run, REPORT)
         reports[name] = report
         buckets = report["buckets"]
         rows.append(
@@ -104,7 +104,7 @@ def collect(sweep_dir: Path, num_heatmaps: int) -> Path:
             f"{buckets[0]['bleu']:.1f} | {next(b for b in reversed(buckets) if b['count'])['bleu']:.1f} |"
         )
         if num_heatmaps and name != "lstm":
-            sources = (run / "test_sources.txt").read_text(encoding="utf-8").splitlines()
+            sources = read_text_lines(run, TEST_TEXT.format("sources"))
             heatmaps(Path(summary["best_checkpoint"]), sources, sweep_dir / "attention" / name, num_heatmaps)
     from nmt.evaluate import compare
 

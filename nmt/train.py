@@ -53,6 +53,7 @@ from nmt import kernels
 from nmt.kernels.malloc import bound_onednn_cache, keep_freed_memory, release_freed_memory
 from nmt.cpu_threads import CpuThreads
 from nmt.machine import cpu_name, resolve_precision, training_device, usable_cores
+from nmt.run_files import CHECKPOINTS, SUMMARY
 
 log = logging.getLogger(__name__)
 
@@ -259,12 +260,12 @@ def run_summary(cfg: DictConfig, module, trainer: L.Trainer, tested: dict[str, A
         lines.append(markdown_table({"test": report}).rstrip())
         lines.append(f"report: {results['report_paths']['md']} (plot: {results['report_paths']['png']})")
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-    last = out / "checkpoints" / "last.ckpt"
+    last = out / CHECKPOINTS / "last.ckpt"
     if best:
         lines.append(f"best checkpoint: {best}")
     if last.is_file():
         lines.append(f"final weights: {last}")
-    lines.append(f"summary: {out / 'summary.json'}")
+    lines.append(f"summary: {out / SUMMARY}")
     ckpt = (tested or {}).get("path") or (str(last) if last.is_file() else None)
     if ckpt:
         lines.append(f"translate: nmt-translate ckpt={ckpt} < input.txt > output.txt")
@@ -317,7 +318,7 @@ def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: t
         "cpu_threads": next((cb.summary() for cb in trainer.callbacks if isinstance(cb, CpuThreads)), None),
         "metrics": metrics,
     }
-    path = Path(cfg.paths.output_dir) / "summary.json"
+    path = Path(cfg.paths.output_dir) / SUMMARY
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(summary, indent=2) + "\n")
 
