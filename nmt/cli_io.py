@@ -65,8 +65,13 @@ def check_paths(inputs: Mapping[str, str | None], output: str | None) -> None:
     for key, path in inputs.items():
         if path is not None:
             try:
-                with open(path, "rb"):
-                    pass
+                if stat.S_ISDIR(os.stat(path).st_mode):
+                    raise ValueError(f"{key}={path}: a folder, not a file")
+                if stat.S_ISREG(os.stat(path).st_mode):
+                    with open(path, "rb"):
+                        pass
+                elif not os.access(path, os.R_OK):  # a named pipe or a device: opening would take its data
+                    raise PermissionError(13, "Permission denied")
             except OSError as e:
                 raise ValueError(f"{key}={path}: {e.strerror or e}") from None
     if output is not None:

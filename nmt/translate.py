@@ -73,12 +73,17 @@ def read_guides(cfg: DictConfig) -> dict[str, list[Any]]:
     where = " and ".join(f"{key}={file}" for key, file in given.items())
     if cfg.mode == "score":
         raise ValueError(f"{where}: prefixes and constraints steer mode=translate; mode=score scores the targets given")
-    if cfg.input is None:
+    if not regular_file(cfg.input):
         raise ValueError(f"{where}: give the input as a file (input=<file>), a line per line of the guides")
     guides = {key: read_lines(file, cfg.errors) for key, file in given.items()}
     if "constraints" in guides:
         guides["constraints"] = [line.split("\t") if line.strip() else [] for line in guides["constraints"]]
     return guides
+
+
+def regular_file(path: str | None) -> bool:
+    """Whether the input is a file that can be read twice (not stdin, a named pipe or a device)."""
+    return path is not None and Path(path).is_file()
 
 
 def naming(cfg: DictConfig, first_line: int, count: int) -> Naming:
@@ -93,8 +98,8 @@ def check_request(cfg: DictConfig, translator: Any, guides: dict[str, list[Any]]
     guides, read as a stream (from stdin each chunk is checked as it comes, before its lines are
     written)."""
     translator.prepare(Request([], cfg.get("tgt_lang")))
-    if cfg.input is None or not (translator.target_languages or guides):
-        return  # nothing more to check per line: the lines are read once, as they are translated
+    if not (translator.target_languages or guides) or not regular_file(cfg.input):
+        return  # checked per chunk as the lines come: a stream (stdin, a named pipe) is read once
     if guides:  # a line per input line: said before the lines themselves are judged
         count = sum(1 for _ in iter_lines(cfg.input, cfg.errors, []))
         for key, values in guides.items():
@@ -225,7 +230,7 @@ def translate_file(cfg: DictConfig, signals: StopSignals) -> None:
     out: IO[str] = sys.stdout if cfg.output is None else open_output(cfg.output)
     signals.defer()  # from here on, a signal stops the run between whole lines
     show = cfg.progress == "auto" and cfg.input is not None and sys.stderr.isatty() or cfg.progress is True
-    progress = Progress(count_lines(cfg.input) if show and cfg.input is not None else None, bool(show))
+    progress = Progress(count_lines(cfg.input) if show and regular_file(cfg.input) else None, bool(show))
     writer = OrderedWriter(out, progress.advance, signals.check)
     try:
         if cfg.mode == "score":

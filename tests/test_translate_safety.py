@@ -235,3 +235,24 @@ def test_only_errors_raised_by_nmt_become_one_line(capsys):
     assert capsys.readouterr().err == "error: format=xml: choose auto or one of text, jsonl for translations\n"
     with pytest.raises(ValueError, match="a bug elsewhere"), ending_cleanly():
         raise ValueError("a bug elsewhere")  # raised in this file, not in nmt: keeps its traceback
+
+
+def test_a_named_pipe_as_input_loses_no_line(ckpt, tmp_path):
+    """The path check must not open a named pipe (that would take the first writer's data): every
+    line written into it is translated, as the same lines from a file are."""
+    lines = [f"ko guka du pana {word}" for word in ("moba", "pu", "nu", "dope", "kukekos")]
+    plain = tmp_path / "in.txt"
+    plain.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)
+    out, expected = tmp_path / "fifo.out", tmp_path / "file.out"
+    process = subprocess.Popen(command(ckpt, f"input={fifo}", f"output={out}"), cwd=tmp_path,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with open(fifo, "w", encoding="utf-8") as writer:  # blocks until the run opens it to read
+        writer.write(plain.read_text(encoding="utf-8"))
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr
+    status, stderr = translate(ckpt, tmp_path, f"input={plain}", f"output={expected}")
+    assert status == 0, stderr
+    assert out.read_text(encoding="utf-8") == expected.read_text(encoding="utf-8")
+    assert len(out.read_text(encoding="utf-8").splitlines()) == len(lines)
