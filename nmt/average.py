@@ -28,7 +28,7 @@ from omegaconf import DictConfig
 
 from nmt import CONF_DIR, register_resolvers
 from nmt.cli_io import ending_cleanly
-from nmt.checkpoint import CheckpointError, atomic_save, model_weights, read_checkpoint, release
+from nmt.checkpoint import CheckpointError, atomic_save, model_weights, nonfinite, read_checkpoint, release
 from nmt.run_files import CHECKPOINTS
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,10 @@ def average(checkpoints: list[tuple[Path, dict[str, Any]]], weights: str = "raw"
             else:
                 shared[key] = newest.clone()
         averaged[name] = shared[key]
+    if bad := nonfinite(averaged.items()):
+        sources = [str(path) for (path, _), state in zip(checkpoints, states) if nonfinite(state.items())]
+        raise ValueError(f"the average holds NaN or infinity ({', '.join(k.removeprefix('model.') for k in bad[:5])}), "
+                         f"from {', '.join(sources) or 'an overflow'}; leave such checkpoints out")
     return averaged
 
 

@@ -295,6 +295,20 @@ def check_resume(path: str | Path, model: torch.nn.Module, src_vocab: Tokenizer,
     check_weights(model, model_state(checkpoint), str(path))
 
 
+def current_umask() -> int:
+    """The process's file-creation mask: from /proc on Linux (no race with other threads), else
+    read by setting it and setting it back at once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_save(obj: Any, path: str | Path) -> None:
     """``torch.save`` to a temporary file in the target folder, flushed to disk, then renamed over
     ``path``: a crash while saving leaves the previous file intact and no half-written one."""
@@ -302,6 +316,7 @@ def atomic_save(obj: Any, path: str | Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())  # as open() would create it (mkstemp's file is 0600)
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
             f.flush()

@@ -287,6 +287,13 @@ def test_average_refuses_checkpoints_of_different_models(ema_run):
     state["model.decoder.out.weight"] = state["model.decoder.out.weight"][:-8]
     with pytest.raises(ValueError, match="its weights differ in names or shapes"):
         average([(path, checkpoint), (path, {**checkpoint, "current_model_state": state})])
+    state = dict(checkpoint["current_model_state"])
+    state["model.decoder.out.weight"] = state["model.decoder.out.weight"].clone().fill_(float("nan"))
+    diverged = run / "diverged.ckpt"
+    with pytest.raises(ValueError) as raised:
+        average([(path, checkpoint), (diverged, {**checkpoint, "current_model_state": state})])
+    assert str(raised.value) == (f"the average holds NaN or infinity (decoder.out.weight), from {diverged}; "
+                                 "leave such checkpoints out")
 
 
 def test_a_logger_without_its_package_names_the_extra(monkeypatch):
@@ -382,3 +389,18 @@ def test_ema_checkpoints_saved_during_validation_keep_the_average_as_state_dict(
         assert torch.equal(checkpoint["current_model_state"][name], raw[name]), name
     ema.on_validation_epoch_end(SimpleNamespace(), module)
     assert all(torch.equal(module.state_dict()[k], raw[k]) for k in raw)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_saved_files_get_the_permissions_the_umask_gives(tmp_path, umask):
+    """A checkpoint or release file is written to a temporary file and renamed: it still gets the
+    mode a plain open() would give it, not the temporary file's 0600."""
+    from nmt.checkpoint import atomic_save
+
+    before = os.umask(umask)
+    try:
+        atomic_save({"x": torch.zeros(1)}, tmp_path / "a.ckpt")
+        (tmp_path / "plain").write_bytes(b"")
+    finally:
+        os.umask(before)
+    assert (tmp_path / "a.ckpt").stat().st_mode & 0o777 == (tmp_path / "plain").stat().st_mode & 0o777 == 0o666 & ~umask
