@@ -139,6 +139,9 @@ def test_optuna_sweep_of_two_trials_writes_its_table(tmp_path):
     assert len(table) == 2 + 2 and "val/bleu_best" in table[0]
     rows = (sweep / "runs.csv").read_text().splitlines()
     assert len(rows) == 3
+    for trial in ("0", "1"):  # each run left its validation curve for the pruner; two runs prune nothing
+        record = json.loads((sweep / trial / "pruning.json").read_text())
+        assert record["state"] == "complete" and record["curve"] and record["pruned_at"] is None
 
 
 def test_wandb_offline_run_writes_its_files(cfg_train, monkeypatch):
