@@ -146,7 +146,7 @@ def save_attention(translation: Translation, number: int, folder: Path) -> None:
     from nmt.plots import plot_attention  # matplotlib loads only when heatmaps are asked for
 
     a = translation.attention
-    path = folder / f"line{number:05d}.png"
+    path = heatmap_path(folder, number)
     plot_attention(a.weights, a.source, a.target, path, title=f"line {number}")
     log.info("attention of line %d -> %s", number, path)
 
@@ -188,6 +188,21 @@ def attention_folder(cfg: DictConfig) -> Path | None:
     return Path(cfg.paths.log_dir) / cfg.task_name / time.strftime("%Y-%m-%d_%H-%M-%S") / "attention"
 
 
+def heatmap_path(folder: Path, number: int) -> Path:
+    """Where the heatmap of input line ``number`` (from 1) goes."""
+    return folder / f"line{number:05d}.png"
+
+
+def check_heatmaps(cfg: DictConfig, folder: Path | None) -> None:
+    """Refuse, before any output, to write a heatmap over a file already there."""
+    if folder is None:
+        return
+    taken = [p for p in (heatmap_path(folder, int(i) + 1) for i in cfg.attention_lines) if p.exists()]
+    if taken:
+        raise ValueError(f"attention_dir={folder}: {taken[0].name} is already there ({len(taken)} of the heatmaps asked "
+                         "for would overwrite files); give a new or empty folder")
+
+
 def check_options(cfg: DictConfig) -> None:
     """A bad ``mode``, ``backend``, ``precision``, ``errors``, ``format`` or ``decoding`` raises
     here, before the output is opened."""
@@ -227,6 +242,8 @@ def translate_file(cfg: DictConfig, signals: StopSignals) -> None:
     guides = read_guides(cfg)
     translator = open_translator(cfg)
     check_request(cfg, translator, guides)
+    attention_dir = attention_folder(cfg)
+    check_heatmaps(cfg, attention_dir)
     out: IO[str] = sys.stdout if cfg.output is None else open_output(cfg.output)
     signals.defer()  # from here on, a signal stops the run between whole lines
     show = cfg.progress == "auto" and cfg.input is not None and sys.stderr.isatty() or cfg.progress is True
@@ -236,7 +253,7 @@ def translate_file(cfg: DictConfig, signals: StopSignals) -> None:
         if cfg.mode == "score":
             lines = score_stream(cfg, translator, writer)
         else:
-            lines = translate_stream(cfg, translator, writer, attention_folder(cfg), guides)
+            lines = translate_stream(cfg, translator, writer, attention_dir, guides)
     except Stopped as stop:
         stop.note = f"; the first {writer.next} lines are written to {cfg.output or 'stdout'}"
         raise

@@ -186,13 +186,20 @@ def test_translate_cli_keeps_one_line_per_input_line(runs, tmp_path, capsys):
         if not line.strip():
             expected.append("")
             continue
-        src = torch.tensor([loaded.src_vocab.encode(line) + [EOS]])
+        ids = torch.tensor([loaded.src_vocab.encode(line) + [EOS]])
         with torch.inference_mode():
-            hyps = beam_search(loaded.model.eval(), src, src != PAD, beam_size=2, alpha=0.6, max_len_a=1.5, max_len_b=10)
+            hyps = beam_search(loaded.model.eval(), ids, ids != PAD, beam_size=2, alpha=0.6, max_len_a=1.5, max_len_b=10)
         expected.append(loaded.tgt_vocab.decode(hyps.tokens[0]))
     assert result.stdout == "".join(e + "\n" for e in expected)
     assert all(hyp for hyp, line in zip(result.stdout.split("\n"), lines) if line.strip())
     assert sorted(p.name for p in (tmp_path / "attention").iterdir()) == ["line00001.png", "line00002.png"]
+    before = (tmp_path / "attention" / "line00002.png").read_bytes()
+    again = translate_here(capsys, f"ckpt={last_checkpoint(cfg)}", f"input={src}", f"attention_dir={tmp_path / 'attention'}",
+                           "attention_lines=[1,2]", f"output={tmp_path / 'out.txt'}")
+    assert again.returncode == 1 and again.stderr.strip().endswith(
+        f"error: attention_dir={tmp_path / 'attention'}: line00002.png is already there (1 of the heatmaps asked for "
+        "would overwrite files); give a new or empty folder")
+    assert (tmp_path / "attention" / "line00002.png").read_bytes() == before and not (tmp_path / "out.txt").exists()
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])
