@@ -23,7 +23,6 @@ from __future__ import annotations
 import codecs
 import contextlib
 import gzip
-import itertools
 import logging
 import sys
 import zlib
@@ -36,6 +35,7 @@ log = logging.getLogger(__name__)
 HEAD = 1 << 16  # bytes read first to recognise CR-only line endings and UTF-16/UTF-32
 ERRORS = ("strict", "replace")
 REPLACE = "run with errors=replace"  # the commands' option for text that is not all UTF-8
+MAX_LINE_BYTES = 1 << 20  # a sentence longer than this (1 MiB) is an error, or cut (translate input)
 
 
 class InputError(ValueError):
@@ -88,7 +88,7 @@ class _Reader:
         self.done = 0  # lines read so far
         self.utf8_before = False  # a non-ASCII UTF-8 line came before
 
-    def _fail(self, line: int, what: str) -> None:
+    def fail(self, line: int, what: str) -> None:
         raise self.error(f"{self.name}, line {line}: {what}")
 
     def check_head(self, head: bytes) -> None:
@@ -138,13 +138,13 @@ class _Reader:
                 hint = self._hint(data[start : end if end >= 0 else len(data)],
                                   self.utf8_before or not data[:start].isascii())
                 also = f"; or {self.alternative}" if self.alternative else ""
-                self._fail(self.done + data.count(b"\n", 0, e.start) + 1,
+                self.fail(self.done + data.count(b"\n", 0, e.start) + 1,
                            f"invalid UTF-8 (byte 0x{data[e.start]:02x} at byte column {e.start - start + 1}); {hint}{also}")
         if "\0" in text:
             wide = wide_encoding(self.head)
             what = (f"it looks like {wide[0]}; convert it: {convert_command(self.path, wide[1])}" if wide else
                     "a text file holds none: is it binary, or in another encoding?")
-            self._fail(self.done + text.count("\n", 0, text.index("\0")) + 1, f"a NUL byte (0x00); {what}")
+            self.fail(self.done + text.count("\n", 0, text.index("\0")) + 1, f"a NUL byte (0x00); {what}")
         self.utf8_before = self.utf8_before or not text.isascii()
         lines = (text.removeprefix("\ufeff") if self.done == 0 else text).split("\n")
         if lines[-1] == "":
@@ -153,7 +153,7 @@ class _Reader:
             lines = [line[:-1] if line.endswith("\r") else line for line in lines]
             for k, line in enumerate(lines):
                 if "\r" in line:
-                    self._fail(self.done + k + 1, "a carriage return (CR) inside the line: CR and LF line endings are "
+                    self.fail(self.done + k + 1, "a carriage return (CR) inside the line: CR and LF line endings are "
                                "mixed, or a sentence holds a stray CR; remove stray CRs (tr -d '\\r') or turn CR line "
                                "endings into LF (sed 's/\\r$//' | tr '\\r' '\\n')")
         self.done += len(raw)
@@ -173,21 +173,56 @@ def _seekable(stream: BinaryIO) -> bool:
         return False
 
 
+def whole_characters(data: bytes) -> bytes:
+    """UTF-8 ``data`` without a character cut off at its end."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # not a continuation byte: the last character starts here
+            size = 1 if byte < 0xC0 else 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return data if back >= size else data[:-back]
+    return data
+
+
+def _raw_lines(stream: BinaryIO, count: int, reader: _Reader, max_bytes: int, long_lines: str,
+               cut: list[int] | None) -> list[bytes]:
+    """Up to ``count`` lines of bytes; a line over ``max_bytes`` is never read whole: an error
+    (``long_lines="error"``) or cut to its first ``max_bytes`` bytes (a whole character), the rest
+    skipped and its line number appended to ``cut``."""
+    raw = []
+    while len(raw) < count and (line := stream.readline(max_bytes + 1)):
+        if len(line) > max_bytes and not line.endswith(b"\n"):
+            number = reader.done + len(raw) + 1
+            if long_lines == "error":
+                reader.fail(number, f"longer than {max_bytes:,} bytes; a sentence is one line (is the file line-aligned "
+                                    "text?)")
+            while (rest := stream.readline(1 << 20)) and not rest.endswith(b"\n"):
+                pass
+            line = whole_characters(line[:max_bytes]) + b"\n"
+            if cut is not None:
+                cut.append(number)
+        raw.append(line)
+    return raw
+
+
 def iter_blocks(path: str | Path | None, chunk: int = 1, strip: bool = False, errors: str = "strict",
                 replaced: list[int] | None = None, error: type[InputError] = InputError,
-                alternative: str | None = None) -> Iterator[list[str]]:
+                alternative: str | None = None, max_bytes: int | None = None, long_lines: str = "error",
+                cut: list[int] | None = None) -> Iterator[list[str]]:
     """The lines of ``path`` (standard input when None) without their line ends, ``chunk`` at a
     time (the last block may be shorter), each stripped of surrounding whitespace when ``strip``;
     ``errors`` and the problems raised as ``error`` (an ``InputError`` class): the module's text.
     Line numbers whose invalid UTF-8 was replaced are appended to ``replaced``; ``alternative``
-    ends the message about bytes that are not UTF-8 (``or <alternative>``)."""
+    ends the message about bytes that are not UTF-8 (``or <alternative>``). A line over
+    ``max_bytes`` (default ``MAX_LINE_BYTES``) is an error, or with ``long_lines="cut"`` cut there
+    (its number appended to ``cut``)."""
+    max_bytes = MAX_LINE_BYTES if max_bytes is None else max_bytes
     reader = _Reader(path, errors, replaced, error, alternative)
     try:
         with _open(path) as stream:
             if _seekable(stream):  # a file: its head names CR-only endings and wide encodings up front
                 reader.check_head(stream.read(HEAD))
                 stream.seek(0)
-            while raw := list(itertools.islice(stream, chunk)):
+            while raw := _raw_lines(stream, chunk, reader, max_bytes, long_lines, cut):
                 if reader.done == 0 and not reader.head:
                     reader.check_head(raw[0][:HEAD])  # a stream: its first line (a CR-only file: all of it)
                 lines = reader.decode(raw)
@@ -198,8 +233,13 @@ def iter_blocks(path: str | Path | None, chunk: int = 1, strip: bool = False, er
 
 def iter_lines(path: str | Path | None, errors: str = "strict", replaced: list[int] | None = None,
                strip: bool = False, alternative: str | None = REPLACE) -> Iterator[str]:
-    """``iter_blocks`` a line at a time: standard input is read as each line comes."""
-    for block in iter_blocks(path, 1, strip, errors, replaced, alternative=alternative):
+    """``iter_blocks`` a line at a time (standard input is read as each line comes), for text to
+    translate: a line over ``MAX_LINE_BYTES`` is cut there, with a warning."""
+    cut: list[int] = []
+    for block in iter_blocks(path, 1, strip, errors, replaced, alternative=alternative, long_lines="cut", cut=cut):
+        if cut:
+            log.warning("%s, line %d: cut to its first %s bytes (the model reads far fewer tokens)", name_of(path),
+                        cut.pop(), f"{MAX_LINE_BYTES:,}")
         yield from block
 
 

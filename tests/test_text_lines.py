@@ -113,3 +113,21 @@ def test_blocks_of_any_size_give_the_same_lines_and_line_numbers(tmp_path):
     for chunk in (1, 5, 50):
         with pytest.raises(InputError, match=f"^{path}, line 12: a carriage return"):
             list(iter_blocks(path, chunk))
+
+
+def test_a_line_over_the_cap_is_an_error_for_corpora_and_cut_for_translation(tmp_path, caplog, monkeypatch):
+    """A newline-free file is never read whole: a corpus line over the cap names its line; a line
+    to translate is cut at a whole character and the next lines still come."""
+    import logging
+
+    import nmt.text_lines as text_lines
+
+    monkeypatch.setattr(text_lines, "MAX_LINE_BYTES", 64)
+    path = tmp_path / "long.txt"
+    path.write_bytes(b"short\n" + "\u00e9".encode() * 100 + b"\nafter\n")
+    with pytest.raises(DataError, match=rf"^{path}, line 2: longer than 64 bytes; a sentence is one line"):
+        [*corpus_lines(path)]
+    with caplog.at_level(logging.WARNING, logger="nmt.text_lines"):
+        lines = list(iter_lines(str(path)))
+    assert lines == ["short", "\u00e9" * 32, "after"]
+    assert f"{path}, line 2: cut to its first 64 bytes" in caplog.text
