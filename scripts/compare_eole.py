@@ -90,8 +90,8 @@ EOLE_MODELS = {
     "lstm_bahdanau": {**LSTM, "decoder": {"decoder_type": "rnn", "rnn_type": "LSTM", "global_attention": "mlp"}},
     "transformer": TRANSFORMER,
 }
-OURS = {"lstm_luong": {"dropout": 0.1, "lr": 0.008}, "lstm_bahdanau": {"dropout": 0.1, "lr": 0.008},
-        "transformer": {"dropout": 0.1, "lr": 0.002}}  # model.dropout, lr_by_model
+OURS = {"lstm_luong": {"dropout": 0.0, "lr": 0.004}, "lstm_bahdanau": {"dropout": 0.1, "lr": 0.008},
+        "transformer": {"dropout": 0.0, "lr": 0.002}}  # model.dropout, lr_by_model
 WARMUP = 300  # scheduler.warmup_steps
 BATCH_TOKENS, TRANSLATE_TOKENS = 3000, 2048
 
