@@ -21,7 +21,7 @@ VARIANTS = {
     "lstm": ("lstm", []),
     "lstm_bahdanau": ("lstm_bahdanau", []),
     "lstm_reversed": ("lstm", ["model.encoder.reverse=true", "model.encoder.bidirectional=false"]),
-    "lstm_fixed_context": ("lstm", ["model.decoder.input_feeding=context"]),
+    "lstm_initial_state": ("lstm", ["model.decoder.input_feeding=none"]),  # Sutskever et al.: no fixed context at each step
     "lstm_bahdanau_reversed": ("lstm_bahdanau", ["model.encoder.reverse=true"]),
     "lstm_luong": ("lstm_luong", []),
     "lstm_luong_dot_nofeed": ("lstm_luong", ["model.decoder.attention.score=dot", "model.decoder.input_feeding=none"]),
@@ -145,7 +145,7 @@ def test_gradients_do_not_share_storage(name):
         assert end <= start, f"{a} and {b} share gradient memory"
 
 
-PLAIN = ("lstm", "lstm_reversed", "lstm_fixed_context", "hybrid_transformer_plain_lstm")  # no attention
+PLAIN = ("lstm", "lstm_reversed", "lstm_initial_state", "hybrid_transformer_plain_lstm")  # no attention
 
 
 @pytest.mark.parametrize("name", [n for n in VARIANTS if n not in PLAIN])
@@ -264,7 +264,7 @@ def test_luong_dot_needs_equal_sizes():
         LuongAttention(8, 16, score="dot")
 
 
-@pytest.mark.parametrize("name", ["lstm", "lstm_bahdanau", "lstm_luong", "hybrid_transformer_luong"])
+@pytest.mark.parametrize("name", ["lstm", "lstm_initial_state", "lstm_reversed", "lstm_bahdanau", "lstm_luong", "hybrid_transformer_luong"])
 def test_rnn_decoder_step_equals_nn_lstm(name):
     """The decoder steps on ``self.rnn``'s own weights (so checkpoints keep their parameter names):
     one ``decode_step`` gives the state ``nn.LSTM`` gives for [embedding; feed]."""
@@ -276,7 +276,9 @@ def test_rnn_decoder_step_equals_nn_lstm(name):
     state = model.init_state(memory)
     for t in range(3):
         rnn_in = decoder.embed(tgt_in[:, t])
-        if decoder.input_feeding == "context":
+        if decoder.fixed_context:  # the encoder's top final state, the same at every step
+            rnn_in = torch.cat([rnn_in, memory["final_h"][:, -1]], dim=-1)
+        elif decoder.input_feeding == "context":
             rnn_in = torch.cat([rnn_in, decoder._attend(state["h"][:, -1], memory)[0]], dim=-1)
         elif decoder.input_feeding == "attentional":
             rnn_in = torch.cat([rnn_in, state["feed"]], dim=-1)
