@@ -67,12 +67,8 @@ class RequestMeaning:
     sets ``can_guide`` and gives ``guide_ids``."""
 
     backend = "?"
-    can_guide = False
+    can_guide = False  # True: the translator has guide_ids(key, guides, sources, where, numbers, item)
     target_languages: list[str]
-
-    def guide_ids(self, key: str, guides: list[Any], sources: list[str], where: str, numbers: list[int],
-                  item: str) -> list[Any]:
-        raise NotImplementedError
 
     def prepare(self, request: Request, naming: Naming = Naming()) -> Prepared:
         """``request`` checked and made ready, or a ``RequestError``: a language the model has no tag
@@ -99,8 +95,9 @@ class RequestMeaning:
             raise RequestError(f"{where}: {len(guides)} given for {len(sources)} {naming.item}s; give one per "
                                f"{naming.item}")
         todo = [i for i, text in enumerate(sources) if text.strip()]
-        ids = self.guide_ids(key, [guides[i] for i in todo], [sources[i] for i in todo], where,
-                             [numbers[i] for i in todo], naming.item)
+        guide_ids = self.guide_ids  # type: ignore[attr-defined]  # a translator that can_guide has it
+        ids = guide_ids(key, [guides[i] for i in todo], [sources[i] for i in todo], where, [numbers[i] for i in todo],
+                        naming.item)
         per_text: list[Any] = [[] for _ in sources]
         for i, value in zip(todo, ids):
             per_text[i] = value
