@@ -26,10 +26,12 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from nmt import CONF_DIR, register_resolvers
+from nmt import CONF_DIR
+from nmt import register_resolvers
 from nmt.cli_io import ending_cleanly
-from nmt.checkpoint import CheckpointError, atomic_save, model_weights, nonfinite, read_checkpoint, release
-from nmt.run_files import CHECKPOINTS
+from nmt.checkpoints.files import CheckpointError, atomic_save, model_weights, nonfinite, read_checkpoint
+from nmt.checkpoints.release import release
+from nmt.runs.files import CHECKPOINTS
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@
 With several systems: one comparison table (markdown, CSV, JSON) and one plot with a curve per
 system, all scored on the same sentences per bucket, and every system tested against the baseline
 (``baseline=``, default the first) with sacreBLEU's paired bootstrap and approximate randomisation,
-overall and per bucket (``nmt/significance.py``). Without ``data=``, the test split is the one the
+overall and per bucket (``nmt/evaluation/significance.py``). Without ``data=``, the test split is the one the
 first checkpoint was trained on.
 """
 
@@ -24,14 +24,18 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from nmt import CONF_DIR, register_resolvers
+from nmt import CONF_DIR
+from nmt import register_resolvers
 from nmt.cli_io import ending_cleanly
-from nmt import directions, file_config, reordering, word_frequency
-from nmt.checkpoint import CheckpointError, saved_vocabularies
-from nmt.inference import Translator, encode_sources
+from nmt.evaluation import directions
+from nmt.checkpoints import file_config
+from nmt.evaluation import reordering
+from nmt.evaluation import word_frequency
+from nmt.checkpoints.files import CheckpointError, saved_vocabularies
+from nmt.inference.translator import Translator, encode_sources
 from nmt.languages import split_tag, tag
-from nmt.length_report import length_report, markdown_table, plot_bleu_by_length, write_report
-from nmt.significance import significance, significance_table
+from nmt.evaluation.length_report import length_report, markdown_table, plot_bleu_by_length, write_report
+from nmt.evaluation.significance import significance, significance_table
 from nmt.text_lines import read_lines
 
 log = logging.getLogger(__name__)
@@ -45,7 +49,7 @@ def system_name(ckpt: Path) -> str:
 
 def load_test_split(data_cfg: DictConfig | dict, source: str | None = None) -> tuple[list[str], list[str], str]:
     """Raw sources and references of a data config's test split, and its length unit. A config read
-    from the file ``source`` (a checkpoint's) is checked and built by ``nmt.file_config``."""
+    from the file ``source`` (a checkpoint's) is checked and built by ``nmt.checkpoints.file_config``."""
     datamodule = load_data(data_cfg, source)
     sources, refs = datamodule.raw("test")
     return sources, refs, datamodule.src_words
@@ -64,7 +68,7 @@ def training_counts(datamodule: Any, chunk: int = 50_000) -> Counter[str]:
 
 def translate_with_entropy(translator: Any, sources: list[str], attention: bool) -> tuple[list[str], list[float | None]]:
     """Each source's translation and, with ``attention``, the entropy of its attention
-    (``nmt.reordering.sentence_entropy``; None without attention), a batch's weights dropped
+    (``nmt.evaluation.reordering.sentence_entropy``; None without attention), a batch's weights dropped
     once read, so memory does not grow with the test set."""
     texts, entropy = [""] * len(sources), [None] * len(sources)
     for batch in translator.batches(sources, attention=attention):
@@ -81,7 +85,7 @@ def reference_alignments(datamodule: Any, translators: dict[str, Any], sources: 
     ones, else the forced alignment of the references by the first checkpoint with attention,
     reading the sources as it translates them (``inputs``: with a multilingual model's tags);
     None when there is neither."""
-    from nmt.alignments import parse
+    from nmt.inference.alignments import parse
     from nmt.data.sources import SyntheticSource
     from nmt.data.synthetic import gold_alignment
 
@@ -102,7 +106,7 @@ def reference_alignments(datamodule: Any, translators: dict[str, Any], sources: 
 def load_data(data_cfg: DictConfig | dict, source: str | None = None) -> Any:
     """The data module of a data config, set up for testing (see ``load_test_split``)."""
     if source is None:
-        from nmt.builders import build_datamodule  # Lightning's import: only where a data config is built
+        from nmt.training.builders import build_datamodule  # Lightning's import: only where a data config is built
 
         datamodule = build_datamodule(data_cfg)
     else:
@@ -123,7 +127,7 @@ SIGNIFICANCE_COLUMNS = ["vs_baseline", "differing", "delta_bleu", "delta_ci_low"
 def compare(reports: dict[str, dict[str, Any]], out_dir: Path, title: str = "") -> dict[str, Path]:
     """Write the comparison of several systems: JSON, CSV (a row per system and bucket), markdown, PNG.
 
-    A report with a ``significance`` entry (``nmt.significance.significance``) fills the CSV's
+    A report with a ``significance`` entry (``nmt.evaluation.significance.significance``) fills the CSV's
     columns ``SIGNIFICANCE_COLUMNS`` (blank for the baseline) and adds its table to the markdown.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -264,7 +268,7 @@ class Scored:
 
 def by_frequency(cfg: DictConfig, test: Scored, frequency: Counter[str], reports: dict[str, dict[str, Any]]) -> None:
     """Word F-measure by training frequency per system (``frequency``), and paired against the
-    baseline (``nmt.word_frequency``)."""
+    baseline (``nmt.evaluation.word_frequency``)."""
     for name, h in test.hyps.items():
         reports[name]["frequency"] = word_frequency.bands(h, test.refs, frequency, n_bootstrap=cfg.n_bootstrap)
     for name in test.hyps:

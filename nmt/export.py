@@ -3,7 +3,7 @@
 ``release``: one file with the weights, run config and vocabularies, without optimizer, loop,
 callback or RNG state; ``translate.py`` and ``evaluate.py`` load it like a checkpoint (resuming
 from it is refused). ``ctranslate2``: a CTranslate2 model folder (Transformers only; see
-``nmt.export_ctranslate2``). Both are written under a temporary name and renamed when complete,
+``nmt.exporters.ctranslate2``). Both are written under a temporary name and renamed when complete,
 so a failed export leaves nothing behind. ``weights=raw`` exports the weights being trained
 instead of their moving average (runs with ``callbacks.ema``).
 """
@@ -16,9 +16,12 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from nmt import CONF_DIR, register_resolvers
+from nmt import CONF_DIR
+from nmt import register_resolvers
 from nmt.cli_io import ending_cleanly
-from nmt.checkpoint import atomic_save, checkpoint_kind, load_checkpoint, model_weights, read_checkpoint, release
+from nmt.checkpoints.files import atomic_save, checkpoint_kind, model_weights, read_checkpoint
+from nmt.checkpoints.loading import load_checkpoint
+from nmt.checkpoints.release import release
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +49,7 @@ def export(cfg: DictConfig) -> Path:
     if cfg.weights != "stored":
         raise ValueError("weights=raw: export a release file with weights=raw first, then convert that file")
     try:
-        from nmt.export_ctranslate2 import to_ctranslate2
+        from nmt.exporters.ctranslate2 import to_ctranslate2
     except ModuleNotFoundError as e:
         if e.name != "ctranslate2":
             raise

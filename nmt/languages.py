@@ -45,7 +45,7 @@ def vocabulary_languages(sp: Any) -> list[str]:
 
 def tag_words(pieces: Sequence[str]) -> int:
     """1 when a sentence's source pieces start with a target-language tag word (``["▁", "<2fr>",
-    "▁hund"]``), else 0: the source words alignments leave out (``nmt.alignments.pharaoh``)."""
+    "▁hund"]``), else 0: the source words alignments leave out (``nmt.inference.alignments.pharaoh``)."""
     first = []
     for i, piece in enumerate(pieces):
         if i and piece.startswith("\u2581"):

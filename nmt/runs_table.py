@@ -2,7 +2,7 @@
 
     nmt-runs outputs/train/multiruns/<time> [--metric val/bleu_best]
 
-Reads every ``summary.json`` under the folder (``nmt.run_files.SUMMARY``) and writes ``runs.csv``
+Reads every ``summary.json`` under the folder (``nmt.runs.files.SUMMARY``) and writes ``runs.csv``
 and ``runs.md`` there.
 """
 
@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from nmt.run_files import SUMMARY, read
+from nmt.runs.files import SUMMARY, read
 
 
 def collect(folder: Path, metric: str = "val/bleu_best") -> list[dict[str, Any]]:

@@ -34,8 +34,9 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from nmt import CONF_DIR, register_resolvers
-from nmt.run_files import REPORT, SUMMARY, TEST_TEXT, read, read_text_lines
+from nmt import CONF_DIR
+from nmt import register_resolvers
+from nmt.runs.files import REPORT, SUMMARY, TEST_TEXT, read, read_text_lines
 
 MODELS = ["lstm", "lstm_bahdanau", "lstm_luong", "transformer"]
 log = logging.getLogger("nmt.study")
@@ -74,8 +75,8 @@ def model_name(summary: dict) -> str:
 
 def heatmaps(ckpt: Path, sources: list[str], out_dir: Path, count: int) -> None:
     """Attention of the ``count`` longest test sentences (models without attention: none)."""
-    from nmt.inference import Translator  # torch and matplotlib: not for --help or a refused option
-    from nmt.plots import plot_attention
+    from nmt.inference.translator import Translator  # torch and matplotlib: not for --help or a refused option
+    from nmt.evaluation.plots import plot_attention
 
     translator = Translator.load(ckpt, device="cpu", precision="32")
     longest = sorted(range(len(sources)), key=lambda i: -len(sources[i].split()))[:count]

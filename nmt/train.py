@@ -2,7 +2,7 @@
 
 ``train(cfg)`` builds the data module, the model (its vocabulary sizes read from the trained
 SentencePiece models), the ``TranslationModule``, callbacks, loggers and the Trainer
-(``nmt.builders``); fits; then tests the best checkpoint. It returns the final metrics, which a
+(``nmt.training.builders``); fits; then tests the best checkpoint. It returns the final metrics, which a
 sweeper optimises.
 
 ``checkpoints/last.ckpt`` holds the final weights whatever ended training, before the test runs;
@@ -18,7 +18,7 @@ checkpoints of older versions). A run stopped by SIGTERM (or SLURM's SIGUSR1/SIG
 ``init_from=<checkpoint or release file>`` fine-tunes instead: a new run starts from the file's
 weights and vocabularies with a fresh optimizer (``init_optimizer=keep``: the file's optimizer
 state), schedule, counters and data order; the model config must be the file's architecture
-(``nmt.checkpoint.MAY_DIFFER``). ``ckpt_path`` wins over ``init_from`` (docs/finetuning.md).
+(``nmt.checkpoints.finetune.MAY_DIFFER``). ``ckpt_path`` wins over ``init_from`` (docs/finetuning.md).
 """
 
 from __future__ import annotations
@@ -41,19 +41,21 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from nmt import CONF_DIR, register_resolvers
-from nmt.builders import (build_callbacks, build_datamodule, build_loggers, build_model, build_module,
+from nmt import CONF_DIR
+from nmt import register_resolvers
+from nmt.training.builders import (build_callbacks, build_datamodule, build_loggers, build_model, build_module,
                           build_trainer, count_parameters)
-from nmt.callbacks import LastCheckpoint, budget_timer, ended_by
+from nmt.training.callbacks import LastCheckpoint, budget_timer, ended_by
 from nmt.cli_io import ending_cleanly
-from nmt.checkpoint import (INIT_OPTIMIZER, check_architecture, check_init_vocabularies, check_resume, init_origin,
-                            init_weights, read_init, tokenizer_protos)
-from nmt.length_report import markdown_table
+from nmt.checkpoints.finetune import INIT_OPTIMIZER, check_architecture, check_init_vocabularies, init_origin, init_weights, read_init
+from nmt.checkpoints.resume import check_resume
+from nmt.checkpoints.files import tokenizer_protos
+from nmt.evaluation.length_report import markdown_table
 from nmt import kernels
 from nmt.kernels.malloc import bound_onednn_cache, keep_freed_memory, release_freed_memory
-from nmt.cpu_threads import CpuThreads
+from nmt.training.cpu_threads import CpuThreads
 from nmt.machine import cpu_name, resolve_precision, training_device, usable_cores
-from nmt.run_files import CHECKPOINTS, SUMMARY
+from nmt.runs.files import CHECKPOINTS, SUMMARY
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +316,7 @@ def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: t
             "usable_cores": usable_cores(),
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         },
-        # time on each thread count where other programs shared the CPU (nmt.cpu_threads)
+        # time on each thread count where other programs shared the CPU (nmt.training.cpu_threads)
         "cpu_threads": next((cb.summary() for cb in trainer.callbacks if isinstance(cb, CpuThreads)), None),
         "metrics": metrics,
     }

@@ -12,8 +12,8 @@ stderr (status 1). Exactly one output line (``nbest``: k lines) is written per i
 input lines stay empty, over-long lines are truncated to the model's limit with a warning,
 invalid UTF-8 is an error naming the line (or, with ``errors=replace``, replaced and reported).
 
-Backends (``backend``): ``torch`` (``nmt.inference``: a checkpoint or release file) and
-``ctranslate2`` (``nmt.ctranslate2_backend``: a folder written by ``nmt-export
+Backends (``backend``): ``torch`` (``nmt.inference.translator``: a checkpoint or release file) and
+``ctranslate2`` (``nmt.inference.ctranslate2``: a folder written by ``nmt-export
 format=ctranslate2``; torch is never imported); ``auto`` picks by what ``ckpt`` is.
 
 A multilingual model (``data=multi30k_multilingual``) takes the language to translate into as
@@ -34,7 +34,7 @@ beam search ranks by, ``logprob / ((5 + n) / 6) ** alpha`` with n the tokens inc
 input line gets k rows with empty text and scores 0. Scores: ``logprob <TAB> mean <TAB> tokens``
 (with ``score_tokens=true`` the per-token values after one more tab); JSON lines ``line``,
 ``logprob``, ``mean``, ``tokens`` (``token_logprobs``); an empty source gives an empty line. The
-rows are written by ``nmt.translations``.
+rows are written by ``nmt.inference.translations``.
 """
 
 from __future__ import annotations
@@ -50,13 +50,14 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from nmt import CONF_DIR, register_resolvers
-from nmt.backends import backend_of, model_file, open_translator, search_settings
+from nmt import CONF_DIR
+from nmt import register_resolvers
+from nmt.inference.backends import backend_of, model_file, open_translator, search_settings
 from nmt.cli_io import StopSignals, Stopped, check_paths, close_output, ending_cleanly, open_output
-from nmt.requests import GUIDES, Naming, Request
-from nmt.line_streams import OrderedWriter, Progress, chunked, count_lines, read_pairs
+from nmt.inference.requests import GUIDES, Naming, Request
+from nmt.inference.line_streams import OrderedWriter, Progress, chunked, count_lines, read_pairs
 from nmt.text_lines import iter_lines, read_lines, report_replaced
-from nmt.translations import Translation, output_format, score_row, translation_rows
+from nmt.inference.translations import Translation, output_format, score_row, translation_rows
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ def translate_stream(cfg: DictConfig, translator: Any, writer: OrderedWriter, at
 
 
 def save_attention(translation: Translation, number: int, folder: Path) -> None:
-    from nmt.plots import plot_attention  # matplotlib loads only when heatmaps are asked for
+    from nmt.evaluation.plots import plot_attention  # matplotlib loads only when heatmaps are asked for
 
     a = translation.attention
     path = heatmap_path(folder, number)

@@ -6,7 +6,7 @@ generator knows (``nmt.data.synthetic.gold_alignment``: one-to-one, every word):
 
 Each checkpoint's own test split (its data config, ``data=synthetic``) is force-aligned: the
 references teacher-forced, each target subword aligned to the source subword its attention weighs
-most, lifted to words (``nmt.alignments``), as ``decoding.alignments=true`` does for translations.
+most, lifted to words (``nmt.inference.alignments``), as ``decoding.alignments=true`` does for translations.
 For a Transformer every decoder layer (averaged over heads) is scored too, beside the layer the
 model aligns with (``Seq2Seq.alignment_attention``). Writes ``alignment_error.{json,md}``.
 """
@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 
 from nmt import register_resolvers
-from nmt.alignments import aer, parse, pharaoh
+from nmt.inference.alignments import aer, parse, pharaoh
 from nmt.data.synthetic import gold_alignment
 from nmt.data.tokenizer import BOS
 from nmt.evaluate import load_test_split
-from nmt.inference import Translator, encode_sources, pad
+from nmt.inference.translator import Translator, encode_sources, pad
 
 
 def layer_alignments(translator: Translator, sources: list[str], targets: list[str], batch: int = 64) -> dict[str, list[str]]:

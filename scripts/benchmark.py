@@ -46,12 +46,14 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from nmt import CONF_DIR, kernels, register_resolvers
+from nmt import CONF_DIR
+from nmt import kernels
+from nmt import register_resolvers
 from nmt.bench.decoding import NoCache, decode_speed
 from nmt.bench.flops import Lengths, training_flops
 from nmt.bench.measure import matmul_peak, peak_memory_mb, reset_peak_memory, sync, to_device
-from nmt.builders import build_datamodule, build_model, build_module, count_parameters
-from nmt.decoding import beam_search, greedy_search
+from nmt.training.builders import build_datamodule, build_model, build_module, count_parameters
+from nmt.decoding.search import beam_search, greedy_search
 from nmt.kernels.malloc import keep_freed_memory
 from nmt.machine import cpu_name
 from nmt.models.transformer import TransformerDecoder

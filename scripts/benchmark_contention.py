@@ -11,7 +11,7 @@ steps only) and the busy/quiet ratio. A fair share of a 2-core machine with one 
 half of it; the busy figure should stay well above what the quiet run gets from one core.
 Rounds alternate quiet and busy runs, so a drift of the machine's speed hits both alike.
 ``--intermittent S``: the competitor runs S seconds, pauses S seconds, and so on; each run also
-reports how often ``nmt.cpu_threads`` logged a change of the thread count and its summary.
+reports how often ``nmt.training.cpu_threads`` logged a change of the thread count and its summary.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def train_once(model: str, steps: int, setting: tuple[dict[str, str], list[str]]
                period: float | None = None) -> dict:
     """One training run of ``steps`` steps, beside a competitor if ``busy`` (one that comes and
     goes every ``period`` seconds if given): target tokens/s, and the thread-count changes of
-    ``nmt.cpu_threads`` (INFO lines of the log, and the summary's ``cpu_threads``)."""
+    ``nmt.training.cpu_threads`` (INFO lines of the log, and the summary's ``cpu_threads``)."""
     env, overrides = setting
     run = Path(tempfile.mkdtemp(dir=work))
     command = [sys.executable, "train.py", f"model={model}", f"trainer.max_steps={steps}", *OVERRIDES, *overrides,

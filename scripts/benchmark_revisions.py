@@ -35,7 +35,7 @@ from omegaconf import OmegaConf, open_dict
 
 import nmt
 from nmt.bench.revisions import import_revision
-from nmt.builders import build_model, build_module
+from nmt.training.builders import build_model, build_module
 from nmt.kernels.malloc import keep_freed_memory
 
 ROOT = Path(__file__).resolve().parents[1]

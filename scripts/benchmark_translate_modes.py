@@ -17,8 +17,8 @@ from functools import partial
 from pathlib import Path
 
 from nmt import register_resolvers
-from nmt.decoding import beam_search, greedy_search, sample_search
-from nmt.inference import Translator
+from nmt.decoding.search import beam_search, greedy_search, sample_search
+from nmt.inference.translator import Translator
 from nmt.text_lines import read_lines
 
 

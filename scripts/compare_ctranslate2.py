@@ -87,8 +87,8 @@ def main() -> None:
         parser.error("--ckpt and --ref are needed (or --direct FOLDER)")
 
     from nmt import register_resolvers
-    from nmt.checkpoint import load_checkpoint
-    from nmt.export_ctranslate2 import to_ctranslate2
+    from nmt.checkpoints.loading import load_checkpoint
+    from nmt.exporters.ctranslate2 import to_ctranslate2
 
     register_resolvers()  # checkpoint configs may use them
 

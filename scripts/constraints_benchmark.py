@@ -23,7 +23,7 @@ import sacrebleu
 
 from nmt import register_resolvers
 from nmt.evaluate import load_test_split
-from nmt.inference import Translator
+from nmt.inference.translator import Translator
 
 
 def satisfied(outputs: list[str], constraints: list[list[str]]) -> float:
@@ -50,7 +50,7 @@ def main() -> None:
     rows = {}
     for spec in args.ckpt:
         name, _, path = spec.partition("=")
-        translator = Translator.load(path, device="cpu", precision="32", decoding={"_target_": "nmt.decoding.beam_search",
+        translator = Translator.load(path, device="cpu", precision="32", decoding={"_target_": "nmt.decoding.search.beam_search",
                                                                   "beam_size": args.beam, "alpha": 0.6})
         sources, refs, _ = load_test_split({**translator.run_config["data"], "cache_dir": ".cache"}, path)
         sources, refs = sources[: args.pairs], refs[: args.pairs]

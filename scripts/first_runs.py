@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from nmt.run_files import REPORT, SUMMARY, WALL, bucket_bleu, read, run_timed
+from nmt.runs.files import REPORT, SUMMARY, WALL, bucket_bleu, read, run_timed
 
 MODELS = ("lstm", "lstm_bahdanau", "lstm_luong", "transformer")
 

@@ -37,7 +37,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from nmt.run_files import read, run_timed, value_at
+from nmt.runs.files import read, run_timed, value_at
 
 REGISTRY = Path(__file__).with_name("documented_results.yaml")
 ENV_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")

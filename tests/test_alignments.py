@@ -1,4 +1,4 @@
-"""Word alignments (nmt.alignments): Pharaoh links from hand-built attention, the alignment error
+"""Word alignments (nmt.inference.alignments): Pharaoh links from hand-built attention, the alignment error
 rate, the synthetic generator's gold alignments, and decoding.alignments=true in translate,
 n-best lists and the server for every model."""
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt.alignments import aer, parse, pharaoh, word_of_pieces
+from nmt.inference.alignments import aer, parse, pharaoh, word_of_pieces
 from nmt.data.synthetic import generate_pairs, gold_alignment
 from nmt.data.tokenizer import BOS
-from nmt.inference import Translator, encode_sources, pad
+from nmt.inference.translator import Translator, encode_sources, pad
 from nmt.serve.guard import parse_request
 from nmt.train import train
 from tests.conftest import ROOT, compose_train, translate_here
@@ -110,7 +110,7 @@ def test_the_alignment_reads_the_attention_the_search_computed(model_run):
     if name == "lstm":
         pytest.skip("no attention")
     translator = Translator.load(ckpt, precision="32",  # as the greedy search it is compared with
-                                 decoding={"_target_": "nmt.decoding.greedy_search", "_partial_": True})
+                                 decoding={"_target_": "nmt.decoding.search.greedy_search", "_partial_": True})
     for translation, line in zip(translator.translate(LINES, attention=True), LINES):
         source = encode_sources([line], translator.src_vocab, translator.max_src_len)
         # the searched ids themselves (from the attention's pieces; the text may re-encode otherwise)
@@ -155,7 +155,7 @@ def test_a_server_on_an_older_ctranslate2_export_refuses_alignments_and_guides()
     limits = OmegaConf.create({"max_sentences": 10, "max_chars": 100, "max_beam_size": 5})
     answer = parse_request(b'{"text": ["a"], "alignments": true}', limits, 5, can_align=False)
     assert answer.status_code == 400 and b"exported before nmt-export kept every head's attention" in answer.body
-    from nmt.requests import RequestError, RequestMeaning
+    from nmt.inference.requests import RequestError, RequestMeaning
     from nmt.serve.app import naming
 
     class Export(RequestMeaning):  # what the server asks of a CTranslate2 folder's translator

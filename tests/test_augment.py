@@ -13,7 +13,7 @@ import torch
 
 from nmt.data.augment import Augmentation, augmented_copy, modifiers, typos
 from nmt.data.tokenizer import PAD
-from nmt.builders import build_datamodule
+from nmt.training.builders import build_datamodule
 from nmt.train import train
 from tests.conftest import compose_train, evaluate_here
 from tests.test_datamodule import tiny

@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import open_dict
 
-from nmt.decoding import beam_search, greedy_search, length_penalty
+from nmt.decoding.search import beam_search, greedy_search, length_penalty
 from nmt.specials import BOS, EOS, PAD, UNK
 from tests.conftest import CONF_DIR, heads
 

@@ -1,4 +1,4 @@
-"""The builders (nmt/builders.py): the Trainer gets what the config names and nothing else, config
+"""The builders (nmt/training/builders.py): the Trainer gets what the config names and nothing else, config
 rules fail naming their keys, and testing a checkpoint leaves the run's counters alone."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from lightning_fabric.plugins import TorchCheckpointIO
 from omegaconf import open_dict
 from pytorch_lightning.callbacks import Callback, ProgressBar
 
-import nmt.builders
-from nmt.builders import build_callbacks, build_loggers, build_trainer
-from nmt.callbacks import AtomicCheckpointIO, ScheduleHorizon
-from nmt.checkpoint import read_checkpoint
+import nmt.training.builders
+from nmt.training.builders import build_callbacks, build_loggers, build_trainer
+from nmt.training.callbacks import AtomicCheckpointIO, ScheduleHorizon
+from nmt.checkpoints.files import read_checkpoint
 from nmt.train import train
 from tests.conftest import CONF_DIR, ROOT
 
@@ -42,7 +42,7 @@ def test_a_budget_decay_without_callbacks_schedule_horizon_does_not_start(cfg_tr
         build_callbacks(cfg)
     assert str(err.value) == (
         "scheduler.total_steps=-1: the learning-rate decay ends with the run's budget, which "
-        "callbacks.schedule_horizon (nmt.callbacks.ScheduleHorizon) finds, and the callbacks have none: add it "
+        "callbacks.schedule_horizon (nmt.training.callbacks.ScheduleHorizon) finds, and the callbacks have none: add it "
         "(callbacks/default.yaml has it) or set scheduler.total_steps (or trainer.max_steps)")
     with pytest.raises(ValueError, match=r"^scheduler.total_steps=-1: the learning-rate decay ends"):
         train(cfg)  # before any training
@@ -62,8 +62,8 @@ def test_a_fractional_val_check_interval_needs_an_epoch_cadence(cfg_train):
 
 
 def test_progress_bars_are_left_out_when_the_trainer_has_none(cfg_train, caplog):
-    cfg = cfg_train(["trainer.enable_progress_bar=false", "+callbacks.bar={_target_: nmt.callbacks.RunProgressBar}"])
-    with caplog.at_level(logging.INFO, logger="nmt.builders"):
+    cfg = cfg_train(["trainer.enable_progress_bar=false", "+callbacks.bar={_target_: nmt.training.callbacks.RunProgressBar}"])
+    with caplog.at_level(logging.INFO, logger="nmt.training.builders"):
         trainer = trainer_of(cfg)
     assert not any(isinstance(cb, ProgressBar) for cb in trainer.callbacks)
     assert "trainer.enable_progress_bar=false: leaving out the configured RunProgressBar" in caplog.text
@@ -114,8 +114,8 @@ class Counters(Callback):
 
 
 def with_counters(monkeypatch, cfg) -> Counters:
-    spy, original = Counters(), nmt.builders.instantiate_group
-    monkeypatch.setattr(nmt.builders, "instantiate_group",
+    spy, original = Counters(), nmt.training.builders.instantiate_group
+    monkeypatch.setattr(nmt.training.builders, "instantiate_group",
                         lambda group: [*original(group), spy] if group is cfg.get("callbacks") else original(group))
     return spy
 
@@ -143,7 +143,7 @@ def test_testing_a_checkpoint_keeps_the_runs_counters(cfg_train, monkeypatch):
 def test_a_fit_resumed_from_a_checkpoint_takes_its_counters(cfg_train):
     """Outside a Trainer, as in a resumed fit, the checkpoint's counters and best score are the module's."""
     cfg = cfg_train()
-    module = nmt.builders.build_module(cfg, nmt.builders.build_model(cfg, 40, 40))
+    module = nmt.training.builders.build_module(cfg, nmt.training.builders.build_model(cfg, 40, 40))
     module.on_load_checkpoint({"counters": {"train_tokens": 100, "train_tgt_tokens": 40, "train_seconds": 2.0},
                                "best_bleu": 12.5, "global_step": 7})
     assert (module.train_tokens, module.best_bleu, module.loaded_step) == (100, 12.5, 7)

@@ -16,15 +16,16 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import nmt.builders
+import nmt.training.builders
 from nmt.average import average, run_average, select
-from nmt.checkpoint import CheckpointError, load_checkpoint, read_checkpoint
+from nmt.checkpoints.files import CheckpointError, read_checkpoint
+from nmt.checkpoints.loading import load_checkpoint
 from nmt.data.tokenizer import Tokenizer
-from nmt.decoding import greedy_search
+from nmt.decoding.search import greedy_search
 from nmt.export import export, export_release
-from nmt.builders import check_logger_packages
+from nmt.training.builders import check_logger_packages
 from nmt.train import train
-from nmt.inference import translate_lines
+from nmt.inference.translator import translate_lines
 from tests.conftest import ROOT, compose_train, evaluate_here, translate_here
 
 # Transformer, tiny; a budget of a few seconds stops it in the middle of an epoch, long before a
@@ -297,8 +298,8 @@ def test_average_refuses_checkpoints_of_different_models(ema_run):
 
 
 def test_a_logger_without_its_package_names_the_extra(monkeypatch):
-    real = nmt.builders.importlib.util.find_spec
-    monkeypatch.setattr(nmt.builders.importlib.util, "find_spec", lambda name: None if name == "wandb" else real(name))
+    real = nmt.training.builders.importlib.util.find_spec
+    monkeypatch.setattr(nmt.training.builders.importlib.util, "find_spec", lambda name: None if name == "wandb" else real(name))
     group = OmegaConf.create({"wandb": {"_target_": "pytorch_lightning.loggers.WandbLogger"},
                               "csv": {"_target_": "pytorch_lightning.loggers.CSVLogger"}})
     with pytest.raises(ImportError, match=r"needs the wandb package: pip install 'nmt\[wandb\]'"):
@@ -368,7 +369,7 @@ def test_ema_checkpoints_saved_during_validation_keep_the_average_as_state_dict(
     stores the average as state_dict and the weights being trained as current_model_state."""
     import pytorch_lightning as L
 
-    from nmt.callbacks import EMA
+    from nmt.training.callbacks import EMA
 
     module = L.LightningModule()
     module.layer = torch.nn.Linear(2, 2)
@@ -395,7 +396,7 @@ def test_ema_checkpoints_saved_during_validation_keep_the_average_as_state_dict(
 def test_saved_files_get_the_permissions_the_umask_gives(tmp_path, umask):
     """A checkpoint or release file is written to a temporary file and renamed: it still gets the
     mode a plain open() would give it, not the temporary file's 0600."""
-    from nmt.checkpoint import atomic_save
+    from nmt.checkpoints.files import atomic_save
 
     before = os.umask(umask)
     try:

@@ -1,5 +1,5 @@
 """A crafted checkpoint never runs code or reads the environment: its model and data configs build
-nmt's own classes only (``nmt.file_config``), through every entry point that opens one."""
+nmt's own classes only (``nmt.checkpoints.file_config``), through every entry point that opens one."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import torch
 from hydra._internal.utils import _locate
 from omegaconf import OmegaConf
 
-from nmt.checkpoint import CheckpointError, load_checkpoint, read_checkpoint
+from nmt.checkpoints.files import CheckpointError, read_checkpoint
+from nmt.checkpoints.loading import load_checkpoint
 from nmt.evaluate import load_test_split
 from nmt.text_lines import read_lines
 from nmt.export import export, export_release
@@ -157,7 +158,7 @@ def test_evaluate_builds_the_checkpoints_own_data_config(trained, tmp_path):
 
 def test_every_class_a_config_names_is_buildable_by_its_exact_name():
     """The registry and the shipped configs agree, and each name resolves to the registered class."""
-    from nmt import file_config
+    from nmt.checkpoints import file_config
 
     for section, folder in (("model", "model"), ("data", "data")):
         targets = {line.split("_target_:")[1].split("#")[0].strip()
@@ -183,7 +184,7 @@ def test_a_stored_config_builds_the_same_model_as_hydra(trained):
 
 def test_the_report_comes_from_the_run_folder_or_the_release_file(trained, tmp_path):
     """Never from a folder the checkpoint's config names (module.report_dir)."""
-    from nmt.checkpoint import run_report
+    from nmt.checkpoints.loading import run_report
 
     run = trained.parent.parent
     checkpoint = read_checkpoint(trained)
@@ -231,7 +232,7 @@ def test_a_malformed_checkpoint_is_a_one_line_error(trained, tmp_path, case):
 
 def test_a_resumed_checkpoint_sets_only_the_modules_counters():
     """``counters`` once set any attribute it named (the run config, the decoding functions...)."""
-    from nmt.lit_module import TranslationModule
+    from nmt.training.lit_module import TranslationModule
 
     module = TranslationModule.__new__(TranslationModule)
     torch.nn.Module.__init__(module)

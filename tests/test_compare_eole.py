@@ -18,7 +18,7 @@ from omegaconf import open_dict
 
 from nmt.bench.toolkits import yaml_lines
 from nmt.data.tokenizer import train_sentencepiece
-from nmt.schedules import inverse_sqrt
+from nmt.training.schedules import inverse_sqrt
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("compare_eole", ROOT / "scripts" / "compare_eole.py")

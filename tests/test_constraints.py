@@ -1,4 +1,4 @@
-"""Lexically constrained beam search (nmt.constrained_decoding): every phrase appears, for every
+"""Lexically constrained beam search (nmt.decoding.constrained): every phrase appears, for every
 model; the bank allocation; translate.py's constraints= file and its one-line errors."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt.constrained_decoding import Progress, _allocate, check_constraints, constrained_beam_search
-from nmt.decoding import beam_search, score_pairs
+from nmt.decoding.constrained import Progress, _allocate, check_constraints, constrained_beam_search
+from nmt.decoding.search import beam_search, score_pairs
 from tests.conftest import ROOT, compose_train, translate_here
 from tests.test_models import VOCAB, batch, build
 from tests.test_prefixes import assert_refused_before_output

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import nmt.cpu_threads
-from nmt.cpu_threads import CpuThreads, cpu_times, others_busy, threads_for
+import nmt.training.cpu_threads
+from nmt.training.cpu_threads import CpuThreads, cpu_times, others_busy, threads_for
 
 
 def test_other_processes_busy_cores_from_two_samples():
@@ -44,9 +44,9 @@ def load_samples(monkeypatch, others: list[float]) -> int:
         samples.append((busy, total, own))
     feed = iter(samples)
     clock = iter(range(0, 10_000))
-    monkeypatch.setattr(nmt.cpu_threads, "cpu_times", lambda: next(feed))
-    monkeypatch.setattr(nmt.cpu_threads.time, "monotonic", lambda: float(next(clock)))
-    monkeypatch.setattr(nmt.cpu_threads, "affinity_cores", lambda: 2)
+    monkeypatch.setattr(nmt.training.cpu_threads, "cpu_times", lambda: next(feed))
+    monkeypatch.setattr(nmt.training.cpu_threads.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(nmt.training.cpu_threads, "affinity_cores", lambda: 2)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     return before
@@ -76,7 +76,7 @@ def test_a_competitor_that_comes_and_goes_at_every_look_changes_nothing_after_th
     before = load_samples(monkeypatch, [1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0])
     try:
         callback = CpuThreads(interval_s=0.5, patience=2)
-        with caplog.at_level(logging.DEBUG, logger="nmt.cpu_threads"):
+        with caplog.at_level(logging.DEBUG, logger="nmt.training.cpu_threads"):
             assert run_looks(callback, 8) == [1] * 8
         assert callback.changes == 1
         assert [r.levelno for r in caplog.records] == [logging.INFO]
@@ -89,7 +89,7 @@ def test_later_changes_are_debug_lines_and_the_summary_holds_seconds_per_thread_
     before = load_samples(monkeypatch, [1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0])
     try:
         callback = CpuThreads(interval_s=0.5, patience=2)
-        with caplog.at_level(logging.DEBUG, logger="nmt.cpu_threads"):
+        with caplog.at_level(logging.DEBUG, logger="nmt.training.cpu_threads"):
             seen = run_looks(callback, 7)
             callback.on_fit_end(None, None)
         assert seen == [1, 1, 2, 2, 1, 1, 2]
@@ -109,7 +109,7 @@ def test_later_changes_are_debug_lines_and_the_summary_holds_seconds_per_thread_
 def test_no_look_before_the_interval(monkeypatch):
     before = load_samples(monkeypatch, [1.0])
     ticks = iter([0.0, 0.1, 0.2, 0.6, 0.7, 0.8])
-    monkeypatch.setattr(nmt.cpu_threads.time, "monotonic", lambda: next(ticks))
+    monkeypatch.setattr(nmt.training.cpu_threads.time, "monotonic", lambda: next(ticks))
     try:
         callback = CpuThreads(interval_s=0.5)
         assert run_looks(callback, 3) == [2, 2, 1]  # looks at 0.1, 0.2 skipped; at 0.6 the load is read

@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from pytorch_lightning.callbacks import ModelCheckpoint
 
-from nmt.checkpoint import saved_vocabularies
+from nmt.checkpoints.files import saved_vocabularies
 from nmt.data.datamodule import TranslationDataModule
 from nmt.data.sources import DataError, FileSource, read_lines
 from nmt.data.stats import histogram, report

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from pytorch_lightning.callbacks import Timer
 
-from nmt.callbacks import hms, run_eta
+from nmt.training.callbacks import hms, run_eta
 from nmt.train import train
 from tests.conftest import ROOT, compose_train
 
@@ -81,5 +81,5 @@ def test_debug_configs_compose(tmp_path):
 def test_the_progress_bar_can_be_turned_off_with_lightnings_flag(cfg_train):
     """``trainer.enable_progress_bar=false`` drops the configured bar, which Lightning would refuse."""
     cfg = cfg_train(["trainer.enable_progress_bar=false", "test=false", "trainer.max_steps=1",
-                     "+callbacks.bar={_target_: nmt.callbacks.RunProgressBar}"], model="lstm")
+                     "+callbacks.bar={_target_: nmt.training.callbacks.RunProgressBar}"], model="lstm")
     assert "train/loss" in train(cfg)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nmt import decoding
+from nmt.decoding import search as decoding
 from nmt.bench.decoding import NoCache
 from nmt.data.tokenizer import EOS
-from nmt.decoding import beam_search, greedy_search, length_penalty
+from nmt.decoding.search import beam_search, greedy_search, length_penalty
 from tests.test_models import VARIANTS, batch, build, kernels  # noqa: F401  (kernels: each test in both modes)
 
 
@@ -124,7 +124,7 @@ def test_chunked_candidates_equal_a_top_k_over_every_score(vocab, kernels):
     K * W scores, also with beams at -inf (the first step: with 300 ids fewer finite chunks than
     candidates) and a sentence whose rows are masked to EOS."""
     from nmt.data.tokenizer import EOS
-    from nmt.decoding import _log_probs, _top_candidates
+    from nmt.decoding.search import _log_probs, _top_candidates
     from nmt.kernels import Kernels
 
     gen = torch.Generator().manual_seed(vocab)
@@ -148,7 +148,7 @@ def test_log_probs_are_a_log_softmax_over_the_real_vocabulary(vocab, width, dtyp
     """Padded or not, bf16 or fp32 (normalised in place): a log-softmax over the first ``vocab``
     logits, with PAD, BOS and the columns past the vocabulary at -inf."""
     from nmt.data.tokenizer import BOS, PAD
-    from nmt.decoding import _log_probs
+    from nmt.decoding.search import _log_probs
     from nmt.kernels import Kernels
 
     logits = torch.randn(4, width, dtype=dtype) * 5
@@ -252,8 +252,8 @@ def test_per_sentence_caps_stop_each_sentence_below_the_source_cap(search):
 def test_validation_caps_hypotheses_by_the_reference_and_the_test_never_sees_it():
     from types import SimpleNamespace
 
-    from nmt.decoding import Hypotheses
-    from nmt.lit_module import TranslationModule
+    from nmt.decoding.search import Hypotheses
+    from nmt.training.lit_module import TranslationModule
 
     calls = []
 

@@ -1,4 +1,4 @@
-"""nmt.export_ctranslate2 and the CTranslate2 backend (nmt.ctranslate2_backend): CTranslate2 computes what our
+"""nmt.exporters.ctranslate2 and the CTranslate2 backend (nmt.inference.ctranslate2): CTranslate2 computes what our
 Transformer computes (log-probs of random models, greedy outputs of trained ones), refuses what it
 cannot express, and an export never leaves half a folder."""
 
@@ -20,19 +20,19 @@ from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
 from omegaconf import OmegaConf, open_dict  # noqa: E402
 
-import nmt.export_ctranslate2 as export  # noqa: E402
-from nmt.checkpoint import load_checkpoint  # noqa: E402
+import nmt.exporters.ctranslate2 as export  # noqa: E402
+from nmt.checkpoints.loading import load_checkpoint# noqa: E402
 from nmt.data.tokenizer import BOS, EOS, PAD, train_sentencepiece  # noqa: E402
-from nmt.decoding import greedy_search  # noqa: E402
-from nmt.export_ctranslate2 import to_ctranslate2  # noqa: E402
+from nmt.decoding.search import greedy_search  # noqa: E402
+from nmt.exporters.ctranslate2 import to_ctranslate2  # noqa: E402
 from nmt.train import train  # noqa: E402
 from tests.conftest import CONF_DIR, ROOT, TORCH_INIT, compose_train  # noqa: E402
 
 TINY = ROOT / "tests" / "data" / "tiny"
-from nmt.ctranslate2_backend import CTranslate2Translator, decoding_cap  # noqa: E402
-from nmt.inference import Translator  # noqa: E402
+from nmt.inference.ctranslate2 import CTranslate2Translator, decoding_cap  # noqa: E402
+from nmt.inference.translator import Translator  # noqa: E402
 
-GREEDY = {"_target_": "nmt.decoding.greedy_search"}
+GREEDY = {"_target_": "nmt.decoding.search.greedy_search"}
 
 SMALL = ["model.hidden_size=16", "model.dropout=0.0", "model.encoder.num_heads=2", "model.decoder.num_heads=2",
          "model.encoder.ff_size=32", "model.decoder.ff_size=32", "model.encoder.num_layers=2", "model.decoder.num_layers=2"]
@@ -175,7 +175,7 @@ def test_nbest_and_scores_are_ours(trained):
     scores of given pairs (mode=score) agree with ours to 5e-3; the rows are written the same way."""
     loaded, out = trained
     lines = lines_of("test.src")[:12]
-    decoding = {"_target_": "nmt.decoding.beam_search", "beam_size": 4, "nbest": 3, "alpha": 0.6}
+    decoding = {"_target_": "nmt.decoding.search.beam_search", "beam_size": 4, "nbest": 3, "alpha": 0.6}
     backend = CTranslate2Translator(out, decoding, device="cpu", workers=1, intra_threads=1)
     ours = Translator(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, decoding)
     checked = 0
@@ -280,7 +280,7 @@ def test_alignments_are_the_torch_backends(trained, tmp_path):
     backend reads it: greedy outputs that agree get the same Pharaoh alignments."""
     loaded, folder = trained
     lines = lines_of("test.src")[:20]
-    decoding = {"_target_": "nmt.decoding.greedy_search", "_partial_": True}
+    decoding = {"_target_": "nmt.decoding.search.greedy_search", "_partial_": True}
     ours = Translator(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, decoding=decoding)
     theirs = CTranslate2Translator(folder, decoding)
     a, b = ours.translate(lines, alignments=True), theirs.translate(lines, alignments=True)

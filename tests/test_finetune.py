@@ -13,7 +13,7 @@ import pytest
 import torch
 from pytorch_lightning import Callback
 
-import nmt.builders
+import nmt.training.builders
 from nmt.export import export_release
 from nmt.train import train
 from tests.conftest import compose_train
@@ -57,11 +57,11 @@ class BeforeFirstStep(Callback):
 def run(tmp_path: Path, monkeypatch, overrides: list[str], callbacks: list[Callback] = ()):
     """train() on a tiny config writing to ``tmp_path/run``, with extra callback objects."""
     cfg = compose_train(tmp_path, list(overrides))
-    original = nmt.builders.instantiate_group
-    monkeypatch.setattr(nmt.builders, "instantiate_group",
+    original = nmt.training.builders.instantiate_group
+    monkeypatch.setattr(nmt.training.builders, "instantiate_group",
                         lambda group: [*original(group), *callbacks] if group is cfg.get("callbacks") else original(group))
     metrics = train(cfg)
-    monkeypatch.setattr(nmt.builders, "instantiate_group", original)
+    monkeypatch.setattr(nmt.training.builders, "instantiate_group", original)
     return Path(cfg.paths.output_dir), metrics
 
 

@@ -176,7 +176,7 @@ def test_both_modes_compute_the_same_loss_and_gradients(name):
 def _module(model):
     from functools import partial
 
-    from nmt.lit_module import TranslationModule
+    from nmt.training.lit_module import TranslationModule
 
     return TranslationModule(model, optimizer=partial(torch.optim.Adam, lr=1e-3), label_smoothing=0.1)
 
@@ -187,7 +187,7 @@ def test_a_trained_model_gives_the_same_loss_and_greedy_output_in_both_modes(nam
     module (fused output layer and loss, or ``F.cross_entropy``) agrees to fp tolerance, and
     greedy decoding gives the same tokens, in both modes."""
     from nmt.data.tokenizer import EOS, PAD
-    from nmt.decoding import greedy_search
+    from nmt.decoding.search import greedy_search
 
     model = build(name).set_kernels("cpu").train()
     module = _module(model)
@@ -240,7 +240,7 @@ def test_every_module_the_loss_and_decoding_follow_the_models_one_kernels(name, 
     once moves them all, the training loss and decoding's log-probabilities with them: under
     ``reference`` every operation runs plain PyTorch, under ``cpu`` (and ``auto`` on a CPU) the
     same operations run the CPU kernels."""
-    from nmt.decoding import greedy_search
+    from nmt.decoding.search import greedy_search
     from nmt.kernels import CPUOps, ReferenceOps, UsesKernels
 
     model = build(name)

@@ -8,7 +8,7 @@ import random
 import pytest
 from sacrebleu.metrics import BLEU, CHRF
 
-from nmt.length_report import bucket_bounds, length_report, source_lengths, write_report
+from nmt.evaluation.length_report import bucket_bounds, length_report, source_lengths, write_report
 
 
 def corpus(n=120, seed=0):

@@ -1,4 +1,4 @@
-"""Multilingual models (nmt.data.multilingual, nmt.languages, nmt.directions): the tagged source and
+"""Multilingual models (nmt.data.multilingual, nmt.languages, nmt.evaluation.directions): the tagged source and
 each pair's direction, temperature sampling, the tags in translate, evaluate and serve, the
 wrong-language rate, and every bad input the issue names."""
 
@@ -16,8 +16,8 @@ from nmt.data.batching import TokenBatchSampler
 from nmt.data.datamodule import TranslationDataModule
 from nmt.data.multilingual import MultilingualSource, sampling_changes, temperature_items
 from nmt.data.sources import DataError
-from nmt.directions import Plan, direction_reports, wrong_language
-from nmt.language_id import identify
+from nmt.evaluation.directions import Plan, direction_reports, wrong_language
+from nmt.evaluation.language_id import identify
 from nmt.languages import split_tag, tag, tag_languages, with_target_language
 from tests.conftest import TINY, compose_run, evaluate_here, translate_here
 
@@ -182,7 +182,7 @@ def test_the_target_language_tag_is_added_and_checked():
 
 
 def test_alignments_leave_the_tag_out_and_count_the_sentences_own_words():
-    from nmt.alignments import pharaoh
+    from nmt.inference.alignments import pharaoh
     from nmt.languages import tag_words
 
     tagged, plain = ["\u2581", "<2fr>", "\u2581hund", "\u2581kat", "ze"], ["\u2581hund", "\u2581kat", "ze"]
@@ -367,7 +367,7 @@ def test_one_model_learns_to_translate_into_the_language_its_tag_names(tmp_path,
 
 
 def test_a_files_bad_directions_are_refused_naming_the_file_and_a_runs_in_one_line(tmp_path, capsys):
-    from nmt import file_config
+    from nmt.checkpoints import file_config
     from nmt.cli_io import ending_cleanly
     from nmt.train import train
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from nmt.data.tokenizer import PAD
-from nmt.decoding import beam_search, greedy_search, sample_search, score_pairs
+from nmt.decoding.search import beam_search, greedy_search, sample_search, score_pairs
 from tests.conftest import ROOT, compose_train, translate_here
 from tests.test_models import VARIANTS, batch, build
 

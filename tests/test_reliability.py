@@ -18,13 +18,13 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from pytorch_lightning.callbacks import Callback
 
-import nmt.builders
-from nmt.callbacks import AtomicCheckpointIO
-from nmt.checkpoint import load_checkpoint
-from nmt.decoding import greedy_search
-from nmt.lit_module import TranslationModule
+import nmt.training.builders
+from nmt.training.callbacks import AtomicCheckpointIO
+from nmt.checkpoints.loading import load_checkpoint
+from nmt.decoding.search import greedy_search
+from nmt.training.lit_module import TranslationModule
 from nmt.train import train
-from nmt.inference import translate_lines
+from nmt.inference.translator import translate_lines
 from nmt.text_lines import read_lines
 from tests.callbacks import PoisonAt
 from tests.conftest import CONF_DIR, KERNELS, ROOT, TINY, compose_train, translate_here
@@ -98,17 +98,17 @@ def assert_same_weights(path_a: Path, path_b: Path) -> None:
 def in_process(tmp_path: Path, overrides: list[str], callbacks: list[Callback] = ()):
     """train() on the RESUME config writing to ``tmp_path/run``, with extra callback objects."""
     cfg = compose_train(tmp_path, [*RESUME, *overrides])
-    original = nmt.builders.instantiate_group
+    original = nmt.training.builders.instantiate_group
 
     def with_extra(group):
         built = original(group)
         return [*built, *callbacks] if group is cfg.get("callbacks") else built
 
-    nmt.builders.instantiate_group = with_extra
+    nmt.training.builders.instantiate_group = with_extra
     try:
         return cfg, train(cfg)
     finally:
-        nmt.builders.instantiate_group = original
+        nmt.training.builders.instantiate_group = original
 
 
 def reference_run(tmp_path: Path, overrides: list[str] = ()):
@@ -271,7 +271,7 @@ def test_nonfinite_steps_are_skipped_with_a_warning(monkeypatch, tmp_path, caplo
         def on_train_batch_end(self, trainer, module, *args) -> None:
             updated[trainer.global_step - 1] = not torch.equal(self.before, module.model.decoder.out.weight)
 
-    with caplog.at_level(logging.WARNING, logger="nmt.lit_module"):
+    with caplog.at_level(logging.WARNING, logger="nmt.training.lit_module"):
         cfg, metrics = in_process(tmp_path, ["trainer.max_steps=8", "trainer.val_check_interval=8",
                                              "module.max_nonfinite_steps=3"], [Watch()])
     warnings = [r.getMessage() for r in caplog.records if "skipping this update" in r.getMessage()]
@@ -438,7 +438,7 @@ def test_a_checkpoint_without_the_target_token_counter_leaves_that_rate_unknown(
     summary's ``train_tgt_tokens_per_sec`` is then null), not restarted from 0 against the whole
     run's seconds."""
     cfg = cfg_train()
-    module = nmt.builders.build_module(cfg, nmt.builders.build_model(cfg, 40, 40))
+    module = nmt.training.builders.build_module(cfg, nmt.training.builders.build_model(cfg, 40, 40))
     module.on_load_checkpoint({"counters": {"train_tokens": 100, "train_seconds": 2.0}})
     assert module.train_tokens == 100 and module.train_tgt_tokens is None
     module.on_load_checkpoint({"counters": {"train_tokens": 100, "train_tgt_tokens": 40, "train_seconds": 2.0}})

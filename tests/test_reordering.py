@@ -1,4 +1,4 @@
-"""BLEU by reordering distance and attention entropy by length (nmt.reordering), on hand-built
+"""BLEU by reordering distance and attention entropy by length (nmt.evaluation.reordering), on hand-built
 alignments and attention, and in evaluate's report (gold alignments of synthetic data, a model's
 forced alignments elsewhere)."""
 
@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from nmt import reordering as ro
+from nmt.evaluation import reordering as ro
 from nmt.evaluate import load_test_split
 from tests.conftest import evaluate_here
 

@@ -1,4 +1,4 @@
-"""What a request means is the translator's (nmt.requests): the Python API, translate.py and the
+"""What a request means is the translator's (nmt.inference.requests): the Python API, translate.py and the
 server refuse the same request with the same words, each naming the sentence its own way."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 fastapi = pytest.importorskip("fastapi", reason="nmt-serve needs fastapi: pip install 'nmt[serve]'")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from nmt.inference import Translator  # noqa: E402
-from nmt.requests import Naming, Request, RequestError  # noqa: E402
+from nmt.inference.translator import Translator  # noqa: E402
+from nmt.inference.requests import Naming, Request, RequestError  # noqa: E402
 from nmt.serve.app import create_app, load  # noqa: E402
 from tests.conftest import serve_cfg, translate_here  # noqa: E402
 
@@ -30,7 +30,7 @@ def client(serve_ckpt: Path):
 
 
 def test_a_bad_prefix_is_refused_alike_by_the_api_the_command_and_the_server(serve_ckpt, client, capsys, tmp_path):
-    translator = Translator.load(serve_ckpt, decoding={"_target_": "nmt.decoding.greedy_search"})
+    translator = Translator.load(serve_ckpt, decoding={"_target_": "nmt.decoding.search.greedy_search"})
     with pytest.raises(RequestError) as api:
         translator.translate(["a b", "c d"], prefixes=["", SNOWMAN])
     assert str(api.value) == f"prefixes, line 2: {UNK}"

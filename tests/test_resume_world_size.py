@@ -22,7 +22,7 @@ import torch
 from pytorch_lightning import Callback
 
 from nmt.data.batching import TokenBatchSampler
-from nmt.schedules import WarmupCosine
+from nmt.training.schedules import WarmupCosine
 from nmt.train import train
 from tests.conftest import KERNELS, ROOT, TINY, compose_train
 from tests.test_reliability import assert_same_weights, load

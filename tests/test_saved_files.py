@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt.checkpoint import read_checkpoint
+from nmt.checkpoints.files import read_checkpoint
 from nmt.train import train
 from tests.conftest import ROOT, compose_train, translate_here
 
@@ -61,3 +61,20 @@ def test_a_saved_checkpoint_resumes(tmp_path):
     resumed = torch.load(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert resumed["global_step"] == saved["global_step"] + 3
     assert resumed["state_dict"].keys() == saved["state_dict"].keys()
+
+
+def test_the_search_functions_and_the_translators_keep_their_documented_names():
+    """Configs name ``nmt.decoding.beam_search`` (and greedy, sample), the API ``nmt.inference.Translator``."""
+    from hydra.utils import get_method
+
+    from nmt.decoding import search
+    from nmt.inference import CTranslate2Translator, Translator
+    from nmt.inference.ctranslate2 import CTranslate2Translator as in_module
+    from nmt.inference.translator import Translator as in_translator
+
+    for name in ("greedy_search", "beam_search", "sample_search"):
+        assert get_method(f"nmt.decoding.{name}") is getattr(search, name)
+    assert Translator is in_translator and CTranslate2Translator is in_module
+    with pytest.raises(AttributeError, match="no attribute 'translate'"):
+        import nmt.inference
+        nmt.inference.translate

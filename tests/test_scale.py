@@ -13,7 +13,7 @@ import pytest
 import torch
 from pytorch_lightning import Callback
 
-import nmt.builders
+import nmt.training.builders
 from nmt.train import train
 from tests.conftest import KERNELS, ROOT, TINY, heads
 from tests.test_models import batch, build
@@ -94,8 +94,8 @@ def test_precision_trains_and_clips_gradients_with_the_fused_optimizer(cfg_train
                 norms["after"].append(_grad_norm(module))
 
     cfg = cfg_train([f"trainer.precision={precision}", "trainer.gradient_clip_val=0.01", "test=false"], model=model)
-    original = nmt.builders.instantiate_group
-    monkeypatch.setattr(nmt.builders, "instantiate_group",
+    original = nmt.training.builders.instantiate_group
+    monkeypatch.setattr(nmt.training.builders, "instantiate_group",
                         lambda group: [*original(group), Spy()] if group is cfg.get("callbacks") else original(group))
     metrics = train(cfg)
     assert metrics["train/loss"] == metrics["train/loss"] and metrics["val/loss"] < 10

@@ -10,10 +10,10 @@ import pytest
 import torch
 from pytorch_lightning.callbacks import Timer
 
-import nmt.callbacks
-from nmt.callbacks import ScheduleHorizon
-from nmt.checkpoint import read_checkpoint
-from nmt.schedules import WarmupCosine, inverse_sqrt
+import nmt.training.callbacks
+from nmt.training.callbacks import ScheduleHorizon
+from nmt.checkpoints.files import read_checkpoint
+from nmt.training.schedules import WarmupCosine, inverse_sqrt
 from nmt.train import train
 
 
@@ -71,7 +71,7 @@ def fake_trainer(schedule, *, remaining: float | None, spent: float = 0.0, max_e
 
 def test_the_horizon_is_where_max_time_runs_out_at_the_pace_so_far(monkeypatch):
     clock = [1000.0]  # the callback's clock, moved by hand: nothing here waits or reads real time
-    monkeypatch.setattr(nmt.callbacks, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(nmt.training.callbacks, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     schedule = WarmupCosine(optimizer(), warmup_steps=10, total_steps=None)
     trainer = fake_trainer(schedule, remaining=30.0, max_epochs=100)  # 100 epochs: 5,000 steps
     horizon = ScheduleHorizon(every_n_steps=10)

@@ -23,11 +23,11 @@ from fastapi.testclient import TestClient  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 
-from nmt.checkpoint import load_checkpoint  # noqa: E402
+from nmt.checkpoints.loading import load_checkpoint# noqa: E402
 from nmt.serve.app import create_app, load  # noqa: E402
-from nmt.inference import translate_lines  # noqa: E402
-from nmt.decoding import search_of  # noqa: E402
-from nmt.search_settings import SearchSettings  # noqa: E402
+from nmt.inference.translator import translate_lines  # noqa: E402
+from nmt.decoding.search import search_of  # noqa: E402
+from nmt.decoding.settings import SearchSettings  # noqa: E402
 from tests.conftest import CONF_DIR, ROOT, serve_cfg  # noqa: E402
 
 LINES = (ROOT / "tests/data/tiny/test.src").read_text().splitlines()[:24]

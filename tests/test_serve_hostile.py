@@ -31,7 +31,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from nmt.inference import Translator  # noqa: E402
+from nmt.inference.translator import Translator  # noqa: E402
 from nmt.serve.app import STATIC, create_app, load, parse_request  # noqa: E402
 from tests.conftest import ROOT, serve_cfg  # noqa: E402
 
@@ -386,7 +386,7 @@ def test_the_report_is_the_run_folders_or_the_release_files_never_a_path_the_con
     """A checkpoint's module.report_dir once made the server read and serve files from any folder."""
     import torch
 
-    from nmt.checkpoint import read_checkpoint
+    from nmt.checkpoints.files import read_checkpoint
     from nmt.export import export_release
 
     run = serve_ckpt.parent.parent
@@ -418,7 +418,7 @@ def test_info_passes_on_only_finite_numbers_and_short_strings_from_a_release_fil
 
     import torch
 
-    from nmt.checkpoint import read_checkpoint
+    from nmt.checkpoints.files import read_checkpoint
     from nmt.export import export_release
 
     forged = read_checkpoint(export_release(serve_ckpt, tmp_path / "release.ckpt"))

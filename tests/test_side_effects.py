@@ -15,12 +15,12 @@ import pytest
 import torch
 from pytorch_lightning.callbacks import Callback
 
-import nmt.builders
+import nmt.training.builders
 import nmt.train
-from nmt.checkpoint import load_checkpoint
-from nmt.decoding import greedy_search
-from nmt.lit_module import TranslationModule
-from nmt.inference import translate_lines
+from nmt.checkpoints.loading import load_checkpoint
+from nmt.decoding.search import greedy_search
+from nmt.training.lit_module import TranslationModule
+from nmt.inference.translator import translate_lines
 from tests.conftest import ROOT, compose_train, translate_here
 
 # 10 steps with dropout: a validation after steps 3, 6 and 9, epochs of 5 batches (a new loader
@@ -57,7 +57,7 @@ def traced(tmp_path_factory):
     epochs: list[int] = []
     ends = EndStates()
     step = TranslationModule.training_step
-    group = nmt.builders.instantiate_group
+    group = nmt.training.builders.instantiate_group
 
     def traced_step(self, batch, batch_idx):
         starts.append(torch.get_rng_state())
@@ -70,7 +70,7 @@ def traced(tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(TranslationModule, "training_step", traced_step)
-        patch.setattr(nmt.builders, "instantiate_group", with_ends)
+        patch.setattr(nmt.training.builders, "instantiate_group", with_ends)
         torch.set_num_threads(2)
         try:
             nmt.train.train(cfg)
@@ -150,10 +150,10 @@ import importlib, sys
 import matplotlib
 matplotlib.use("svg")  # the caller's backend, which nmt must keep
 from omegaconf import OmegaConf
-import nmt, nmt.models.base, nmt.data.datamodule, nmt.plots, nmt.length_report, nmt.train, nmt.translate
+import nmt, nmt.models.base, nmt.data.datamodule, nmt.evaluation.plots, nmt.evaluation.length_report, nmt.train, nmt.translate
 import nmt.evaluate, nmt.serve.app
 import torch
-nmt.plots.plot_attention(torch.rand(3, 4), list("abcd"), list("xyz"), sys.argv[1])
+nmt.evaluation.plots.plot_attention(torch.rand(3, 4), list("abcd"), list("xyz"), sys.argv[1])
 print("## imported", OmegaConf.has_resolver("pad_to"), matplotlib.get_backend())
 for name in ["nmt.train", "nmt.translate", "nmt.evaluate", "nmt.average", "nmt.export", "nmt.serve.app",
              "nmt.data.prepare", "nmt.data.stats"]:

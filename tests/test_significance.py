@@ -11,8 +11,8 @@ import pytest
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 
-from nmt.length_report import bleu_from_stats, sentence_stats
-from nmt.significance import sacrebleu_seed, significance
+from nmt.evaluation.length_report import bleu_from_stats, sentence_stats
+from nmt.evaluation.significance import sacrebleu_seed, significance
 from tests.conftest import ROOT, evaluate_here
 from tests.test_length_report import corpus
 

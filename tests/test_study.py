@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nmt.length_report import length_report
+from nmt.evaluation.length_report import length_report
 from nmt.study import second_stage
 
 SOURCES = ["a b", "a b c d e f g h i j k l", "a " * 25]

@@ -1,4 +1,4 @@
-"""Optuna pruning of a sweep's runs through the sweep folder (nmt.sweep_pruning)."""
+"""Optuna pruning of a sweep's runs through the sweep folder (nmt.training.sweep_pruning)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 optuna = pytest.importorskip("optuna")
 
-from nmt.sweep_pruning import CURVE_FILE, read_curve, should_prune, sweep_records  # noqa: E402
+from nmt.training.sweep_pruning import CURVE_FILE, read_curve, should_prune, sweep_records  # noqa: E402
 from nmt.train import train  # noqa: E402
 
 
@@ -54,7 +54,7 @@ def test_sweep_records_read_finished_siblings_only(tmp_path):
     assert read_curve(tmp_path / "missing" / CURVE_FILE) is None
 
 
-PRUNING = ["+callbacks.optuna_pruning._target_=nmt.sweep_pruning.OptunaPruning",
+PRUNING = ["+callbacks.optuna_pruning._target_=nmt.training.sweep_pruning.OptunaPruning",
            "+callbacks.optuna_pruning.pruner._target_=optuna.pruners.MedianPruner",
            "+callbacks.optuna_pruning.pruner.n_startup_trials=1", "+callbacks.optuna_pruning.pruner.n_warmup_steps=0",
            "trainer.max_epochs=-1", "trainer.max_steps=6", "trainer.val_check_interval=2",

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from nmt.data.readers import DataError, iter_lines as corpus_lines, iter_tsv
-from nmt.line_streams import read_pairs
+from nmt.inference.line_streams import read_pairs
 from nmt.text_lines import InputError, iter_blocks, iter_lines, read_lines
 
 

@@ -11,12 +11,12 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 from sacrebleu.metrics import BLEU, CHRF
 
-from nmt.checkpoint import load_checkpoint
+from nmt.checkpoints.loading import load_checkpoint
 from nmt.data.tokenizer import EOS, PAD
-from nmt.decoding import beam_search, greedy_search, search_of
-from nmt.search_settings import SearchSettings
+from nmt.decoding.search import beam_search, greedy_search, search_of
+from nmt.decoding.settings import SearchSettings
 from nmt.train import build_model, build_module, cpu_name, train
-from nmt.inference import translate_lines
+from nmt.inference.translator import translate_lines
 from tests.conftest import ROOT, TORCH_INIT, compose_train, translate_here
 
 MODELS = ["lstm", "lstm_bahdanau", "lstm_luong", "transformer"]

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from nmt.decoding import search_of
-from nmt.search_settings import SearchSettings
+from nmt.decoding.search import search_of
+from nmt.decoding.settings import SearchSettings
 from omegaconf import OmegaConf
 
-from nmt.checkpoint import load_checkpoint
+from nmt.checkpoints.loading import load_checkpoint
 from nmt.train import train
-from nmt.inference import translate_lines
-from nmt.limits import model_max_src_len
+from nmt.inference.translator import translate_lines
+from nmt.decoding.limits import model_max_src_len
 from tests.conftest import CONF_DIR, ROOT, compose_train
 
 LINES = (ROOT / "tests/data/tiny/train.src").read_text(encoding="utf-8").splitlines()
@@ -227,7 +227,7 @@ def test_a_closed_stdout_ends_the_run_quietly(ckpt, tmp_path):
 # --- which errors are one line ------------------------------------------------------------------
 def test_only_errors_raised_by_nmt_become_one_line(capsys):
     from nmt.cli_io import ending_cleanly
-    from nmt.translations import output_format
+    from nmt.inference.translations import output_format
 
     with pytest.raises(SystemExit) as stop, ending_cleanly():
         output_format("xml", "translate", 1)

@@ -1,4 +1,4 @@
-"""Word accuracy by training frequency (nmt.word_frequency): bands, counts and F-measure on
+"""Word accuracy by training frequency (nmt.evaluation.word_frequency): bands, counts and F-measure on
 hand-built sentences, the paired test, and evaluate's comparison report."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from nmt import word_frequency as wf
+from nmt.evaluation import word_frequency as wf
 from tests.conftest import ROOT, evaluate_here
 
 

@@ -28,7 +28,7 @@ def write_pieces(data: str, work: Path, splits: tuple[str, ...] = ("train", "val
     ``splits`` as space-separated pieces (``{split}.{src,tgt}``), which OpenNMT-py and Eole read as
     their tokens; the splits in ``raw`` also as text (``{split}.raw.{src,tgt}``). ``paths["spm"]``:
     the SentencePiece model, to join pieces back into text."""
-    from nmt.builders import build_datamodule
+    from nmt.training.builders import build_datamodule
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[f"data={data}"], return_hydra_config=True)

@@ -9,7 +9,7 @@ filtered: only the model input is truncated, `raw()` keeps the full references.
 
 Every DataLoader has a `torch.Generator` of its own, seeded from (`seed`, rank): creating an
 iterator draws its workers' base seed from it, never from the global torch RNG, whose state a
-checkpoint saves and a resumed run restores (`nmt.lit_module`).
+checkpoint saves and a resumed run restores (`nmt.training.lit_module`).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ class TranslationDataModule(L.LightningDataModule):
         resumed run must keep its vocabulary. A run resumed mid-epoch on other data
         starts the new data's epoch as far in as the old one was (those batches are skipped once).
     vocab_loader: reads `vocab_from` into (source, target) tokenizers: the checkpoint reader
-        `saved_vocabularies`, passed by `nmt.builders.build_datamodule` or named by the entry
+        `saved_vocabularies`, passed by `nmt.training.builders.build_datamodule` or named by the entry
         point's config (`vocab_loader` in prepare.yaml, stats.yaml); nmt.data reads no checkpoint.
     augment: robustness augmentation of the training pairs, a list of `{name, rate}`
         (`nmt.data.augment`: upper, title, noise); each epoch draws the pairs it changes. The
@@ -216,7 +216,7 @@ class TranslationDataModule(L.LightningDataModule):
         if self.vocab_from is not None:
             if self.vocab_loader is None:
                 raise ValueError(f"data.vocab_from={self.vocab_from}: this data module has no vocab_loader to read "
-                                 "it with (build it with nmt.builders.build_datamodule)")
+                                 "it with (build it with nmt.training.builders.build_datamodule)")
             vocab = self.vocab_loader(self.vocab_from)
             if self.joint_vocab and vocab[0] is not vocab[1]:  # models share embeddings when joint
                 raise ValueError(f"data.vocab_from={self.vocab_from} has separate source and target "

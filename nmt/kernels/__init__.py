@@ -19,7 +19,7 @@ the table, and this package holds what was measured to win there:
 
 A model computes through one ``Kernels`` object: ``nmt.models.base.Seq2Seq`` makes it and hands
 it to every module that has a choice (``UsesKernels``), the training loss
-(``nmt.lit_module``) and decoding's log-probabilities (``nmt.decoding``) ask the model's, and
+(``nmt.training.lit_module``) and decoding's log-probabilities (``nmt.decoding.search``) ask the model's, and
 ``Seq2Seq.set_kernels`` / ``quantize_int8`` change it once for all of them. ``kernels.ops(x)``
 gives the operations for a tensor: ``ReferenceOps`` (``reference.py``, plain PyTorch), ``CPUOps``
 (``cpu.py``, these kernels) or, after ``use_int8``, ``Int8Ops`` (the CPU kernels with int8

@@ -1,0 +1,1 @@
+"""Models: the encoder/decoder pairs, plain PyTorch that reads like the papers."""

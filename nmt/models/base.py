@@ -186,7 +186,7 @@ class Seq2Seq(nn.Module):
 
     def alignment_attention(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, layer: int = -1) -> Tensor | None:
         """(B, T, S) attention of each target position over the source, the one word alignments
-        are read from (``nmt.alignments``): an RNN's attention; a Transformer's cross-attention in
+        are read from (``nmt.inference.alignments``): an RNN's attention; a Transformer's cross-attention in
         ``layer`` of its decoder, averaged over heads. The last layer by default: it aligns best
         in our presets (docs/alignments.md; Garg et al. 2019 found the penultimate of a 6-layer
         decoder best, ``layer=-2``). The heat maps show the same weights. None without attention."""

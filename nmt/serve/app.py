@@ -4,7 +4,7 @@ decoding=...]`` (see ``nmt/conf/serve.yaml``).
 ``POST /translate`` ``{"text": [...], "beam_size"?, "nbest"?, "attention"?, "alignments"?}`` returns
 ``{"translations": [{"text", "score", "alignment"?, "nbest"?, "attention"?}, ...]}`` in request order; concurrent
 requests are decoded together (``nmt.serve.batching``) by the translator ``nmt-translate`` uses
-(``nmt.backends``: a checkpoint, a release file or a CTranslate2 folder), so a sentence gets the
+(``nmt.inference.backends``: a checkpoint, a release file or a CTranslate2 folder), so a sentence gets the
 translation ``translate.py`` gives it with the same decoding. ``GET /health``,
 ``GET /info`` (model, languages, vocabularies, training summary), ``GET /`` (a page to try the
 model), ``GET /report.png`` (the run's BLEU-by-length chart, when the checkpoint's run has one).
@@ -34,14 +34,15 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from omegaconf import DictConfig, OmegaConf
 
-from nmt import CONF_DIR, register_resolvers
+from nmt import CONF_DIR
+from nmt import register_resolvers
 from nmt.cli_io import ending_cleanly
-from nmt.backends import open_translator
-from nmt.requests import Naming, Request as TranslationRequest
+from nmt.inference.backends import open_translator
+from nmt.inference.requests import Naming, Request as TranslationRequest
 from nmt.serve.batching import Batcher, QueueFull
 from nmt.serve.guard import (ApiKeyMiddleware, HeaderTimeoutH11Protocol, content_type_error, error, parse_request,
                              read_body)
-from nmt.translations import response_item
+from nmt.inference.translations import response_item
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +239,7 @@ def api_key(cfg: DictConfig) -> str | None:
 
 
 def load(cfg: DictConfig) -> Any:
-    """The translator of ``cfg`` (``nmt.backends``); its attention is probed once, at start."""
+    """The translator of ``cfg`` (``nmt.inference.backends``); its attention is probed once, at start."""
     translator = open_translator(cfg)
     if cfg.get("tgt_lang") is not None:  # the default language of requests: one the model has a tag for
         translator.prepare(TranslationRequest([], str(cfg.tgt_lang)))

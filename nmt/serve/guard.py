@@ -28,7 +28,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from nmt.requests import Request as TranslationRequest
+from nmt.inference.requests import Request as TranslationRequest
 
 OPTIONS = {"text", "beam_size", "nbest", "attention", "alignments", "prefix", "constraints", "tgt_lang"}
 MAX_CONSTRAINTS = 10  # phrases a sentence may require
@@ -137,10 +137,10 @@ def _shown(value: Any) -> str:
 
 def parse_request(body: bytes, limits: DictConfig, default_beam: int, can_align: bool = True,
                   default_align: bool = False, default_lang: str | None = None) -> tuple[TranslationRequest, tuple[Any, ...]] | JSONResponse:
-    """The ``nmt.requests.Request`` (sentences, ``"tgt_lang"`` else ``default_lang``, prefixes or constraints)
+    """The ``nmt.inference.requests.Request`` (sentences, ``"tgt_lang"`` else ``default_lang``, prefixes or constraints)
     and (beam_size, nbest, attention, alignments) of a request body, or the error response: its
     JSON, types and sizes are checked here; what the request means for the model, by the
-    translator (``nmt.requests``)."""
+    translator (``nmt.inference.requests``)."""
     try:
         request = json.loads(body.decode("utf-8"), parse_int=_bounded_int, parse_constant=_no_constant)
     except UnicodeDecodeError as e:

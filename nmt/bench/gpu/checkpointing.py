@@ -13,7 +13,7 @@ import torch
 
 from nmt.bench.gpu.check import Check
 from nmt.bench.measure import SavedBytes, peak_memory_mb, reset_peak_memory, sync, to_device
-from nmt.builders import build_model, build_module
+from nmt.training.builders import build_model, build_module
 
 
 def checkpointing(check: Check, result: dict[str, Any]) -> None:

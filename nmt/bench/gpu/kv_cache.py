@@ -10,8 +10,8 @@ import torch
 
 from nmt.bench.decoding import NoCache, decode_speed
 from nmt.bench.gpu.check import Check
-from nmt.builders import build_model
-from nmt.decoding import beam_search
+from nmt.training.builders import build_model
+from nmt.decoding.search import beam_search
 
 KV_TARGET = 5.0  # the speedup the cache should give
 

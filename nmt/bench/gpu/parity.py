@@ -14,7 +14,7 @@ import torch
 from nmt.bench.gpu.check import Check
 from nmt.bench.gpu.training import PRESETS
 from nmt.bench.measure import to_device
-from nmt.builders import build_model, build_module
+from nmt.training.builders import build_model, build_module
 from nmt.specials import PAD
 
 PARITY_SENTENCES, PARITY_STEPS = 48, 5

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from nmt.bench.gpu.check import Check, first_line
 from nmt.bench.measure import sync, to_device
-from nmt.builders import build_model, build_module
+from nmt.training.builders import build_model, build_module
 
 ATTENTION_NAMES = re.compile(r"flash|fmha|attention|sdpa|mem_eff|efficient", re.IGNORECASE)
 SDPA_OPS = [(r"flash_attention", "FLASH_ATTENTION"), (r"efficient_attention", "EFFICIENT_ATTENTION"),

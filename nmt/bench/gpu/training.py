@@ -13,7 +13,7 @@ from omegaconf import open_dict
 from nmt.bench.gpu.check import Check, PartTimeout, first_line
 from nmt.bench.gpu.recorder import RECORDERS, StepRecorder
 from nmt.bench.gpu.report import pct
-from nmt.builders import count_parameters
+from nmt.training.builders import count_parameters
 from nmt.train import train
 
 PRESETS = ["lstm", "transformer", "lstm_luong", "lstm_bahdanau"]  # the slowest last: it gets the time the others left

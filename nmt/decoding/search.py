@@ -21,7 +21,7 @@ from torch import Tensor
 from nmt.kernels import Kernels
 from nmt.specials import BOS, EOS, PAD
 from nmt.models.base import select
-from nmt.search_settings import SearchSettings
+from nmt.decoding.settings import SearchSettings
 
 
 @dataclass

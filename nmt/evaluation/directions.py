@@ -2,8 +2,8 @@
 
 The test split of a multilingual source (`nmt.data.multilingual`) holds each pair's direction
 (its origin). `direction_reports` splits a system's translations by direction and gives each its
-BLEU-by-length report (`nmt.length_report`, on the source without its tag) and its wrong-language
-rate: the share of non-empty translations that the language identifier (`nmt.language_id`,
+BLEU-by-length report (`nmt.evaluation.length_report`, on the source without its tag) and its wrong-language
+rate: the share of non-empty translations that the language identifier (`nmt.evaluation.language_id`,
 restricted to the languages of the model's directions) does not put in the direction's target
 language. The same rate of the references is the identifier's own error on that data.
 """
@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from nmt.language_id import identifier, identify
+from nmt.evaluation.language_id import identifier, identify
 from nmt.languages import split_tag
-from nmt.requests import Naming, Request, RequestError
-from nmt.length_report import length_report, write_report
+from nmt.inference.requests import Naming, Request, RequestError
+from nmt.evaluation.length_report import length_report, write_report
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Export a Transformer checkpoint to a CTranslate2 model folder (``nmt-translate ckpt=<folder>``
-and ``nmt-serve ckpt=<folder>`` translate with one: ``nmt.ctranslate2_backend``).
+and ``nmt-serve ckpt=<folder>`` translate with one: ``nmt.inference.ctranslate2``).
 
 The model is described with CTranslate2's model-spec API (``ctranslate2.specs.TransformerSpec``)
 and saved through its ``Converter``, which also quantizes the weights. The layout follows
@@ -13,7 +13,7 @@ and saved through its ``Converter``, which also quantizes the weights. The layou
 - embeddings are scaled by sqrt(H) on both sides; positions are our own table (sinusoidal or
   learned), so CTranslate2 adds exactly what we add; its own sinusoids are laid out differently;
 - the vocabulary rows past the SentencePiece sizes (``vocab_multiple`` padding) are dropped, and
-  the output layer gets a bias of -inf on PAD and BOS, which ``nmt.decoding`` never generates;
+  the output layer gets a bias of -inf on PAD and BOS, which ``nmt.decoding.search`` never generates;
 - the source gets EOS appended (``add_source_eos``) and the decoder starts from BOS, as ours.
 
 Folder contents: CTranslate2's ``model.bin``, ``config.json`` and vocabularies, the SentencePiece
@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
-from nmt.limits import model_max_src_len
+from nmt.decoding.limits import model_max_src_len
 from nmt.models.transformer import TransformerDecoder, TransformerEncoder
 
 log = logging.getLogger(__name__)
@@ -140,7 +140,7 @@ def build_spec(model: nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer):
         _norm(spec.decoder.layer_norm, dec.final_norm)
     spec.decoder.projection.weight = _w(dec.out.weight[:tgt_size])  # tied: CTranslate2 aliases equal weights
     bias = torch.zeros(tgt_size)
-    bias[[PAD, BOS]] = float("-inf")  # never generated (nmt.decoding._log_probs)
+    bias[[PAD, BOS]] = float("-inf")  # never generated (nmt.decoding.search._log_probs)
     spec.decoder.projection.bias = bias
 
     src_pieces = [src_vocab.sp.id_to_piece(i) for i in range(src_size)]
@@ -157,7 +157,7 @@ def build_spec(model: nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer):
     config = spec.config
     config.unk_token, config.bos_token, config.eos_token = tgt_pieces[UNK], tgt_pieces[BOS], tgt_pieces[EOS]
     config.decoder_start_token = tgt_pieces[BOS]  # greedy_search/beam_search start from BOS
-    config.add_source_bos, config.add_source_eos = False, True  # nmt.inference.encode_sources: ids + EOS
+    config.add_source_bos, config.add_source_eos = False, True  # nmt.inference.translator.encode_sources: ids + EOS
     config.layer_norm_epsilon = float(enc.layers[0].norms[0].eps)  # nn.LayerNorm's 1e-5, not CTranslate2's 1e-6
     return spec
 
@@ -170,7 +170,7 @@ def _metadata(model: nn.Module, run_config: dict, quantization: str | None) -> d
         "tgt_lang": data.get("tgt_lang"),
         "max_src_len": model_max_src_len(run_config),  # source pieces + EOS
         "max_tgt_len": model.decoder.embed_tokens.max_len,  # the decoder's position table
-        "decoding": decoding,  # nmt.decoding: GNMT length penalty alpha, max_len_a * src_len + max_len_b
+        "decoding": decoding,  # nmt.decoding.search: GNMT length penalty alpha, max_len_a * src_len + max_len_b
         "special_ids": {"pad": PAD, "unk": UNK, "bos": BOS, "eos": EOS},
         "never_generated": [PAD, BOS],
         "attention": "last decoder layer, mean of all heads",  # what return_attention gives (alignments)

@@ -1,5 +1,5 @@
 """The decoding a user chose (``conf/decoding/{beam,greedy,sample}.yaml``), read once into plain
-values that both backends use: the torch ``Translator`` builds ``nmt.decoding``'s search from
+values that both backends use: the torch ``Translator`` builds ``nmt.decoding.search``'s search from
 them, the CTranslate2 one its ``translate_batch`` options. No torch here.
 """
 
@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-SEARCHES = {"nmt.decoding.beam_search": "beam", "nmt.decoding.greedy_search": "greedy",
-            "nmt.decoding.sample_search": "sample"}
+SEARCHES = {"nmt.decoding.search.beam_search": "beam", "nmt.decoding.search.greedy_search": "greedy",
+            "nmt.decoding.search.sample_search": "sample"}
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "seed")
 KEYS = {"beam": ("beam_size", "alpha", "nbest", "max_len_a", "max_len_b", "alignments"),
         "greedy": ("max_len_a", "max_len_b", "alignments"), "sample": ("max_len_a", "max_len_b", "alignments", *SAMPLING_KEYS)}

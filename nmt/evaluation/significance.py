@@ -27,7 +27,7 @@ import numpy as np
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 
-from nmt.length_report import bleu_from_stats, bucket_bounds, bucket_indices, sentence_stats
+from nmt.evaluation.length_report import bleu_from_stats, bucket_bounds, bucket_indices, sentence_stats
 
 
 @contextlib.contextmanager
@@ -93,7 +93,7 @@ def significance(
     (BLEU points), delta_ci_low/high, p_bootstrap, p_randomization; None where not computed.
     ``bootstrap``/``randomization`` = 0 turns that test (and, for bootstrap, the interval) off.
     ``buckets``: (label, sentence indices) pairs to test instead of the length buckets of ``edges``
-    (the reordering buckets, ``nmt.reordering``)."""
+    (the reordering buckets, ``nmt.evaluation.reordering``)."""
     if baseline not in hyps:
         raise ValueError(f"baseline {baseline!r} is not one of the systems {list(hyps)}")
     bleu = BLEU(tokenize=tokenize) if tokenize else BLEU()

@@ -1,5 +1,5 @@
 """The files of a run folder, named in one place and read back here: ``summary.json`` (written by
-``nmt.train``), the test report ``bleu_by_length.{json,png,...}`` (``nmt.length_report``), the
+``nmt.train``), the test report ``bleu_by_length.{json,png,...}`` (``nmt.evaluation.length_report``), the
 test's sources and hypotheses, the ``checkpoints/`` folder, and ``wall_seconds.json``, written
 by :func:`run_timed` for a command timed from start to exit. The commands that tabulate runs
 (``nmt-runs``, ``nmt-study``) and the scripts (``first_runs.py``, ``reproduce_results.py``) read

@@ -16,8 +16,8 @@ from lightning_fabric.plugins import TorchCheckpointIO
 from pytorch_lightning.callbacks import Callback, EMAWeightAveraging, RichProgressBar, Timer
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from nmt.checkpoint import atomic_save
-from nmt.schedules import WarmupCosine
+from nmt.checkpoints.files import atomic_save
+from nmt.training.schedules import WarmupCosine
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +243,7 @@ def run_eta(trainer: L.Trainer, seconds: float, steps: int) -> float | None:
 
 def ended_by(trainer: L.Trainer) -> str:
     """What ended training: ``max_steps`` (the budget), ``max_time`` (the safety net, before the
-    budget), ``pruned`` (a sweep's pruner, ``nmt.sweep_pruning``), ``early_stopping`` or
+    budget), ``pruned`` (a sweep's pruner, ``nmt.training.sweep_pruning``), ``early_stopping`` or
     ``max_epochs``."""
     if 0 < trainer.max_steps <= trainer.global_step:
         return "max_steps"

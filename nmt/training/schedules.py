@@ -26,7 +26,7 @@ class WarmupCosine(LambdaLR):
     ``total_steps`` (then flat); ``factor(step)`` multiplies the peak rate. ``total_steps`` None or
     <= 0 (``trainer.max_steps=-1``; ``from_budget``): the decay ends where the run's budget does,
     ``max_time`` at the pace so far or the last step of ``max_epochs``, which
-    ``nmt.callbacks.ScheduleHorizon`` sets and re-estimates as training goes; until it is first
+    ``nmt.training.callbacks.ScheduleHorizon`` sets and re-estimates as training goes; until it is first
     set, the factor stays at 1 after the warm-up."""
 
     SHAPE = ("warmup_steps", "total_steps", "min_ratio", "from_budget")

@@ -34,12 +34,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from nmt import directions
-from nmt.checkpoint import FORMAT, load_optimizer_state, nonfinite
+from nmt.evaluation import directions
+from nmt.checkpoints.files import FORMAT, nonfinite
+from nmt.checkpoints.finetune import load_optimizer_state
 from nmt.data.tokenizer import PAD
-from nmt.length_report import DEFAULT_EDGES, length_report, write_report
-from nmt.metrics import corpus_scores
-from nmt.run_files import TEST_TEXT
+from nmt.evaluation.length_report import DEFAULT_EDGES, length_report, write_report
+from nmt.evaluation.metrics import corpus_scores
+from nmt.runs.files import TEST_TEXT
 
 log = logging.getLogger(__name__)
 
@@ -339,7 +340,7 @@ class TranslationModule(L.LightningModule):
         paths = write_report(report, out_dir, name=name)
         results.update(report=report, report_paths=paths)
         log.info("BLEU by source length -> %s", paths["md"])
-        if "test" in getattr(datamodule, "origins", {}):  # several directions: a row each (nmt.directions)
+        if "test" in getattr(datamodule, "origins", {}):  # several directions: a row each (nmt.evaluation.directions)
             split = directions.plan(datamodule)
             split.origins = split.origins[np.asarray(results["ids"], dtype=np.int64)]
             directions.write_direction_reports(split, results["sources"], {name: results["hyps"]}, results["refs"],

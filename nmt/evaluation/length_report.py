@@ -173,7 +173,7 @@ def markdown_table(reports: dict[str, dict[str, Any]]) -> str:
 
 def plot_bleu_by_length(reports: dict[str, dict[str, Any]], path: str | Path, title: str = "") -> Path:
     """BLEU per source-length bucket, one curve per system, CI as error bars, counts on the axis."""
-    from nmt.plots import figure, save
+    from nmt.evaluation.plots import figure, save
 
     first = next(iter(reports.values()))
     labels = [f"{b['label']}\n(n={b['count']})" for b in first["buckets"]]

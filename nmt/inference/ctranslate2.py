@@ -1,4 +1,4 @@
-"""The ``Translator`` interface (``nmt.inference``) over a folder written by ``nmt-export
+"""The ``Translator`` interface (``nmt.inference.translator``) over a folder written by ``nmt-export
 format=ctranslate2``: ``nmt-translate`` and ``nmt-serve`` take such a folder as ``ckpt=`` and
 give the same output formats, n-best lists, scores and server API. Only ``ctranslate2`` and
 ``sentencepiece`` are imported: no torch on this path.
@@ -7,7 +7,7 @@ How it maps our decoding (``conf/decoding/*.yaml``) onto CTranslate2's ``transla
 
 - Sources are SentencePiece pieces of the folder's ``source.model`` (ids mapped to pieces, so an
   unknown character is ``<unk>`` as our UNK id), cut to the model's source limit with EOS, which
-  CTranslate2 appends, as ``nmt.inference`` does.
+  CTranslate2 appends, as ``nmt.inference.translator`` does.
 - Length cap: ours allows ``int(max_len_a * source_length + max_len_b)`` decoder steps (source
   length with EOS), the last one forced to EOS. CTranslate2 takes one ``max_decoding_length`` per
   call, so sentences are grouped by their cap and each group gets ``cap - 1`` steps: the same
@@ -37,18 +37,18 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from nmt.alignments import pharaoh
+from nmt.inference.alignments import pharaoh
 from nmt.data.tokenizer import LINE_BREAKING, check_vocabulary
 from nmt.languages import tag_words, vocabulary_languages
-from nmt.limits import tokens
+from nmt.decoding.limits import tokens
 from nmt.machine import usable_cores
-from nmt.requests import Naming, Request, RequestMeaning
-from nmt.search_settings import SearchSettings
-from nmt.translations import Attention, Hypothesis, Translation, in_line_order
+from nmt.inference.requests import Naming, Request, RequestMeaning
+from nmt.decoding.settings import SearchSettings
+from nmt.inference.translations import Attention, Hypothesis, Translation, in_line_order
 
 log = logging.getLogger(__name__)
 
-METADATA = "nmt_export.json"  # written by nmt.export_ctranslate2
+METADATA = "nmt_export.json"  # written by nmt.exporters.ctranslate2
 MAX_METADATA_BYTES = 1 << 20
 COMPUTE_TYPES = ("default", "auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
                  "bfloat16", "float32")
@@ -83,7 +83,7 @@ def read_metadata(folder: Path) -> dict[str, Any]:
 
 
 def gnmt_penalty(length: int, alpha: float) -> float:
-    """GNMT's length penalty ``((5 + length) / 6) ** alpha`` (``nmt.decoding.length_penalty``)."""
+    """GNMT's length penalty ``((5 + length) / 6) ** alpha`` (``nmt.decoding.search.length_penalty``)."""
     return ((5.0 + length) / 6.0) ** alpha
 
 
@@ -128,7 +128,7 @@ class CTranslate2Translator(RequestMeaning):
         self.meta = read_metadata(self.folder)
         defaults = self.meta["decoding"]
         if decoding is None:
-            decoding = {"_target_": "nmt.decoding.beam_search", **defaults}
+            decoding = {"_target_": "nmt.decoding.search.beam_search", **defaults}
         self.settings = decoding if isinstance(decoding, SearchSettings) else SearchSettings.from_config(decoding)
         self.src_sp = spm.SentencePieceProcessor(model_file=str(self.folder / "source.model"))
         self.tgt_sp = spm.SentencePieceProcessor(model_file=str(self.folder / "target.model"))
@@ -159,7 +159,7 @@ class CTranslate2Translator(RequestMeaning):
     def batches(self, lines: list[str], beam_size: int | None = None, nbest: int | None = None,
                 attention: Iterable[int] | bool = (), first_line: int = 1,
                 alignments: bool | None = None, tgt_lang: str | None = None) -> Iterator[list[tuple[int, Translation]]]:
-        """As ``nmt.inference.Translator.batches`` (no prefixes or constraints): the (index,
+        """As ``nmt.inference.translator.Translator.batches`` (no prefixes or constraints): the (index,
         ``Translation``) pairs of each group of sentences with one length cap, as soon as
         CTranslate2 has decoded it."""
         lines = self.prepare(Request(lines, tgt_lang), Naming(numbers=range(first_line, first_line + len(lines)))).sources

@@ -1,5 +1,5 @@
-"""Open the translator a config asks for: ``backend=torch`` (``nmt.inference``: a checkpoint or
-release file), ``backend=ctranslate2`` (``nmt.ctranslate2_backend``: a folder written by
+"""Open the translator a config asks for: ``backend=torch`` (``nmt.inference.translator``: a checkpoint or
+release file), ``backend=ctranslate2`` (``nmt.inference.ctranslate2``: a folder written by
 ``nmt-export format=ctranslate2``) or ``auto`` (the folder's kind decides). Each backend is
 imported only when chosen, so the CTranslate2 path never imports torch.
 """
@@ -11,8 +11,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from nmt.ctranslate2_backend import is_export
-from nmt.search_settings import SearchSettings
+from nmt.inference.ctranslate2 import is_export
+from nmt.decoding.settings import SearchSettings
 
 BACKENDS = ("auto", "torch", "ctranslate2")
 
@@ -46,7 +46,7 @@ def open_translator(cfg: DictConfig) -> Any:
             raise ValueError(f"precision={cfg.precision} is the torch backend's; a CTranslate2 folder computes in "
                              "the type it was exported with, or ctranslate2.compute_type=int8|bfloat16|...")
         try:
-            from nmt.ctranslate2_backend import CTranslate2Translator
+            from nmt.inference.ctranslate2 import CTranslate2Translator
             import ctranslate2  # noqa: F401
         except ModuleNotFoundError as e:
             if e.name != "ctranslate2":
@@ -60,7 +60,7 @@ def open_translator(cfg: DictConfig) -> Any:
     if Path(cfg.ckpt).is_dir():
         raise ValueError(f"ckpt={cfg.ckpt}: a folder, and not a CTranslate2 export (no nmt_export.json and model.bin); "
                          "the torch backend reads a .ckpt or release file")
-    from nmt.inference import Translator
+    from nmt.inference.translator import Translator
 
     return Translator.load(cfg.ckpt, device=str(cfg.device), precision=str(cfg.precision),
                            kernels=str(cfg.get("kernels", "auto")), allow_pickle=bool(cfg.allow_pickle),

@@ -21,10 +21,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint, ProgressBar
 
-from nmt.callbacks import ScheduleHorizon
-from nmt.checkpoint import saved_vocabularies
-from nmt.decoding import search_of
-from nmt.search_settings import SearchSettings
+from nmt.training.callbacks import ScheduleHorizon
+from nmt.checkpoints.files import saved_vocabularies
+from nmt.decoding.search import search_of
+from nmt.decoding.settings import SearchSettings
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ LOGGER_EXTRAS = {"WandbLogger": (("wandb",), "wandb"), "TensorBoardLogger": (("t
 
 
 def build_datamodule(data_cfg: DictConfig | dict[str, Any]) -> L.LightningDataModule:
-    """Instantiate a data config; ``data.vocab_from`` is read with ``nmt.checkpoint.saved_vocabularies``."""
+    """Instantiate a data config; ``data.vocab_from`` is read with ``nmt.checkpoints.files.saved_vocabularies``."""
     try:
         return instantiate(OmegaConf.create(data_cfg) if isinstance(data_cfg, dict) else data_cfg,
                            vocab_loader=saved_vocabularies)
@@ -89,7 +89,7 @@ def build_callbacks(cfg: DictConfig) -> list[Callback]:
         probe = instantiate(cfg.scheduler)(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0))
         if getattr(probe, "from_budget", False):
             raise ValueError(f"scheduler.total_steps={cfg.scheduler.get('total_steps')}: the learning-rate decay ends "
-                             "with the run's budget, which callbacks.schedule_horizon (nmt.callbacks.ScheduleHorizon) "
+                             "with the run's budget, which callbacks.schedule_horizon (nmt.training.callbacks.ScheduleHorizon) "
                              "finds, and the callbacks have none: add it (callbacks/default.yaml has it) or set "
                              "scheduler.total_steps (or trainer.max_steps)")
     return callbacks

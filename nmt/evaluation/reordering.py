@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from sacrebleu.metrics import BLEU
 
-from nmt.length_report import bootstrap_bleu, bucket_indices, bucket_bounds, sentence_stats
+from nmt.evaluation.length_report import bootstrap_bleu, bucket_indices, bucket_bounds, sentence_stats
 
 EDGES = (0.25, 0.5, 0.75, 1.0, 1.5)  # bucket upper edges, in words; 0 gets a bucket of its own
 

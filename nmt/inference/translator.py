@@ -1,13 +1,13 @@
 """Inference with a trained model, as a library: ``Translator`` loads a checkpoint or release file
-(safely: ``nmt.checkpoint``), chooses device, precision and kernels once, and translates, scores,
+(safely: ``nmt.checkpoints``), chooses device, precision and kernels once, and translates, scores,
 returns n-best lists and attention, in token-budget batches within the model's length limits.
 
     from nmt.inference import Translator
     translator = Translator.load("run/checkpoints/last.ckpt", precision="int8")
     [t.text for t in translator.translate(["ein Satz .", "noch einer ."])]
 
-``translate``, ``serve`` and ``evaluate`` are front ends over it; ``nmt.ctranslate2_backend`` is
-the same interface over an exported CTranslate2 folder. Results are ``nmt.translations`` objects.
+``translate``, ``serve`` and ``evaluate`` are front ends over it; ``nmt.inference.ctranslate2`` is
+the same interface over an exported CTranslate2 folder. Results are ``nmt.inference.translations`` objects.
 
 Batches: the non-empty lines are encoded (subword ids + EOS; a line over the model's source limit
 is cut there, with a warning naming its line), sorted by length and cut into batches of at most
@@ -32,21 +32,21 @@ from typing import Any
 
 import torch
 
-from nmt import decoding as search_functions
-from nmt.checkpoint import load_checkpoint
+from nmt.decoding import search as search_functions
+from nmt.checkpoints.loading import load_checkpoint
 from nmt.data.batching import TokenBatchSampler
-from nmt.alignments import pharaoh
-from nmt.constrained_decoding import check_constraints, constrained_beam_search
+from nmt.inference.alignments import pharaoh
+from nmt.decoding.constrained import check_constraints, constrained_beam_search
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
-from nmt.decoding import Hypotheses, length_penalty
+from nmt.decoding.search import Hypotheses, length_penalty
 from nmt.kernels import on_cpu
 from nmt.languages import tag_words, vocabulary_languages
 from nmt.kernels.malloc import bound_onednn_cache, keep_freed_memory
-from nmt.limits import model_max_src_len, model_max_tgt_len
+from nmt.decoding.limits import model_max_src_len, model_max_tgt_len
 from nmt.machine import decoding_device, resolve_decoding_precision
-from nmt.requests import Naming, Request, RequestError, RequestMeaning
-from nmt.search_settings import SearchSettings
-from nmt.translations import Attention, Hypothesis, Translation, in_line_order
+from nmt.inference.requests import Naming, Request, RequestError, RequestMeaning
+from nmt.decoding.settings import SearchSettings
+from nmt.inference.translations import Attention, Hypothesis, Translation, in_line_order
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def run_batches(batches: list[Any], work: Callable[[Any], Any], device: torch.de
 
 class Translator(RequestMeaning):
     """A model with its vocabularies, limits and decoding, ready to translate and score; what a
-    request means: ``prepare`` (``nmt.requests``)."""
+    request means: ``prepare`` (``nmt.inference.requests``)."""
 
     backend = "torch"
     can_guide = True  # prefixes and constraints
@@ -170,8 +170,8 @@ class Translator(RequestMeaning):
         ``lines[0]`` (for warnings and errors); ``alignments``: word-align every hypothesis (None:
         as ``decoding.alignments`` says); ``tgt_lang``, ``prefixes`` (per line, the text its
         translation starts with, "" for none), ``constraints`` (per line, the phrases its
-        translation must hold: lexically constrained beam search, ``nmt.constrained_decoding``):
-        the request, checked by ``prepare`` (``nmt.requests``)."""
+        translation must hold: lexically constrained beam search, ``nmt.decoding.constrained``):
+        the request, checked by ``prepare`` (``nmt.inference.requests``)."""
         align = self.settings.alignments if alignments is None else alignments
         search = search or search_functions.search_of(self.settings, beam_size, nbest)
         alpha = float(search.keywords.get("alpha", 0.0)) if isinstance(search, functools.partial) and \
@@ -240,7 +240,7 @@ class Translator(RequestMeaning):
         return Translation(hypotheses, attention)
 
     def _align(self, done: list[tuple[int, Translation]], hyps: Hypotheses, sources: list[list[int]]) -> None:
-        """Set each hypothesis' Pharaoh word alignment (``nmt.alignments``), from the attention of
+        """Set each hypothesis' Pharaoh word alignment (``nmt.inference.alignments``), from the attention of
         a teacher-forced pass over it: every n-best entry gets its own."""
         ranked = [hyps.nbest[r] if hyps.nbest is not None else [(hyps.tokens[r], 0.0)] for r in range(len(sources))]
         pairs = [(r, tokens) for r, entries in enumerate(ranked) for tokens, _ in entries]
@@ -280,7 +280,7 @@ class Translator(RequestMeaning):
 
     def guide_ids(self, key: str, guides: list[Any], sources: list[str], where: str, numbers: list[int],
                   item: str) -> list[Any]:
-        """``prefix_ids`` or ``constraint_ids`` (``key``) of a request's guides (``nmt.requests``)."""
+        """``prefix_ids`` or ``constraint_ids`` (``key``) of a request's guides (``nmt.inference.requests``)."""
         ids = self.prefix_ids if key == "prefixes" else self.constraint_ids
         return ids(guides, sources, where=where, numbers=numbers, item=item)
 

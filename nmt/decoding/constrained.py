@@ -1,7 +1,7 @@
 """Lexically constrained beam search: every given target phrase appears in the output.
 
 Dynamic beam allocation (Post and Vilar 2018), one sentence at a time over its beams, with any
-model of ``nmt.models`` (its ``encode``/``decode_step``, as ``nmt.decoding``). Each hypothesis
+model of ``nmt.models`` (its ``encode``/``decode_step``, as ``nmt.decoding.search``). Each hypothesis
 tracks which constraints it has met and how far it is into the one it is writing. A step's
 candidates are the K best continuations of all beams, each beam's best token, and, for each
 beam, the next token of the constraint it is inside or the first token of each constraint it
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from nmt.decoding import Hypotheses, _log_probs, _max_lengths, length_penalty
+from nmt.decoding.search import Hypotheses, _log_probs, _max_lengths, length_penalty
 from nmt.models.base import select
 from nmt.specials import BOS, EOS
 

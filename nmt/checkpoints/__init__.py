@@ -1,0 +1,1 @@
+"""Checkpoint and release files: their format, opening them for use, releases, resuming, fine-tuning."""

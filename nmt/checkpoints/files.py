@@ -1,0 +1,243 @@
+"""The checkpoint file format: read a file safely, check what it holds, write one atomically.
+
+Every file is read with ``torch.load(weights_only=True)``: tensors and plain containers only, so
+opening a checkpoint never runs code stored in it. A checkpoint holds (``FORMAT`` 2):
+``state_dict`` (the module's weights, ``model.`` prefixed), ``run_config`` (the resolved run config
+as plain dicts and lists), ``tokenizers`` (the SentencePiece models as bytes), ``global_step``,
+``nmt_format`` and ``kind``: ``training`` (written by ``train.py``: optimizer, loops, callbacks and
+RNG states too; resumable) or ``release`` (``nmt-export format=release`` and ``nmt-average``:
+weights, config and vocabularies only; for translating and evaluating). Checkpoints written before
+format 2 hold pickled Python objects: they load only with ``allow_pickle=True``, for files you
+trust, since unpickling runs whatever code the file names.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import tempfile
+import zipfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt.checkpoints import file_config
+from nmt.data.tokenizer import Tokenizer
+
+FORMAT = 2  # checkpoint["nmt_format"] this version writes and reads (1: before weights-only loading)
+KINDS = ("training", "release")
+
+
+class CheckpointError(ValueError):
+    """A file that cannot be used as a checkpoint; the message names the file and what it is."""
+
+
+def _refused_global(error: Exception) -> str:
+    found = re.search(r"GLOBAL ([\w.]+)", str(error))
+    return f"it names {found.group(1)}" if found else str(error).strip().splitlines()[0]
+
+
+def read_checkpoint(path: str | Path, allow_pickle: bool = False, what: str = "ckpt") -> dict[str, Any]:
+    """The checkpoint dict of ``path``, read with ``weights_only=True`` (memory-mapped), or a
+    one-line ``CheckpointError`` naming the file and what it is: not a checkpoint, truncated, of a
+    newer format, or holding pickled objects (older checkpoints: only with ``allow_pickle=True``,
+    for trusted files). ``what`` names the config key that gave the path."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what}={path}: no such file (give <run>/checkpoints/<file>.ckpt)")
+    with path.open("rb") as f:
+        head = f.read(4)
+    if not zipfile.is_zipfile(path):
+        if head == b"PK\x03\x04":
+            raise CheckpointError(f"{path}: truncated or corrupt checkpoint (the zip archive has no end); "
+                                  "copy it again or use another checkpoint")
+        raise CheckpointError(f"{path}: not a checkpoint (not a torch.save archive); give a .ckpt written by "
+                              "nmt's train.py, nmt-average or nmt-export")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=not allow_pickle, mmap=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"{path}: refused, the file holds pickled Python objects ({_refused_global(e)}), which could run "
+            "code when loaded; nmt checkpoints before format 2 do. Only if you trust the file: set "
+            "allow_pickle=true (convert it once with nmt-export ckpt=... format=release allow_pickle=true)"
+        ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
+        raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({str(e).strip().splitlines()[0]})") from None
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise CheckpointError(f"{path}: a torch file, but not a checkpoint (no state_dict); give a .ckpt written by "
+                              "nmt's train.py, nmt-average or nmt-export")
+    version = checkpoint.get("nmt_format", 1)
+    if not isinstance(version, int) or version > FORMAT:
+        raise CheckpointError(f"{path}: checkpoint format {version} of a newer nmt (this version reads up to "
+                              f"{FORMAT}); upgrade nmt to use it")
+    if "run_config" not in checkpoint or "tokenizers" not in checkpoint:
+        raise CheckpointError(f"{path}: no saved run config/tokenizers: it was not written by nmt")
+    state, protos = checkpoint["state_dict"], checkpoint["tokenizers"]
+    run_config = checkpoint["run_config"]
+    if not isinstance(run_config, dict) or not all(isinstance(run_config.get(k, {}), dict) for k in ("model", "data")):
+        raise CheckpointError(f"{path}: its run config is not a mapping with model and data sections: it was not "
+                              "written by nmt")
+    if not isinstance(state, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in state.items()):
+        raise CheckpointError(f"{path}: its state_dict is not a mapping of names to tensors: it was not written by nmt")
+    if not isinstance(protos, dict) or not all(isinstance(protos.get(side), bytes) for side in ("src", "tgt")):
+        raise CheckpointError(f"{path}: its tokenizers are not two SentencePiece models: it was not written by nmt")
+    return checkpoint
+
+
+def check_run_config(checkpoint: dict[str, Any], source: str | Path) -> None:
+    """Refuse (``CheckpointError``) a checkpoint whose model or data config would build anything but
+    nmt's own classes or read the environment (``nmt.checkpoints.file_config.check``)."""
+    run_config = checkpoint["run_config"]
+    if not isinstance(run_config, dict):
+        raise CheckpointError(f"{source}: its run config is a {type(run_config).__name__}, not a mapping")
+    for section in ("model", "data"):
+        if section in run_config:
+            try:
+                file_config.check(run_config[section], section, str(source))
+            except file_config.ConfigRefused as e:
+                raise CheckpointError(str(e)) from None
+
+
+def checkpoint_kind(checkpoint: dict[str, Any]) -> str:
+    """``training`` (resumable) or ``release`` (weights, config and vocabularies only)."""
+    return checkpoint.get("kind", "training")
+
+
+def tokenizer_protos(src_vocab: Tokenizer, tgt_vocab: Tokenizer) -> dict[str, bytes]:
+    """The serialized SentencePiece models, stored in every checkpoint."""
+    return {"src": src_vocab.sp.serialized_model_proto(), "tgt": tgt_vocab.sp.serialized_model_proto()}
+
+
+def tokenizer_from_proto(proto: bytes, name: str) -> Tokenizer:
+    """The ``name`` (src or tgt) tokenizer saved in a checkpoint, checked (``Tokenizer.from_proto``)."""
+    try:
+        return Tokenizer.from_proto(proto, f"the {name} tokenizer saved in the checkpoint")
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+
+
+def check_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], source: str) -> None:
+    """Raise a ValueError naming every missing, unexpected or differently shaped weight."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(own))
+    shapes = [
+        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs config {tuple(own[k].shape)}"
+        for k in sorted(set(own) & set(state_dict))
+        if own[k].shape != state_dict[k].shape
+    ]
+    if missing or unexpected or shapes:
+        parts = []
+        if shapes:
+            parts.append("different shapes:\n  " + "\n  ".join(shapes[:20]))
+        if missing:
+            parts.append("missing from the checkpoint: " + ", ".join(missing[:20]))
+        if unexpected:
+            parts.append("not in the model: " + ", ".join(unexpected[:20]))
+        raise ValueError(
+            f"{source} does not match the model config (model type, sizes or vocabulary differ):\n"
+            + "\n".join(parts)
+            + "\nUse the config the checkpoint was trained with (it is saved in the checkpoint)."
+        )
+
+
+def model_state(checkpoint: dict[str, Any], weights: str = "stored") -> dict[str, torch.Tensor]:
+    """The Seq2Seq weights of a Lightning checkpoint (``model_weights``, the module's ``model.``
+    prefix removed)."""
+    return {k[len("model."):]: v for k, v in model_weights(checkpoint, weights).items() if k.startswith("model.")}
+
+
+def saved_vocabularies(path: str | Path) -> tuple[Tokenizer, Tokenizer]:
+    """Source and target tokenizers to train with instead of training new ones (``data.vocab_from``):
+    those saved in a checkpoint written by ``train.py``, or one SentencePiece ``.model`` file for both
+    sides (its special ids must be PAD=0, UNK=1, BOS=2, EOS=3)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data.vocab_from={path}: no such file (give a checkpoint written by "
+                                "train.py or a SentencePiece .model file)")
+    if zipfile.is_zipfile(path):  # torch.save's format
+        try:
+            checkpoint = read_checkpoint(path, what="data.vocab_from")
+        except CheckpointError as e:
+            raise CheckpointError(f"data.vocab_from={e}") from None
+        protos = checkpoint["tokenizers"]
+        if not {"src", "tgt"} <= set(protos):
+            raise ValueError(f"data.vocab_from={path}: the checkpoint has no saved tokenizers "
+                             "(it was not written by nmt)")
+        src = tokenizer_from_proto(protos["src"], "src")
+        return src, src if protos["tgt"] == protos["src"] else tokenizer_from_proto(protos["tgt"], "tgt")
+    try:
+        tok = Tokenizer(path)
+    except (RuntimeError, OSError) as e:
+        raise ValueError(f"data.vocab_from={path}: not a SentencePiece model ({e}); give a "
+                         "checkpoint written by train.py or a SentencePiece .model file") from e
+    except ValueError as e:  # special ids other than nmt's
+        raise ValueError(f"data.vocab_from={e}") from e
+    return tok, tok
+
+
+def nonfinite(tensors: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+    """Names of the floating-point tensors holding a NaN or an infinity (one host sync in all)."""
+    named = [(name, t) for name, t in tensors if torch.is_tensor(t) and t.is_floating_point()]
+    if not named:
+        return []
+    flags = [torch.isfinite(t).all() for _, t in named]
+    finite = torch.stack([f.to(flags[0].device) for f in flags]).tolist()
+    return [name for (name, _), ok in zip(named, finite) if not ok]
+
+
+def vocabulary_difference(proto: bytes, side: str, vocab: Tokenizer) -> tuple[int, int, int] | None:
+    """Where the ``side`` tokenizer saved as ``proto`` and ``vocab`` first differ: (piece id, saved
+    size, ``vocab``'s size), or None when they hold the same pieces in the same order."""
+    saved_sp, now_sp = tokenizer_from_proto(proto, side).sp, vocab.sp
+    saved = [saved_sp.id_to_piece(i) for i in range(saved_sp.get_piece_size())]
+    now = [now_sp.id_to_piece(i) for i in range(now_sp.get_piece_size())]
+    if saved == now:
+        return None
+    return next((i for i, (a, b) in enumerate(zip(saved, now)) if a != b), min(len(saved), len(now))), len(saved), len(now)
+
+
+def current_umask() -> int:
+    """The process's file-creation mask: from /proc on Linux (no race with other threads), else
+    read by setting it and setting it back at once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """``torch.save`` to a temporary file in the target folder, flushed to disk, then renamed over
+    ``path``: a crash while saving leaves the previous file intact and no half-written one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())  # as open() would create it (mkstemp's file is 0600)
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def model_weights(checkpoint: dict[str, Any], weights: str = "stored") -> dict[str, torch.Tensor]:
+    """The module weights (``model.`` prefixed) of a checkpoint: ``stored`` (its ``state_dict``:
+    the averaged weights of a run with ``callbacks.ema``) or ``raw`` (the weights being trained,
+    ``current_model_state``, which only an EMA run saves besides)."""
+    if weights == "stored":
+        return checkpoint["state_dict"]
+    if weights == "raw":
+        return checkpoint.get("current_model_state", checkpoint["state_dict"])
+    raise ValueError(f"weights={weights!r}: choose stored or raw")

@@ -1,0 +1,87 @@
+"""Open a checkpoint or release file for use: the model rebuilt from its saved config (nmt's own
+classes only, weights checked against it), its tokenizers, and its run's test report."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt.checkpoints import file_config
+from nmt.checkpoints.files import (CheckpointError, check_weights, checkpoint_kind, model_state, nonfinite,
+                                   read_checkpoint, tokenizer_from_proto)
+from nmt.data.tokenizer import Tokenizer
+from nmt.runs.files import CHECKPOINTS, REPORT_STEM
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Loaded:
+    model: torch.nn.Module
+    src_vocab: Tokenizer
+    tgt_vocab: Tokenizer
+    run_config: dict[str, Any]
+    step: int | None = None  # the global step of the weights
+    report: dict[str, Any] | None = None  # the run's test report: {"summary": dict, "png": bytes | None}
+
+
+def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", allow_pickle: bool = False) -> Loaded:
+    """Model (in eval mode), tokenizers and run config of a training or release checkpoint. The
+    model is built from the checkpoint's config by ``nmt.checkpoints.file_config``: nmt's model classes only,
+    and weights that fit the config before any memory is spent on them."""
+    path = Path(path)
+    checkpoint = read_checkpoint(path, allow_pickle)
+    run_config = checkpoint["run_config"]
+    if not isinstance(run_config, dict) or not isinstance(run_config.get("model"), dict):
+        raise CheckpointError(f"{path}: its run config has no model section; give a .ckpt written by nmt")
+    try:
+        model_cfg = file_config.check(run_config["model"], "model", str(path))
+        model = file_config.build_model(model_cfg, model_state(checkpoint), str(path), check_weights)
+    except file_config.ConfigRefused as e:
+        raise CheckpointError(str(e)) from None
+    if bad := nonfinite(model.state_dict().items()):
+        raise CheckpointError(f"{path}: weights hold NaN or infinity ({', '.join(bad[:5])}); the file is damaged or "
+                              "its training diverged: use another checkpoint")
+    model.to(device).eval()
+    protos = checkpoint["tokenizers"]
+    log.info("loaded %s (%s, step %s)", path, checkpoint_kind(checkpoint), checkpoint.get("global_step"))
+    return Loaded(model, tokenizer_from_proto(protos["src"], "src"), tokenizer_from_proto(protos["tgt"], "tgt"), run_config,
+                  checkpoint.get("global_step"), run_report(checkpoint, path))
+
+
+MAX_REPORT_BYTES = {"json": 4 << 20, "png": 16 << 20}
+
+
+def _report(summary: Any, png: Any) -> dict[str, Any] | None:
+    """A report of plain data, or None when ``summary`` is not a JSON object or ``png`` not a PNG."""
+    if isinstance(summary, (str, bytes)):
+        try:
+            summary = json.loads(summary)
+        except (ValueError, RecursionError):
+            return None
+    if not isinstance(summary, dict):
+        return None
+    if not (isinstance(png, bytes) and png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) <= MAX_REPORT_BYTES["png"]):
+        png = None
+    return {"summary": summary, "png": png}
+
+
+def run_report(checkpoint: dict[str, Any], path: str | Path) -> dict[str, Any] | None:
+    """The test report of the checkpoint's run: embedded in a release file, or, for a file in a
+    run's ``checkpoints/`` folder, ``bleu_by_length.json``/``.png`` of that run folder. Never read
+    from a path the checkpoint's config names; files over ``MAX_REPORT_BYTES`` are left out."""
+    if checkpoint_kind(checkpoint) == "release":
+        embedded = checkpoint.get("report")
+        return _report(embedded.get("summary"), embedded.get("png")) if isinstance(embedded, dict) else None
+    folder = Path(path).resolve().parent
+    if folder.name != CHECKPOINTS:
+        return None
+    files = {kind: folder.parent / f"{REPORT_STEM}.{kind}" for kind in ("json", "png")}
+    found = {kind: f.read_bytes() if f.is_file() and f.stat().st_size <= MAX_REPORT_BYTES[kind] else None
+             for kind, f in files.items()}
+    return _report(found["json"], found["png"]) if found["json"] is not None else None

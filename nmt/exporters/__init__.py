@@ -1,0 +1,1 @@
+"""Exporters: a trained model written in another toolkit's format."""

@@ -1,0 +1,1 @@
+"""Run folders: the files a run writes, by name, and their readers."""

@@ -1,0 +1,41 @@
+"""docs/layout.md lists the tree as it is: every module and folder of ``nmt`` exactly once, each
+with its role, and each folder's ``__init__`` says its role in a docstring."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "nmt"
+LAYOUT = ROOT / "docs" / "layout.md"
+ENTRY = re.compile(r"^(nmt/\S*)\s+(\S.*)$")
+
+
+def listed() -> dict[str, str]:
+    entries: dict[str, str] = {}
+    for number, line in enumerate(LAYOUT.read_text(encoding="utf-8").splitlines(), 1):
+        if found := ENTRY.match(line):
+            path, role = found.groups()
+            assert path not in entries, f"docs/layout.md line {number}: {path} is listed twice"
+            entries[path] = role
+    return entries
+
+
+def in_tree() -> set[str]:
+    modules = {p.relative_to(ROOT).as_posix() for p in PACKAGE.rglob("*.py") if "conf" not in p.parts}
+    folders = {p.parent.relative_to(ROOT).as_posix() + "/" for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE}
+    return {m for m in modules if not m.endswith("/__init__.py") or m == "nmt/__init__.py"} | folders
+
+
+def test_the_layout_page_lists_every_module_and_folder_of_the_tree():
+    entries, tree = listed(), in_tree()
+    assert not tree - set(entries), f"not in docs/layout.md: {sorted(tree - set(entries))}"
+    assert not set(entries) - tree, f"in docs/layout.md but not in the tree: {sorted(set(entries) - tree)}"
+
+
+def test_every_folder_says_its_role_in_its_init():
+    for init in PACKAGE.rglob("__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+        assert doc and doc.split("\n")[0].strip(), f"{init.relative_to(ROOT)}: no docstring giving the folder's role"
