@@ -26,8 +26,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from nmt import CONF_DIR
-from nmt import register_resolvers
+from nmt import CONF_DIR, register_resolvers
 from nmt.cli_io import ending_cleanly
 from nmt.checkpoints.files import CheckpointError, atomic_save, model_weights, nonfinite, read_checkpoint
 from nmt.checkpoints.release import release

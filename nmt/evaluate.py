@@ -14,7 +14,6 @@ first checkpoint was trained on.
 from __future__ import annotations
 
 import csv
-import json
 import logging
 from collections import Counter
 from dataclasses import dataclass
@@ -24,19 +23,17 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from nmt import CONF_DIR
-from nmt import register_resolvers
+from nmt import CONF_DIR, register_resolvers
 from nmt.cli_io import ending_cleanly
-from nmt.evaluation import directions
 from nmt.checkpoints import file_config
-from nmt.evaluation import reordering
-from nmt.evaluation import word_frequency
+from nmt.evaluation import directions, reordering, word_frequency
 from nmt.checkpoints.files import CheckpointError, saved_vocabularies
 from nmt.inference.translator import Translator, encode_sources
 from nmt.languages import split_tag, tag
 from nmt.evaluation.length_report import length_report, markdown_table, plot_bleu_by_length, write_report
 from nmt.evaluation.significance import significance, significance_table
 from nmt.text_lines import read_lines
+from nmt.runs.files import json_text
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +129,7 @@ def compare(reports: dict[str, dict[str, Any]], out_dir: Path, title: str = "") 
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {ext: out_dir / f"comparison.{ext}" for ext in ("json", "csv", "md", "png")}
-    paths["json"].write_text(json.dumps(reports, indent=2) + "\n")
+    paths["json"].write_text(json_text(reports))
     with paths["csv"].open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["system", "bucket", "count", "bleu", "chrf", "bleu_ci_low", "bleu_ci_high", "length_ratio",
@@ -322,7 +319,7 @@ def robustness(cfg: DictConfig, translators: dict[str, Any], variants: list[str]
                                    tokenize=cfg.sacrebleu_tokenize, n_bootstrap=cfg.n_bootstrap)
             write_report(report, out_dir / f"{name}.{variant}", name=f"{name} ({variant})")
             table[name][variant] = {k: report[k] for k in ("bleu", "bleu_ci", "chrf")}
-    (out_dir / "robustness.json").write_text(json.dumps(table, indent=2) + "\n")
+    (out_dir / "robustness.json").write_text(json_text(table))
     columns = ["clean", *variants]
     lines = ["| system | " + " | ".join(f"{c} BLEU [95% CI]" for c in columns) + " |",
              "|---|" + "---:|" * len(columns)]

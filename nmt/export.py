@@ -16,8 +16,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from nmt import CONF_DIR
-from nmt import register_resolvers
+from nmt import CONF_DIR, register_resolvers
 from nmt.cli_io import ending_cleanly
 from nmt.checkpoints.files import atomic_save, checkpoint_kind, model_weights, read_checkpoint
 from nmt.checkpoints.loading import load_checkpoint

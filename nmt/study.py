@@ -34,8 +34,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from nmt import CONF_DIR
-from nmt import register_resolvers
+from nmt import CONF_DIR, register_resolvers
 from nmt.runs.files import REPORT, SUMMARY, TEST_TEXT, read, read_text_lines
 
 MODELS = ["lstm", "lstm_bahdanau", "lstm_luong", "transformer"]

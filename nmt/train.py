@@ -24,7 +24,6 @@ state), schedule, counters and data order; the model config must be the file's a
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import math
 import os
@@ -41,8 +40,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from nmt import CONF_DIR
-from nmt import register_resolvers
+from nmt import CONF_DIR, register_resolvers
 from nmt.training.builders import (build_callbacks, build_datamodule, build_loggers, build_model, build_module,
                           build_trainer, count_parameters)
 from nmt.training.callbacks import LastCheckpoint, budget_timer, ended_by
@@ -55,7 +53,7 @@ from nmt import kernels
 from nmt.kernels.malloc import bound_onednn_cache, keep_freed_memory, release_freed_memory
 from nmt.training.cpu_threads import CpuThreads
 from nmt.machine import cpu_name, resolve_precision, training_device, usable_cores
-from nmt.runs.files import CHECKPOINTS, SUMMARY
+from nmt.runs.files import CHECKPOINTS, SUMMARY, json_text
 
 log = logging.getLogger(__name__)
 
@@ -322,7 +320,7 @@ def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: t
     }
     path = Path(cfg.paths.output_dir) / SUMMARY
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(summary, indent=2) + "\n")
+    path.write_text(json_text(summary))
 
 
 def main() -> None:

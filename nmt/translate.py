@@ -50,8 +50,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from nmt import CONF_DIR
-from nmt import register_resolvers
+from nmt import CONF_DIR, register_resolvers
 from nmt.inference.backends import backend_of, model_file, open_translator, search_settings
 from nmt.cli_io import StopSignals, Stopped, check_paths, close_output, ending_cleanly, open_output
 from nmt.inference.requests import GUIDES, Naming, Request

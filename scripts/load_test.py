@@ -39,8 +39,7 @@ def reference(ckpt: str, lines: list[str], decoding: str) -> tuple[list[str], fl
     """translate.py's translations of ``lines`` and its decoding seconds."""
     from hydra import compose, initialize_config_dir
 
-    from nmt import CONF_DIR
-    from nmt import register_resolvers
+    from nmt import CONF_DIR, register_resolvers
     from nmt.inference.backends import open_translator
 
     register_resolvers()

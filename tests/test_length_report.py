@@ -156,3 +156,15 @@ def test_study_script_trains_every_model_and_draws_the_comparison(tmp_path):
         assert "data.train_pairs=40" in second["overrides"] and "trainer.max_epochs=2" not in second["overrides"]
     assert set(json.loads((out / "stage2" / "comparison" / "comparison.json").read_text())) == {"lstm", "lstm_bahdanau"}
     assert (out / "stage2" / "summary.md").is_file()
+
+
+def test_reports_are_strict_json_with_null_for_what_was_not_computed():
+    """An interval not computed (n_bootstrap=0) or an empty bucket's score is null, not NaN, which
+    strict JSON readers (browsers, jq, Go, Rust) refuse."""
+    import json
+
+    from nmt.runs.files import json_text
+
+    text = json_text({"bleu": 1.5, "bleu_ci": [float("nan"), float("inf")], "buckets": [{"chrf": -float("inf"), "n": 3}]})
+    assert json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in the JSON")) == \
+        {"bleu": 1.5, "bleu_ci": [None, None], "buckets": [{"chrf": None, "n": 3}]}

@@ -140,8 +140,7 @@ def main() -> None:
     import hydra
     from omegaconf import DictConfig
 
-    from nmt import CONF_DIR
-    from nmt import register_resolvers
+    from nmt import CONF_DIR, register_resolvers
 
     @hydra.main(config_path=CONF_DIR, config_name="cache", version_base="1.3")
     def run(cfg: DictConfig) -> None:

@@ -433,8 +433,7 @@ def main() -> None:
     from hydra.utils import instantiate
     from omegaconf import DictConfig
 
-    from nmt import CONF_DIR
-    from nmt import register_resolvers
+    from nmt import CONF_DIR, register_resolvers
 
     @hydra.main(config_path=CONF_DIR, config_name="prepare", version_base="1.3")
     def run(cfg: DictConfig) -> None:

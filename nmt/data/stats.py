@@ -13,8 +13,7 @@ import numpy as np
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from nmt import CONF_DIR
-from nmt import register_resolvers
+from nmt import CONF_DIR, register_resolvers
 from nmt.data.datamodule import TranslationDataModule
 from nmt.data.sources import SPLITS
 

@@ -10,7 +10,6 @@ language. The same rate of the references is the identifier's own error on that 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ from nmt.evaluation.language_id import identifier, identify
 from nmt.languages import split_tag
 from nmt.inference.requests import Naming, Request, RequestError
 from nmt.evaluation.length_report import length_report, write_report
+from nmt.runs.files import json_text
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def write_direction_reports(plan: Plan, sources: Sequence[str], hyps: dict[str, 
         for name, by_direction in table.items():
             for direction, result in by_direction.items():
                 write_report(result, out_dir / f"{name}.{direction}", name=f"{name} ({direction})")
-    (out_dir / "directions.json").write_text(json.dumps(table, indent=2) + "\n")
+    (out_dir / "directions.json").write_text(json_text(table))
     (out_dir / "directions.md").write_text(markdown(table))
     log.info("by direction -> %s\n%s", out_dir / "directions.md", markdown(table))
     return table

@@ -11,7 +11,6 @@ BLEU 0.
 from __future__ import annotations
 
 import csv
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,6 +18,8 @@ from typing import Any, Sequence
 
 import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
+
+from nmt.runs.files import json_text
 
 DEFAULT_EDGES = (10, 20, 30, 40, 50, 60)
 
@@ -198,7 +199,7 @@ def write_report(report: dict[str, Any], out_dir: str | Path, name: str = "model
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "csv", "md", "png")}
-    paths["json"].write_text(json.dumps(report, indent=2) + "\n")
+    paths["json"].write_text(json_text(report))
     with paths["csv"].open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["bucket", "low", "high", "count", "bleu", "chrf", "bleu_ci_low", "bleu_ci_high", "length_ratio"])

@@ -8,6 +8,7 @@ runs through it."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import time
 from pathlib import Path
@@ -19,6 +20,21 @@ REPORT = f"{REPORT_STEM}.json"
 WALL = "wall_seconds.json"
 CHECKPOINTS = "checkpoints"  # the run's checkpoints, last.ckpt among them
 TEST_TEXT = "test_{}.txt"  # the test's sources and hypotheses: TEST_TEXT.format("sources"), ...("hyps")
+
+
+def json_text(value: Any) -> str:
+    """``value`` as strict JSON, indented, with NaN and infinities (a confidence interval that was
+    not computed, a metric of an empty bucket) written as null: every JSON reader accepts it."""
+    def finite(node: Any) -> Any:
+        if isinstance(node, float):
+            return node if math.isfinite(node) else None
+        if isinstance(node, dict):
+            return {k: finite(v) for k, v in node.items()}
+        if isinstance(node, (list, tuple)):
+            return [finite(v) for v in node]
+        return node
+
+    return json.dumps(finite(value), indent=2, allow_nan=False) + "\n"
 
 
 def read_text_lines(run_dir: Path, name: str) -> list[str]:

@@ -34,8 +34,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from omegaconf import DictConfig, OmegaConf
 
-from nmt import CONF_DIR
-from nmt import register_resolvers
+from nmt import CONF_DIR, register_resolvers
 from nmt.cli_io import ending_cleanly
 from nmt.inference.backends import open_translator
 from nmt.inference.requests import Naming, Request as TranslationRequest
