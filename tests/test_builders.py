@@ -120,7 +120,7 @@ def with_counters(monkeypatch, cfg) -> Counters:
     return spy
 
 
-def test_testing_a_checkpoint_keeps_the_runs_counters(cfg_train, monkeypatch):
+def test_testing_a_checkpoint_keeps_the_runs_counters(cfg_train, monkeypatch, caplog):
     """The best checkpoint by the highest val/loss is the first epoch's: the test decodes those
     weights, and the counters after it are the whole run's, not that checkpoint's."""
     cfg = cfg_train(["trainer.max_epochs=3", "callbacks.model_checkpoint.monitor=val/loss",
@@ -136,8 +136,11 @@ def test_testing_a_checkpoint_keeps_the_runs_counters(cfg_train, monkeypatch):
     ckpt = Path(cfg.paths.output_dir, "checkpoints", "last.ckpt")
     only = cfg_train(["train=false", f"ckpt_path={ckpt}"], model="lstm")
     spy = with_counters(monkeypatch, only)
-    train(only)
+    with caplog.at_level(logging.INFO, logger="nmt.training.lit_module"):
+        train(only)
     assert spy.at["test"]["train_tokens"] == 0 and spy.at["test"]["best_bleu"] == -math.inf
+    tested = [r.getMessage() for r in caplog.records if r.getMessage().startswith("test at step")]
+    assert len(tested) == 1 and tested[0].startswith(f"test at step {last['global_step']}:")  # the file's step
 
 
 def test_a_fit_resumed_from_a_checkpoint_takes_its_counters(cfg_train):

@@ -207,8 +207,9 @@ class TranslationModule(L.LightningModule):
         """One line per validation or test: what it scored and how long decoding and scoring took
         (validations are also kept in ``validations``, for the run summary)."""
         seconds, sentences = time.perf_counter() - self._eval_started, len(self.last_results[stage]["hyps"])
+        step = self.global_step if stage == "val" else self.tested_checkpoint()["step"]  # train=false: the file's
         log.info("%s at step %d: BLEU %.2f, %d sentences in %.1f s, hypothesis/reference length %.2f",
-                 "validation" if stage == "val" else "test", self.global_step, scores["bleu"],
+                 "validation" if stage == "val" else "test", step, scores["bleu"],
                  sentences, seconds, scores["length_ratio"])
         if stage == "val":
             self.validations.append({"step": self.global_step, "sentences": sentences, "seconds": round(seconds, 2),
