@@ -239,3 +239,37 @@ def test_a_resumed_checkpoint_sets_only_the_modules_counters():
     module.on_load_checkpoint({"counters": {"skipped_steps": 3, "run_config": {"x": 1}, "val_decoding": print}})
     assert module.skipped_steps == 3
     assert not hasattr(module, "run_config") and not hasattr(module, "val_decoding")
+
+
+SAVED_RELEASE = Path(__file__).parent / "data" / "saved" / "lstm_luong.release.ckpt"
+
+
+def test_a_small_file_declaring_huge_weights_through_views_is_refused_before_any_memory_is_spent(tmp_path, capsys):
+    """A weight stored as 16 values and declared as 4,000,000 rows of them (a zero stride), or
+    weights that overlap in one storage, would be materialized by building the model: a file of
+    under 1 MB asking for gigabytes. The file must store what it declares."""
+    checkpoint = torch.load(SAVED_RELEASE, map_location="cpu", weights_only=True)
+    name, weight = next((k, v) for k, v in checkpoint["state_dict"].items() if v.dim() == 2)
+    checkpoint["state_dict"][name] = torch.zeros(weight.shape[1]).expand(4_000_000, weight.shape[1])
+    torch.save(checkpoint, tmp_path / "expanded.ckpt")
+    assert (tmp_path / "expanded.ckpt").stat().st_size < 2_000_000
+    with pytest.raises(CheckpointError, match=rf"expanded.ckpt: {name} is not a plain dense tensor \(it repeats "
+                                              rf"{weight.shape[1] * 4} stored bytes as a \(4000000, {weight.shape[1]}\) tensor\)"):
+        read_checkpoint(tmp_path / "expanded.ckpt")
+    result = translate_here(capsys, f"ckpt={tmp_path / 'expanded.ckpt'}", f"input={SAVED_RELEASE.parent.parent / 'tiny' / 'test.src'}")
+    assert result.returncode != 0 and "is not a plain dense tensor" in result.stderr
+
+    checkpoint = torch.load(SAVED_RELEASE, map_location="cpu", weights_only=True)
+    shared = torch.zeros(1000)
+    for i, key in enumerate([k for k, v in checkpoint["state_dict"].items() if v.dim() == 1][:3]):
+        checkpoint["state_dict"][key] = shared[i:i + 900]  # each dense, together 2,700 values in 1,000
+    torch.save(checkpoint, tmp_path / "overlapping.ckpt")
+    with pytest.raises(CheckpointError, match=r"overlapping.ckpt: its tensors overlap in storage \([\d,]+ bytes of "
+                                              r"weights declared, [\d,]+ stored\)"):
+        read_checkpoint(tmp_path / "overlapping.ckpt")
+
+    # A file whose tied weights are one tensor under two names is a plain nmt file.
+    checkpoint = torch.load(SAVED_RELEASE, map_location="cpu", weights_only=True)
+    checkpoint["state_dict"]["model.extra_alias"] = checkpoint["state_dict"][name]
+    torch.save(checkpoint, tmp_path / "tied.ckpt")
+    assert read_checkpoint(tmp_path / "tied.ckpt")["state_dict"]["model.extra_alias"].shape == weight.shape

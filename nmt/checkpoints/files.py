@@ -84,7 +84,35 @@ def read_checkpoint(path: str | Path, allow_pickle: bool = False, what: str = "c
         raise CheckpointError(f"{path}: its state_dict is not a mapping of names to tensors: it was not written by nmt")
     if not isinstance(protos, dict) or not all(isinstance(protos.get(side), bytes) for side in ("src", "tgt")):
         raise CheckpointError(f"{path}: its tokenizers are not two SentencePiece models: it was not written by nmt")
+    raw = checkpoint.get("current_model_state")
+    check_stored(path, [*state.items(), *(raw.items() if isinstance(raw, dict) else [])])
     return checkpoint
+
+
+def check_stored(path: str | Path, tensors: list[tuple[str, Any]]) -> None:
+    """Refuse (``CheckpointError``) tensors a file declares but does not store: views that repeat
+    stored values (a zero stride, or more elements than their storage holds) and views that overlap
+    in one storage. A weight built from the file then costs no more memory than the file stores,
+    so a small crafted file cannot ask for gigabytes (every nmt file stores plain dense tensors;
+    tied weights are one tensor under several names)."""
+    storages: dict[int, int] = {}
+    views: set[tuple] = set()
+    declared = 0
+    for name, t in tensors:
+        if not torch.is_tensor(t):
+            continue
+        storage, size = t.untyped_storage(), t.numel() * t.element_size()
+        if any(stride == 0 and n > 1 for stride, n in zip(t.stride(), t.shape)) or size > storage.nbytes():
+            raise CheckpointError(f"{path}: {name} is not a plain dense tensor (it repeats {storage.nbytes():,} stored "
+                                  f"bytes as a {tuple(t.shape)} tensor); refused: a checkpoint stores every value it holds")
+        view = (storage.data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        if view not in views:
+            views.add(view)
+            declared += size
+        storages[storage.data_ptr()] = storage.nbytes()
+    if declared > sum(storages.values()):
+        raise CheckpointError(f"{path}: its tensors overlap in storage ({declared:,} bytes of weights declared, "
+                              f"{sum(storages.values()):,} stored); refused: a checkpoint stores every value it holds")
 
 
 def check_run_config(checkpoint: dict[str, Any], source: str | Path) -> None:
