@@ -13,6 +13,8 @@ variables: given a crafted file, that runs code. So a config from a file never r
   ...), ``trust_remote_code`` (a hub dataset's own code), and keys that are not strings;
 - values other than None, bools, numbers, strings, lists and dicts, and a tree deeper than
   ``MAX_DEPTH`` or larger than ``MAX_NODES``; numbers over ``MAX_COUNTS`` where a class has them;
+- hub arguments other than ``HUB_KEYS`` (which dataset), so a file never says where the hub
+  library writes or which files it reads;
 - any ``${`` in a string: nmt saves configs resolved, so an interpolation (``${oc.env:...}``, a
   resolver name built from another key, a key doubling another) can only be an attack. Nothing
   read from a file is ever given to OmegaConf. The one exception is the vocabulary size older
@@ -50,6 +52,9 @@ BUILDABLE: dict[str, tuple[str, ...]] = {
 ROOTS = {"model": "nmt.models.base.Seq2Seq", "data": "nmt.data.datamodule.TranslationDataModule"}
 # Bounds on arguments that set how much work a class does (a file must not ask for 10^12 pairs).
 MAX_COUNTS = {"nmt.data.sources.SyntheticSource": {"num_pairs": 10**8, "valid_pairs": 10**7, "test_pairs": 10**7}}
+# Mappings of hub arguments a class passes on to ``datasets.load_dataset``: from a file, only these
+# keys (which dataset), never where it writes or which files it reads (cache_dir, data_files, ...).
+HUB_KEYS = {"nmt.data.sources.FileSource": ("path", "name", "revision")}
 MAX_DEPTH = 32
 MAX_NODES = 10_000
 MAX_STRING = 65_536  # characters of one string value
@@ -115,6 +120,14 @@ def _check_targets(node: Any, where: str, allowed: tuple[str, ...]) -> None:
                                     f"a config from a file may build: {', '.join(allowed)}")
             if not isinstance(node.get("_partial_", False), bool):
                 raise ConfigRefused(f"{where}._partial_: must be true or false")
+            if target in HUB_KEYS and node.get("hub") is not None:
+                hub = node["hub"]
+                if not isinstance(hub, Mapping):
+                    raise ConfigRefused(f"{where}.hub: must be a mapping of {', '.join(HUB_KEYS[target])}")
+                for key, value in hub.items():
+                    if key not in HUB_KEYS[target] or not isinstance(value, str):
+                        raise ConfigRefused(f"{where}.hub.{key}: refused (a config from a file names a hub dataset "
+                                            f"by {', '.join(HUB_KEYS[target])} only, as strings)")
             for key, top in MAX_COUNTS.get(target, {}).items():
                 value = node.get(key)
                 if value is not None and not (isinstance(value, int) and 0 <= value <= top):
