@@ -136,6 +136,7 @@ def test_a_crafted_data_config_is_refused_by_evaluate(trained, tmp_path):
         "hub writes": {**data, "source": {**data["source"], "hub": {"path": "x/y", "cache_dir": str(tmp_path / "w")}}},
         "hub reads": {**data, "source": {**data["source"], "hub": {"path": "csv", "data_files": "/etc/passwd"}}},
         "hub not a mapping": {**data, "source": {**data["source"], "hub": ["x/y"]}},
+        "hub data_dir up": {**data, "source": {**data["source"], "hub": {"path": "x/y", "data_dir": "a/../../etc"}}},
         # a source without a class, holding an interpolation Hydra would have resolved when building it
         "second resolution": {**data, "source": {"d": "$", "x": "${.d}{oc.create:{_target_: os.system, _args_: [id]}}"}},
         "no source class": {**data, "source": {"path": "x", "src_lang": "de", "tgt_lang": "en"}},
@@ -145,7 +146,8 @@ def test_a_crafted_data_config_is_refused_by_evaluate(trained, tmp_path):
     messages = {"walk": "source.self._args_: refused", "walk, keywords": "is not one of the classes",
                 "env": "is an interpolation", "remote code": "trust_remote_code: refused",
                 "hub writes": r"source.hub.cache_dir: refused \(a config from a file names a hub dataset by path, name, "
-                              r"revision only, as strings\)",
+                              r"revision, data_dir only, as strings\)",
+                "hub data_dir up": r"source.hub.data_dir: refused, 'a/../../etc' leaves the dataset's folder",
                 "hub reads": "source.hub.data_files: refused", "hub not a mapping": "source.hub: must be a mapping",
                 "second resolution": "is an interpolation", "no source class": "data.source: must name its class",
                 "a trillion pairs": "num_pairs: 1000000000000 is not a count", "partial module": "builds nmt.data"}

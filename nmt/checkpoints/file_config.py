@@ -54,7 +54,7 @@ ROOTS = {"model": "nmt.models.base.Seq2Seq", "data": "nmt.data.datamodule.Transl
 MAX_COUNTS = {"nmt.data.sources.SyntheticSource": {"num_pairs": 10**8, "valid_pairs": 10**7, "test_pairs": 10**7}}
 # Mappings of hub arguments a class passes on to ``datasets.load_dataset``: from a file, only these
 # keys (which dataset), never where it writes or which files it reads (cache_dir, data_files, ...).
-HUB_KEYS = {"nmt.data.sources.FileSource": ("path", "name", "revision")}
+HUB_KEYS = {"nmt.data.sources.FileSource": ("path", "name", "revision", "data_dir")}
 MAX_DEPTH = 32
 MAX_NODES = 10_000
 MAX_STRING = 65_536  # characters of one string value
@@ -128,6 +128,8 @@ def _check_targets(node: Any, where: str, allowed: tuple[str, ...]) -> None:
                     if key not in HUB_KEYS[target] or not isinstance(value, str):
                         raise ConfigRefused(f"{where}.hub.{key}: refused (a config from a file names a hub dataset "
                                             f"by {', '.join(HUB_KEYS[target])} only, as strings)")
+                    if key == "data_dir" and (value.startswith(("/", "\\")) or ".." in re.split(r"[/\\]", value)):
+                        raise ConfigRefused(f"{where}.hub.data_dir: refused, {value[:80]!r} leaves the dataset's folder")
             for key, top in MAX_COUNTS.get(target, {}).items():
                 value = node.get(key)
                 if value is not None and not (isinstance(value, int) and 0 <= value <= top):
