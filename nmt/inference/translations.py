@@ -16,6 +16,7 @@ Rows of one line (``number`` counts from 1):
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -62,6 +63,12 @@ def in_line_order(batches: Iterable[list[tuple[int, T]]], lines: int, empty: Cal
     return out
 
 
+def score_of(value: float) -> float | None:
+    """A score for JSON: rounded to 4 places, or None (null) where it is not finite (a forced
+    token the model gives no probability): JSON has no NaN or infinity."""
+    return round(value, 4) if math.isfinite(value) else None
+
+
 FORMATS = {"translate": ("text", "jsonl"), "nbest": ("tsv", "jsonl"), "score": ("tsv", "jsonl")}
 
 
@@ -86,14 +93,14 @@ def translation_rows(number: int, translation: Translation, fmt: str, nbest: int
     if nbest <= 1:
         best = translation.hypotheses[0] if translation.hypotheses else Hypothesis("", 0.0, 0.0)
         if fmt == "jsonl":
-            row = {"line": number, "text": best.text, "score": round(best.score, 4)}
+            row = {"line": number, "text": best.text, "score": score_of(best.score)}
             return [json.dumps(row | ({"alignment": best.alignment or ""} if alignments else {}), ensure_ascii=False)]
         return [best.text + (f"\t{best.alignment or ''}" if alignments else "")]
     rows = []
     for rank in range(1, nbest + 1):
         hyp = translation.hypotheses[rank - 1] if rank <= len(translation.hypotheses) else Hypothesis("", 0.0, 0.0)
         if fmt == "jsonl":
-            row = {"line": number, "rank": rank, "score": round(hyp.score, 4), "logprob": round(hyp.logprob, 4),
+            row = {"line": number, "rank": rank, "score": score_of(hyp.score), "logprob": score_of(hyp.logprob),
                    "text": hyp.text}
             rows.append(json.dumps(row | ({"alignment": hyp.alignment or ""} if alignments else {}), ensure_ascii=False))
         else:
@@ -108,10 +115,10 @@ def score_row(number: int, values: list[float] | None, fmt: str, per_token: bool
         return json.dumps({"line": number}) if fmt == "jsonl" else ""
     total = sum(values)
     if fmt == "jsonl":
-        row: dict[str, Any] = {"line": number, "logprob": round(total, 4), "mean": round(total / len(values), 4),
+        row: dict[str, Any] = {"line": number, "logprob": score_of(total), "mean": score_of(total / len(values)),
                                "tokens": len(values)}
         if per_token:
-            row["token_logprobs"] = [round(v, 4) for v in values]
+            row["token_logprobs"] = [score_of(v) for v in values]
         return json.dumps(row)
     row_text = f"{total:.4f}\t{total / len(values):.4f}\t{len(values)}"
     return row_text + ("\t" + " ".join(f"{v:.4f}" for v in values) if per_token else "")
@@ -120,12 +127,12 @@ def score_row(number: int, values: list[float] | None, fmt: str, per_token: bool
 def response_item(translation: Translation, nbest: int, attention: bool) -> dict[str, Any]:
     """One sentence of the server's answer: ``{"text", "score", "alignment"?, "nbest"?, "attention"?}``
     (``alignment``: when the translator aligned it, ``decoding.alignments``)."""
-    item: dict[str, Any] = {"text": translation.text, "score": round(translation.score, 4)}
+    item: dict[str, Any] = {"text": translation.text, "score": score_of(translation.score)}
     aligned = bool(translation.hypotheses) and translation.hypotheses[0].alignment is not None
     if aligned:
         item["alignment"] = translation.hypotheses[0].alignment
     if nbest > 1:
-        item["nbest"] = [{"text": h.text, "score": round(h.score, 4), **({"alignment": h.alignment} if aligned else {})}
+        item["nbest"] = [{"text": h.text, "score": score_of(h.score), **({"alignment": h.alignment} if aligned else {})}
                          for h in translation.hypotheses]
     if attention and translation.attention is not None:
         a = translation.attention
