@@ -21,7 +21,7 @@ from hydra.utils import instantiate  # noqa: E402
 from omegaconf import OmegaConf, open_dict  # noqa: E402
 
 import nmt.exporters.ctranslate2 as export  # noqa: E402
-from nmt.checkpoints.loading import load_checkpoint# noqa: E402
+from nmt.checkpoints.loading import load_checkpoint  # noqa: E402
 from nmt.data.tokenizer import BOS, EOS, PAD, train_sentencepiece  # noqa: E402
 from nmt.decoding.search import greedy_search  # noqa: E402
 from nmt.exporters.ctranslate2 import to_ctranslate2  # noqa: E402

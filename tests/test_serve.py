@@ -23,7 +23,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 
-from nmt.checkpoints.loading import load_checkpoint# noqa: E402
+from nmt.checkpoints.loading import load_checkpoint  # noqa: E402
 from nmt.serve.app import create_app, load  # noqa: E402
 from nmt.inference.translator import translate_lines  # noqa: E402
 from nmt.decoding.search import search_of  # noqa: E402
@@ -245,3 +245,63 @@ def test_the_load_test_script_checks_every_response_against_translate_py(ckpt, t
     numbers = json.loads((tmp_path / "load.json").read_text())
     assert numbers["sentences"] == 30 and numbers["errors"] == 0 and numbers["different"] == 0
     assert numbers["serve_sentences_per_s"] > 0 and numbers["ratio"] > 0
+
+
+def test_a_request_over_its_decoding_work_budget_is_a_413_and_one_within_it_is_answered(ckpt):
+    """Work: source tokens x beam size x (1 + constraints), summed over the sentences."""
+    cfg = serve_cfg(ckpt, "decoding=greedy", "batching.process=false", "limits.max_work=60")
+    translator = load(cfg)
+    one = translator.count_tokens([LINES[0]])
+    with TestClient(create_app(translator, cfg)) as client:
+        over = client.post("/translate", json={"text": [LINES[0]] * 2, "beam_size": 4,
+                                               "constraints": [[LINES[0].split()[0]], []]})
+        fits = client.post("/translate", json={"text": [LINES[0]], "beam_size": 60 // one})
+    work = one * 4 * 2 + one * 4
+    assert over.status_code == 413 and over.json() == {
+        "error": f"the request asks for {work:,} units of decoding work (source tokens x beam size x (1 + constraints), "
+                 "summed over its sentences); the limit is max_work=60: send fewer or shorter sentences, a smaller "
+                 "beam or fewer constraints", "limit": "max_work", "value": 60}
+    assert work > 60 >= one * (60 // one) and fits.status_code == 200, fits.text
+
+
+def test_a_request_whose_client_left_is_not_decoded_and_one_that_waited_too_long_gets_a_503():
+    """The batcher alone, its decoder held at a gate: a request queued behind the decoding batch
+    whose client disconnects is dropped before its batch; one that waited past max_queue_s is
+    answered QueueTimeout (the server's 503) instead of being decoded."""
+    import asyncio
+
+    from nmt.serve.batching import Batcher, ClientGone, QueueTimeout
+
+    gate, decoded = threading.Event(), []
+
+    def decode(texts, options):
+        gate.wait(60)
+        decoded.append(list(texts))
+        return [t.upper() for t in texts]
+
+    async def scenario(max_queue_s, client_leaves):
+        batcher = Batcher(decode, max_wait_ms=0, max_gather_ms=0, max_queue_s=max_queue_s)
+        first = asyncio.ensure_future(batcher.submit(["a"], "x", 1))
+        await asyncio.sleep(0.2)  # the first batch is decoding, held at the gate
+
+        async def gone():
+            return client_leaves
+
+        second = asyncio.ensure_future(batcher.submit(["b"], "y", 1, gone=gone, poll_s=0.01))
+        await asyncio.sleep(0.3)
+        gate.set()
+        results = await asyncio.gather(first, second, return_exceptions=True)
+        await asyncio.sleep(0.1)
+        stats = dict(batcher.stats)
+        await batcher.stop()
+        return results, stats
+
+    results, stats = asyncio.run(scenario(None, client_leaves=True))
+    assert results[0] == ["A"] and isinstance(results[1], ClientGone)
+    assert decoded == [["a"]] and stats["abandoned"] == 1
+
+    gate.clear()
+    decoded.clear()
+    results, stats = asyncio.run(scenario(0.1, client_leaves=False))
+    assert results[0] == ["A"] and isinstance(results[1], QueueTimeout) and results[1].waited > 0.1
+    assert decoded == [["a"]] and stats["timed_out"] == 1

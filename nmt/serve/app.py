@@ -38,7 +38,7 @@ from nmt import CONF_DIR, register_resolvers
 from nmt.cli_io import ending_cleanly
 from nmt.inference.backends import open_translator
 from nmt.inference.requests import Naming, Request as TranslationRequest
-from nmt.serve.batching import Batcher, QueueFull
+from nmt.serve.batching import Batcher, ClientGone, QueueFull, QueueTimeout
 from nmt.serve.guard import (ApiKeyMiddleware, HeaderTimeoutH11Protocol, content_type_error, error, parse_request,
                              read_body)
 from nmt.inference.translations import response_item
@@ -74,6 +74,14 @@ def answer(translator: Any, texts: list[str], options: tuple[Any, ...]) -> list[
             extra["constraints"] = [list(phrases) for _, phrases in guide.rows]
     translations = translator.translate(texts, beam_size, nbest, attention=bool(attention), **extra)
     return [response_item(t, nbest, attention) for t in translations]
+
+
+def decoding_work(lengths: list[int], beam_size: int, constraints: list[int] | None = None) -> int:
+    """What decoding a request costs, in units the server bounds (``limits.max_work``): each
+    sentence's source tokens times the beam size, times one plus its constraints (constrained
+    search keeps a bank of hypotheses per constraint met), summed. Its time grows with this."""
+    counts = constraints or [0] * len(lengths)
+    return sum(n * int(beam_size) * (1 + c) for n, c in zip(lengths, counts))
 
 
 def describe(translator: Any) -> dict[str, Any]:
@@ -155,7 +163,7 @@ def create_app(translator: Any, cfg: DictConfig) -> FastAPI:
     else:
         executor, decode = None, functools.partial(answer, translator)
     batcher = Batcher(decode, cfg.batching.max_wait_ms, cfg.batching.max_batch_tokens, limits.max_queue, executor,
-                      cfg.batching.max_gather_ms)
+                      cfg.batching.max_gather_ms, limits.get("max_queue_s"))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -194,12 +202,23 @@ def create_app(translator: Any, cfg: DictConfig) -> FastAPI:
             guide = Guide(tuple(zip(asked.prefixes or [""] * len(texts),
                                     (tuple(c) for c in asked.constraints or [()] * len(texts)))))
         options = (*options, guide)
-        tokens = translator.count_tokens(texts)
+        lengths = [translator.count_tokens([t]) for t in texts]
+        work = decoding_work(lengths, options[0], [len(c) for c in asked.constraints] if asked.constraints else None)
+        if limits.get("max_work") is not None and work > limits.max_work:
+            return error(413, f"the request asks for {work:,} units of decoding work (source tokens x beam size x "
+                              f"(1 + constraints), summed over its sentences); the limit is max_work={limits.max_work:,}: "
+                              "send fewer or shorter sentences, a smaller beam or fewer constraints", "max_work",
+                         limits.max_work)
         try:
-            results = await batcher.submit(texts, options, tokens)
+            results = await batcher.submit(texts, options, sum(lengths), gone=request.is_disconnected)
         except QueueFull:
             return error(429, f"{limits.max_queue} requests are waiting; the limit is max_queue={limits.max_queue}; "
                               "retry later", "max_queue", limits.max_queue)
+        except QueueTimeout as e:
+            return error(503, f"the request waited {e.waited:.1f} s for the decoder; the limit is max_queue_s={e.limit:g}; "
+                              "retry later", "max_queue_s", e.limit)
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it: the client closed the connection
         return {"translations": results}
 
     @app.get("/health")

@@ -7,7 +7,9 @@ than ``max_wait_ms`` after the one before (for at most ``max_gather_ms`` in all)
 fixed time, keeps the clients answered by one batch together in the next: their new requests
 come back within milliseconds of each other, while the decoder is idle. It groups the jobs by identical
 options, decodes each group with one call in a single decoding thread or process (``executor``),
-and hands every job its own slice of the results, in its own order. Beam search of a sentence in a padded batch gives the
+and hands every job its own slice of the results, in its own order. A job whose client went
+away before its batch began is dropped, and one that waited longer than ``max_queue_s`` is
+answered with ``QueueTimeout`` instead of being decoded. Beam search of a sentence in a padded batch gives the
 tokens it gives alone, so batching across requests changes no output.
 """
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,10 +32,23 @@ class Job:
     options: Hashable  # jobs with equal options share a decoding call
     tokens: int  # source tokens, for the batch budget
     future: asyncio.Future = field(repr=False)
+    queued: float = field(default_factory=time.monotonic)
 
 
 class QueueFull(Exception):
     """More requests are waiting than ``max_queue``."""
+
+
+class ClientGone(Exception):
+    """The client disconnected while its request waited: the request was cancelled."""
+
+
+class QueueTimeout(Exception):
+    """A request waited longer than ``max_queue_s`` before its batch began: it is not decoded."""
+
+    def __init__(self, waited: float, limit: float) -> None:
+        super().__init__(f"waited {waited:.1f} s for the decoder")
+        self.waited, self.limit = waited, limit
 
 
 class Batcher:
@@ -43,16 +58,17 @@ class Batcher:
 
     def __init__(self, decode: Callable[[list[str], Any], list[Any]], max_wait_ms: float = 5.0,
                  max_batch_tokens: int = 8192, max_queue: int = 1024, executor: Executor | None = None,
-                 max_gather_ms: float = 50.0) -> None:
+                 max_gather_ms: float = 50.0, max_queue_s: float | None = None) -> None:
         self.decode = decode
         self.max_wait = float(max_wait_ms) / 1000
         self.max_gather = float(max_gather_ms) / 1000
         self.max_batch_tokens = int(max_batch_tokens)
         self.max_queue = int(max_queue)
+        self.max_queue_s = None if max_queue_s is None else float(max_queue_s)
         self.queue: asyncio.Queue[Job] | None = None
         self.task: asyncio.Task | None = None
         self.executor = executor or ThreadPoolExecutor(1, thread_name_prefix="nmt-decode")
-        self.stats = {"requests": 0, "sentences": 0, "batches": 0, "decode_s": 0.0}
+        self.stats = {"requests": 0, "sentences": 0, "batches": 0, "decode_s": 0.0, "abandoned": 0, "timed_out": 0}
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` in the decoding executor (start-up work: load the model there)."""
@@ -77,13 +93,21 @@ class Batcher:
     def pending(self) -> int:
         return self.queue.qsize() if self.queue is not None else 0
 
-    async def submit(self, texts: list[str], options: Hashable, tokens: int) -> list[Any]:
-        """The results of ``texts``, decoded in a batch with whatever else is waiting."""
+    async def submit(self, texts: list[str], options: Hashable, tokens: int,
+                     gone: Callable[[], Awaitable[bool]] | None = None, poll_s: float = 0.1) -> list[Any]:
+        """The results of ``texts``, decoded in a batch with whatever else is waiting. ``gone``
+        (the client disconnected) is asked every ``poll_s`` while the request waits: a request
+        whose client left is cancelled, and not decoded unless its batch has begun."""
         self.start()
         if self.queue.qsize() >= self.max_queue:
             raise QueueFull(self.max_queue)
         job = Job(texts, options, tokens, asyncio.get_running_loop().create_future())
         self.queue.put_nowait(job)
+        while gone is not None and not job.future.done():
+            await asyncio.wait([job.future], timeout=poll_s)
+            if not job.future.done() and await gone():
+                job.future.cancel()
+                raise ClientGone()
         return await job.future
 
     async def _gather(self, first: Job) -> list[Job]:
@@ -116,8 +140,14 @@ class Batcher:
             first, self._carry = (self._carry, None) if self._carry is not None else (await self.queue.get(), None)
             jobs = await self._gather(first)
             groups: dict[Hashable, list[Job]] = {}
+            now = time.monotonic()
             for job in jobs:
-                if not job.future.cancelled():  # a client that went away
+                if job.future.cancelled():  # a client that went away: its sentences are not decoded
+                    self.stats["abandoned"] += 1
+                elif self.max_queue_s is not None and now - job.queued > self.max_queue_s:
+                    self.stats["timed_out"] += 1
+                    job.future.set_exception(QueueTimeout(now - job.queued, self.max_queue_s))
+                else:
                     groups.setdefault(job.options, []).append(job)
             for options, group in groups.items():
                 texts = [text for job in group for text in job.texts]
