@@ -141,6 +141,7 @@ def test_a_crafted_data_config_is_refused_by_evaluate(trained, tmp_path):
         "second resolution": {**data, "source": {"d": "$", "x": "${.d}{oc.create:{_target_: os.system, _args_: [id]}}"}},
         "no source class": {**data, "source": {"path": "x", "src_lang": "de", "tgt_lang": "en"}},
         "a trillion pairs": {**data, "source": {"_target_": "nmt.data.sources.SyntheticSource", "num_pairs": 10**12}},
+        "endless sentences": {**data, "source": {"_target_": "nmt.data.sources.SyntheticSource", "max_len": 10**9}},
         "partial module": {**data, "_partial_": True},
     }
     messages = {"walk": "source.self._args_: refused", "walk, keywords": "is not one of the classes",
@@ -150,7 +151,8 @@ def test_a_crafted_data_config_is_refused_by_evaluate(trained, tmp_path):
                 "hub data_dir up": r"source.hub.data_dir: refused, 'a/../../etc' leaves the dataset's folder",
                 "hub reads": "source.hub.data_files: refused", "hub not a mapping": "source.hub: must be a mapping",
                 "second resolution": "is an interpolation", "no source class": "data.source: must name its class",
-                "a trillion pairs": "num_pairs: 1000000000000 is not a count", "partial module": "builds nmt.data"}
+                "a trillion pairs": "num_pairs: 1000000000000 is not a count",
+                "endless sentences": r"max_len: 1000000000 is not a count from 0 to 1,000", "partial module": "builds nmt.data"}
     for name, config in attacks.items():
         with pytest.raises(CheckpointError, match=messages[name]):
             load_test_split(config, "crafted.ckpt")

@@ -53,6 +53,13 @@ def test_synthetic_source_natural_train_lengths_and_uniform_test(tmp_path):
         SyntheticSource(test_lengths="zipf")
     with pytest.raises(DataError, match=r"data.source.valid_lengths='zipf': choose one of uniform, natural"):
         SyntheticSource(valid_lengths="zipf")
+    with pytest.raises(DataError, match=r"data.source.min_len=3, max_len=1000000000: sentence lengths are whole numbers "
+                                        r"of words with 1 <= min_len <= max_len <= 1000"):
+        SyntheticSource(max_len=10**9)  # would generate forever
+    with pytest.raises(DataError, match=r"data.source.min_len=0, max_len=60"):
+        SyntheticSource(min_len=0)
+    with pytest.raises(DataError, match=r"data.source.median_len=200: choose a length from min_len=3 to max_len=60"):
+        SyntheticSource(median_len=200)
 
 
 def test_synthetic_valid_lengths_change_the_valid_split_only(tmp_path):

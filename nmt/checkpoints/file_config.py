@@ -51,7 +51,8 @@ BUILDABLE: dict[str, tuple[str, ...]] = {
 }
 ROOTS = {"model": "nmt.models.base.Seq2Seq", "data": "nmt.data.datamodule.TranslationDataModule"}
 # Bounds on arguments that set how much work a class does (a file must not ask for 10^12 pairs).
-MAX_COUNTS = {"nmt.data.sources.SyntheticSource": {"num_pairs": 10**8, "valid_pairs": 10**7, "test_pairs": 10**7}}
+MAX_COUNTS = {"nmt.data.sources.SyntheticSource": {"num_pairs": 10**7, "valid_pairs": 10**6, "test_pairs": 10**6,
+                                                   "min_len": 1000, "max_len": 1000}}
 # Mappings of hub arguments a class passes on to ``datasets.load_dataset``: from a file, only these
 # keys (which dataset), never where it writes or which files it reads (cache_dir, data_files, ...).
 HUB_KEYS = {"nmt.data.sources.FileSource": ("path", "name", "revision", "data_dir")}

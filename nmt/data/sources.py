@@ -87,6 +87,9 @@ def _file_stamp(path: Path) -> list[Any]:
     return [str(path.resolve()), st.st_size, st.st_mtime_ns]
 
 
+MAX_SYNTHETIC_WORDS = 1000  # the longest synthetic sentence a config may ask for
+
+
 class SyntheticSource:
     """Pairs from the project's synthetic-language generator (`nmt.data.synthetic`).
 
@@ -106,6 +109,12 @@ class SyntheticSource:
         for key, value in (("lengths", lengths), ("valid_lengths", valid_lengths), ("test_lengths", test_lengths)):
             if value not in LENGTHS:
                 raise DataError(f"data.source.{key}={value!r}: choose one of {', '.join(LENGTHS)}")
+        if not (isinstance(min_len, int) and isinstance(max_len, int) and 1 <= min_len <= max_len <= MAX_SYNTHETIC_WORDS):
+            raise DataError(f"data.source.min_len={min_len}, max_len={max_len}: sentence lengths are whole numbers of "
+                            f"words with 1 <= min_len <= max_len <= {MAX_SYNTHETIC_WORDS}")
+        if not (isinstance(median_len, (int, float)) and min_len <= median_len <= max_len):
+            raise DataError(f"data.source.median_len={median_len}: choose a length from min_len={min_len} to "
+                            f"max_len={max_len}")
         self.sizes = {"train": num_pairs, "valid": valid_pairs, "test": test_pairs}
         self.lengths = {"train": lengths, "valid": valid_lengths, "test": test_lengths}
         self.seed, self.min_len, self.max_len, self.median_len = seed, min_len, max_len, median_len
