@@ -51,7 +51,7 @@ def test_every_model_preset_builds(model):
 # What each experiment sets (the values its paper, study or README table rests on), read from
 # the composed config with no test overrides; "model" and "data" are the group options chosen.
 EXPERIMENTS = {
-    "bleu_vs_length": {"model": "lstm_bahdanau", "data": "synthetic", "scheduler._target_": "nmt.schedules.WarmupCosine",
+    "bleu_vs_length": {"model": "lstm_bahdanau", "data": "synthetic", "scheduler._target_": "nmt.training.schedules.WarmupCosine",
                        "test_ckpt": "last", "position_shift": 30, "data.max_tokens": 2048, "trainer.max_steps": 2500,
                        "trainer.val_check_interval": 500,
                        "callbacks.early_stopping": None},
@@ -61,7 +61,7 @@ EXPERIMENTS = {
                                 "test_ckpt": "last"},
     "luong_2015": {"model": "lstm_luong", "model.hidden_size": 1000, "model.emb_size": 1000,
                    "model.encoder.num_layers": 4, "model.encoder.bidirectional": False, "model.decoder.num_layers": 4,
-                   "scheduler._target_": "nmt.schedules.inverse_sqrt", "trainer.max_epochs": 20,
+                   "scheduler._target_": "nmt.training.schedules.inverse_sqrt", "trainer.max_epochs": 20,
                    "trainer.max_steps": -1, "trainer.max_time": None},
     "multi30k_lstm": {"model": "lstm", "data": "multi30k", "model.hidden_size": 256,
                       "model.share_src_tgt_embeddings": True, "optimizer.lr": 0.008, "trainer.max_steps": 1200,
@@ -81,7 +81,7 @@ EXPERIMENTS = {
                               "model.hidden_size": 256, "trainer.max_steps": 1000,
                               "trainer.reload_dataloaders_every_n_epochs": 1, "test_ckpt": "last"},
     "rnnsearch": {"model": "lstm_bahdanau", "model.emb_size": 620, "model.hidden_size": 2000, "model.dropout": 0.0,
-                  "optimizer.lr": 0.0005, "scheduler._target_": "nmt.schedules.inverse_sqrt", "trainer.max_epochs": 20,
+                  "optimizer.lr": 0.0005, "scheduler._target_": "nmt.training.schedules.inverse_sqrt", "trainer.max_epochs": 20,
                   "trainer.max_steps": -1},
     "sutskever_2014": {"model": "lstm", "model.hidden_size": 1000, "model.encoder.num_layers": 4,
                        "model.encoder.bidirectional": False, "model.encoder.reverse": True,
