@@ -205,7 +205,9 @@ def test_folder_is_self_contained(trained, tmp_path):
     assert (config["decoder_start_token"], config["eos_token"], config["add_source_eos"]) == ("<s>", "</s>", True)
     assert config["layer_norm_epsilon"] == 1e-5
     meta = json.loads((out / "nmt_export.json").read_text())
-    assert meta["decoding"] == {k: loaded.run_config["test_decoding"][k] for k in ("beam_size", "alpha", "max_len_a", "max_len_b")}
+    tested = loaded.run_config["test_decoding"]  # alpha null: the run tested with the default, 0.6
+    assert tested["alpha"] is None and meta["decoding"] == {
+        **{k: tested[k] for k in ("beam_size", "max_len_a", "max_len_b")}, "alpha": 0.6}
     assert (meta["src_lang"], meta["max_src_len"]) == ("src", 256)
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temporary folder left
 

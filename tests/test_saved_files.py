@@ -78,3 +78,26 @@ def test_the_search_functions_and_the_translators_keep_their_documented_names():
     with pytest.raises(AttributeError, match="no attribute 'translate'"):
         import nmt.inference
         nmt.inference.translate
+
+
+def test_translating_uses_the_length_penalty_the_model_was_tested_with(tmp_path):
+    """decoding.alpha=null (the default) takes the file's test_decoding.alpha; a set alpha wins."""
+    from nmt.decoding.settings import SearchSettings
+
+    default = SearchSettings.from_config({"_target_": "nmt.decoding.search.beam_search"})
+    assert default.alpha is None
+    assert default.for_model(2.0).alpha == 2.0 and default.for_model(None).alpha == 0.6
+    assert default.for_model("1e9").alpha == 0.6 and default.for_model(11).alpha == 0.6 and default.for_model(True).alpha == 0.6
+    chosen = SearchSettings.from_config({"_target_": "nmt.decoding.search.beam_search", "alpha": 1.0})
+    assert chosen.for_model(2.0).alpha == 1.0
+
+    from nmt.inference import Translator
+
+    checkpoint = torch.load(SAVED / "transformer.ckpt", map_location="cpu", weights_only=True)
+    assert checkpoint["run_config"]["test_decoding"]["alpha"] == 0.6
+    checkpoint["run_config"]["test_decoding"]["alpha"] = 3.0
+    torch.save(checkpoint, tmp_path / "tested_at_3.ckpt")
+    beam = {"_target_": "nmt.decoding.search.beam_search", "alpha": None}
+    assert Translator.load(tmp_path / "tested_at_3.ckpt", decoding=beam).settings.alpha == 3.0
+    assert Translator.load(SAVED / "transformer.ckpt", decoding=beam).settings.alpha == 0.6
+    assert Translator.load(tmp_path / "tested_at_3.ckpt", decoding={**beam, "alpha": 1.0}).settings.alpha == 1.0

@@ -21,7 +21,7 @@ from torch import Tensor
 from nmt.kernels import Kernels
 from nmt.specials import BOS, EOS, PAD
 from nmt.models.base import select
-from nmt.decoding.settings import SearchSettings
+from nmt.decoding.settings import DEFAULT_ALPHA, SearchSettings
 
 
 @dataclass
@@ -254,7 +254,7 @@ def beam_search(
     src: Tensor,
     src_mask: Tensor,
     beam_size: int = 5,
-    alpha: float = 0.6,
+    alpha: float | None = DEFAULT_ALPHA,
     max_len_a: float = 1.5,
     max_len_b: int = 10,
     need_attn: bool = False,
@@ -267,7 +267,9 @@ def beam_search(
     none of its live hypotheses can still beat its ``nbest``-th best (which changes no result),
     and then leaves the batch (the others decode on fewer rows); the search stops when every
     sentence has. Hypotheses are ranked by score / length_penalty; ``nbest`` > 1 also returns
-    each sentence's ``nbest`` best ended hypotheses (``Hypotheses.nbest``)."""
+    each sentence's ``nbest`` best ended hypotheses (``Hypotheses.nbest``); ``alpha=None``:
+    ``DEFAULT_ALPHA``."""
+    alpha = DEFAULT_ALPHA if alpha is None else alpha
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest={nbest}: must be between 1 and the beam size ({beam_size})")
     batch, k, n_best = src.size(0), beam_size, nbest
@@ -376,5 +378,5 @@ def search_of(settings: SearchSettings, beam_size: int | None = None, nbest: int
         return functools.partial(sample_search, **limits, **settings.sampling)
     if beam_size == 1 and nbest == 1:
         return functools.partial(greedy_search, **limits)
-    return functools.partial(beam_search, beam_size=beam_size, alpha=settings.alpha, nbest=nbest,
-                             **limits)
+    alpha = DEFAULT_ALPHA if settings.alpha is None else settings.alpha  # None: settings not yet for_model'd
+    return functools.partial(beam_search, beam_size=beam_size, alpha=alpha, nbest=nbest, **limits)

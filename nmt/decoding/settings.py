@@ -6,9 +6,10 @@ them, the CTranslate2 one its ``translate_batch`` options. No torch here.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+DEFAULT_ALPHA = 0.6  # the GNMT length penalty of a model whose run did not choose one (Wu et al. 2016 used 0.6-0.7)
 SEARCHES = {"nmt.decoding.search.beam_search": "beam", "nmt.decoding.search.greedy_search": "greedy",
             "nmt.decoding.search.sample_search": "sample"}
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "seed")
@@ -20,7 +21,7 @@ KEYS = {"beam": ("beam_size", "alpha", "nbest", "max_len_a", "max_len_b", "align
 class SearchSettings:
     search: str = "beam"  # beam | greedy | sample
     beam_size: int = 5
-    alpha: float = 0.6  # GNMT length penalty
+    alpha: float | None = None  # GNMT length penalty; None: the model's (``for_model``)
     nbest: int = 1
     max_len_a: float = 1.5  # at most a * source tokens + b output tokens
     max_len_b: int = 10
@@ -60,6 +61,15 @@ class SearchSettings:
         if not 1 <= settings.nbest <= settings.beam_size:
             raise ValueError(f"nbest={settings.nbest}: must be between 1 and the beam size ({settings.beam_size})")
         return settings
+
+    def for_model(self, tested: Any) -> SearchSettings:
+        """These settings for a model whose run tested with length penalty ``tested`` (its
+        ``test_decoding.alpha``, read from the file: used only when a number from 0 to 10): a
+        ``None`` alpha becomes the model's, or ``DEFAULT_ALPHA``."""
+        if self.alpha is not None:
+            return self
+        ok = isinstance(tested, (int, float)) and not isinstance(tested, bool) and 0 <= tested <= 10
+        return replace(self, alpha=float(tested) if ok else DEFAULT_ALPHA)
 
     def as_config(self) -> dict[str, Any]:
         """The settings as a ``decoding`` config (what ``/info`` shows)."""

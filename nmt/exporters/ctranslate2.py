@@ -164,7 +164,8 @@ def build_spec(model: nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer):
 
 def _metadata(model: nn.Module, run_config: dict, quantization: str | None) -> dict[str, Any]:
     data = run_config.get("data", {})
-    decoding = {**DEFAULT_DECODING, **{k: v for k, v in (run_config.get("test_decoding") or {}).items() if k in DEFAULT_DECODING}}
+    decoding = {**DEFAULT_DECODING, **{k: v for k, v in (run_config.get("test_decoding") or {}).items()
+                                       if k in DEFAULT_DECODING and v is not None}}
     return {
         "src_lang": data.get("src_lang"),
         "tgt_lang": data.get("tgt_lang"),

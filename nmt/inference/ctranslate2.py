@@ -129,7 +129,8 @@ class CTranslate2Translator(RequestMeaning):
         defaults = self.meta["decoding"]
         if decoding is None:
             decoding = {"_target_": "nmt.decoding.search.beam_search", **defaults}
-        self.settings = decoding if isinstance(decoding, SearchSettings) else SearchSettings.from_config(decoding)
+        settings = decoding if isinstance(decoding, SearchSettings) else SearchSettings.from_config(decoding)
+        self.settings = settings.for_model(defaults.get("alpha"))
         self.src_sp = spm.SentencePieceProcessor(model_file=str(self.folder / "source.model"))
         self.tgt_sp = spm.SentencePieceProcessor(model_file=str(self.folder / "target.model"))
         for sp, name in ((self.src_sp, "source.model"), (self.tgt_sp, "target.model")):

@@ -134,7 +134,9 @@ class Translator(RequestMeaning):
         self.model = copy.deepcopy(model).quantize_int8() if self.precision == "int8" else self.source_model
         self.device = next(self.model.parameters()).device
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
-        self.settings = decoding if isinstance(decoding, SearchSettings) else SearchSettings.from_config(decoding)
+        settings = decoding if isinstance(decoding, SearchSettings) else SearchSettings.from_config(decoding)
+        tested = self.run_config.get("test_decoding")
+        self.settings = settings.for_model(tested.get("alpha") if isinstance(tested, dict) else None)
         self.max_tokens, self.workers = int(max_tokens), workers
         self.max_src_len = int(max_src_len) if max_src_len else model_max_src_len(self.run_config)
         table = getattr(getattr(self.model.decoder, "embed_tokens", None), "max_len", None)
