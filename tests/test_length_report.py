@@ -168,3 +168,22 @@ def test_reports_are_strict_json_with_null_for_what_was_not_computed():
     text = json_text({"bleu": 1.5, "bleu_ci": [float("nan"), float("inf")], "buckets": [{"chrf": -float("inf"), "n": 3}]})
     assert json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in the JSON")) == \
         {"bleu": 1.5, "bleu_ci": [None, None], "buckets": [{"chrf": None, "n": 3}]}
+
+
+def test_a_report_without_intervals_shows_none_in_its_table_and_plot(tmp_path):
+    """n_bootstrap=0 computes no interval: the table shows the score alone (never "[nan, nan]"),
+    also when read back from its JSON (nulls), and the plot draws no error bar."""
+    import json
+
+    from nmt.evaluation.length_report import markdown_table, plot_bleu_by_length, write_report
+
+    sources, hyps, refs = corpus()
+    report = length_report(sources, hyps, refs, edges=[10, 20, 60], n_bootstrap=0)
+    paths = write_report(report, tmp_path, name="m")
+    for shown in (report, json.loads(paths["json"].read_text())):
+        table = markdown_table({"m": shown})
+        assert "nan" not in table and "None" not in table
+        assert f"| all | {report['count']} | {report['bleu']:.1f} |" in table
+    with_ci = markdown_table({"m": length_report(sources, hyps, refs, edges=[10, 20, 60], n_bootstrap=20)})
+    assert "| all | " in with_ci and "[" in with_ci.split("| all |")[1]
+    assert plot_bleu_by_length({"m": json.loads(paths["json"].read_text())}, tmp_path / "again.png").is_file()

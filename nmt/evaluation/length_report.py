@@ -150,6 +150,17 @@ def _fmt(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}"
 
 
+def _bleu_cell(bleu: float, low: float | None, high: float | None) -> str:
+    """``38.2 [36.7, 39.8]``, or ``38.2`` without an interval (no bootstrap: None or NaN)."""
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return f"{bleu:.1f}"
+    return f"{bleu:.1f} [{low:.1f}, {high:.1f}]"
+
+
+def _number(value: float | None) -> float:
+    return np.nan if value is None else value
+
+
 def markdown_table(reports: dict[str, dict[str, Any]]) -> str:
     """One row per bucket, a BLEU [95% CI] column per system, and the counts."""
     names = list(reports)
@@ -163,9 +174,9 @@ def markdown_table(reports: dict[str, dict[str, Any]]) -> str:
         cells = []
         for name in names:
             b = reports[name]["buckets"][i]
-            cells.append("empty" if b["count"] == 0 else f"{b['bleu']:.1f} [{b['bleu_ci_low']:.1f}, {b['bleu_ci_high']:.1f}]")
+            cells.append("empty" if b["count"] == 0 else _bleu_cell(b["bleu"], b["bleu_ci_low"], b["bleu_ci_high"]))
         lines.append(f"| {bucket['label']} | {bucket['count']} | " + " | ".join(cells) + " |")
-    overall = " | ".join(f"{reports[n]['bleu']:.1f} [{reports[n]['bleu_ci'][0]:.1f}, {reports[n]['bleu_ci'][1]:.1f}]" for n in names)
+    overall = " | ".join(_bleu_cell(reports[n]["bleu"], *reports[n]["bleu_ci"]) for n in names)
     lines.append(f"| all | {first['count']} | {overall} |")
     lines.append("")
     lines.append(f"sacreBLEU: `{first['bleu_signature']}`")
@@ -182,8 +193,8 @@ def plot_bleu_by_length(reports: dict[str, dict[str, Any]], path: str | Path, ti
     fig, ax = figure(max(6.0, 0.9 * len(labels) + 2), 4.2)
     for name, report in reports.items():
         ys = np.array([np.nan if b["bleu"] is None else b["bleu"] for b in report["buckets"]])
-        lo = np.array([np.nan if b["bleu"] is None else b["bleu"] - b["bleu_ci_low"] for b in report["buckets"]])
-        hi = np.array([np.nan if b["bleu"] is None else b["bleu_ci_high"] - b["bleu"] for b in report["buckets"]])
+        lo = np.array([np.nan if b["bleu"] is None else b["bleu"] - _number(b["bleu_ci_low"]) for b in report["buckets"]])
+        hi = np.array([np.nan if b["bleu"] is None else _number(b["bleu_ci_high"]) - b["bleu"] for b in report["buckets"]])
         ax.errorbar(x, ys, yerr=[lo, hi], marker="o", capsize=3, label=f"{name} ({report['bleu']:.1f})")
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_xlabel(f"source sentence length ({first['unit']})")
