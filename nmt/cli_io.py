@@ -11,6 +11,8 @@ without a traceback on a user's error, a signal or a closed pipe (``ending_clean
 - ``StopSignals``: SIGINT and SIGTERM stop the run at once until ``defer()``; after it, at the
   next ``check()`` (the writer calls it after each batch, when every line that can be written in
   order is), so the output holds only whole lines. A second signal stops at once.
+- ``write_failure``: the error for a write that failed (a full disk, a file-size limit), naming
+  the file and what was kept; torch and SentencePiece report such failures as other errors.
 - ``ending_cleanly``: exit statuses 128 + signal (130 SIGINT, 143 SIGTERM); 141 (128 + SIGPIPE,
   what a tool killed by SIGPIPE reports) and nothing on stderr when the reader of stdout went
   away (``| head``); 1 and one line ``error: ...`` for a ``ValueError`` or ``OSError`` raised in
@@ -20,6 +22,7 @@ without a traceback on a user's error, a signal or a closed pipe (``ending_clean
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import stat
@@ -33,6 +36,19 @@ from typing import IO
 
 PACKAGE = Path(__file__).resolve().parent
 EXIT_ERROR = 1
+FULL = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})  # a write failed for want of space
+
+
+def write_failure(path: str | Path, error: BaseException, kept: str) -> OSError:
+    """The one-line error (``ending_cleanly`` shows it as ``error: <path>: ...``) for a write to
+    ``path`` that failed with ``error``; ``kept`` says what is left as it was."""
+    if isinstance(error, OSError) and error.strerror:
+        reason = error.strerror
+    else:
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    code = error.errno if isinstance(error, OSError) and error.errno else errno.EIO
+    hint = ": free some disk space or raise the file-size limit" if code in FULL or code == errno.EIO else ""
+    return OSError(code, f"could not be written ({reason}){hint}; {kept}", str(path))
 
 
 def _same_file(a: os.stat_result, b: os.stat_result) -> bool:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +66,20 @@ TINY = [
 # rate: at widths of 16-64, Glorot-uniform weights (the default, larger there) leave them
 # repeating pieces after the same few epochs, and the tests that compare outputs need sentences.
 TORCH_INIT = ["model.encoder.init=torch", "model.decoder.init=torch"]
+
+
+@contextmanager
+def file_size_limit(nbytes: int) -> Iterator[None]:
+    """In this process, a write that takes a file beyond ``nbytes`` fails with EFBIG, as writes do
+    on a full disk (the signal that would kill the process ignored, as its default is)."""
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
 
 
 def pytest_addoption(parser):

@@ -26,7 +26,7 @@ from nmt.export import export, export_release
 from nmt.training.builders import check_logger_packages
 from nmt.train import train
 from nmt.inference.translator import translate_lines
-from tests.conftest import ROOT, compose_train, evaluate_here, translate_here
+from tests.conftest import ROOT, compose_train, evaluate_here, file_size_limit, translate_here
 
 # Transformer, tiny; a budget of a few seconds stops it in the middle of an epoch, long before a
 # step checkpoint is due, with no validation (test_ckpt=last: the final weights are tested).
@@ -206,6 +206,23 @@ def test_a_failed_export_leaves_nothing_behind(budget_run, tmp_path, monkeypatch
     with pytest.raises(OSError, match="disk full"):
         export_release(run / "checkpoints" / "last.ckpt", tmp_path / "out" / "model.ckpt")
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_full_disk_while_saving_keeps_the_previous_file_and_no_temporary_one(budget_run, tmp_path):
+    """torch reports a failed write as a RuntimeError of its zip writer: the error names the file."""
+    _, run = budget_run
+    out = tmp_path / "model.ckpt"
+    export_release(run / "checkpoints" / "last.ckpt", out)
+    before = out.read_bytes()
+    with file_size_limit(len(before) // 2), pytest.raises(OSError) as error:
+        export_release(run / "checkpoints" / "last.ckpt", out)
+    assert error.value.filename == str(out) and error.value.strerror == (
+        "could not be written (torch's writer stopped short): free some disk space or raise the file-size limit; "
+        "the previous file is unchanged")
+    assert out.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["model.ckpt"]
+    with file_size_limit(len(before) // 2), pytest.raises(OSError, match="; nothing was written"):
+        export_release(run / "checkpoints" / "last.ckpt", tmp_path / "new.ckpt")
+    assert [p.name for p in tmp_path.iterdir()] == ["model.ckpt"]
 
 
 # --- averaging and EMA ---------------------------------------------------------------------------

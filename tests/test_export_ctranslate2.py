@@ -26,7 +26,7 @@ from nmt.data.tokenizer import BOS, EOS, PAD, train_sentencepiece  # noqa: E402
 from nmt.decoding.search import greedy_search  # noqa: E402
 from nmt.exporters.ctranslate2 import to_ctranslate2  # noqa: E402
 from nmt.train import train  # noqa: E402
-from tests.conftest import CONF_DIR, ROOT, TORCH_INIT, compose_train  # noqa: E402
+from tests.conftest import CONF_DIR, ROOT, TORCH_INIT, compose_train, file_size_limit  # noqa: E402
 
 TINY = ROOT / "tests" / "data" / "tiny"
 from nmt.inference.ctranslate2 import CTranslate2Translator, decoding_cap  # noqa: E402
@@ -275,6 +275,16 @@ def test_error_during_export_leaves_nothing(vocab, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="quantization='int4'"):
         to_ctranslate2(model, vocab, vocab, run_config, tmp_path / "other", quantization="int4")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "full"]
+
+
+def test_a_full_disk_during_export_is_one_error_naming_the_folder_and_leaves_nothing(vocab, tmp_path):
+    model, run_config = build([], vocab.vocab_size)
+    with file_size_limit(4096), pytest.raises(OSError) as error:  # CTranslate2's model.bin is larger
+        to_ctranslate2(model, vocab, vocab, run_config, tmp_path / "ct2")
+    assert error.value.filename == str(tmp_path / "ct2")
+    assert error.value.strerror == ("could not be written (File too large): free some disk space or raise the "
+                                    "file-size limit; nothing was written")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_alignments_are_the_torch_backends(trained, tmp_path):

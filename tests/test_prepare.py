@@ -19,7 +19,7 @@ import nmt.data.prepare as prep
 from nmt.data.datamodule import TranslationDataModule
 from nmt.data.prepare import NpyWriter, TextColumn, prepare, read_manifest
 from nmt.data.sources import SPLITS, DataError, FileSource, iter_lines, iter_parallel, read_lines
-from tests.conftest import SEARCH_PATH
+from tests.conftest import SEARCH_PATH, file_size_limit
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -103,6 +103,20 @@ def test_interrupted_preparation_is_never_used(tmp_path, monkeypatch):
     stale.mkdir()
     folder, built = prepare(FileSource(str(TINY), "src", "tgt"), tmp_path, TOKENIZER, workers=0)
     assert built and (folder / "manifest.json").is_file() and folder.name != stale.name
+
+
+@pytest.mark.parametrize("limit, failing", [(2048, "File too large"),  # an array of ids
+                                             (8192, "SentencePiece's model is unreadable right after training: the write failed")],
+                         ids=["arrays", "tokenizer"])
+def test_a_full_disk_while_preparing_is_one_error_and_leaves_nothing_in_the_cache(tmp_path, limit, failing):
+    source = FileSource(str(TINY), "src", "tgt")
+    with file_size_limit(limit), pytest.raises(OSError) as error:
+        prepare(source, tmp_path, TOKENIZER, workers=0)
+    assert (tmp_path / "prepared").is_dir() and list((tmp_path / "prepared").iterdir()) == []
+    folder, built = prepare(source, tmp_path, TOKENIZER, workers=0)  # with room, it prepares as ever
+    assert built and error.value.filename == str(folder)
+    assert error.value.strerror == (f"could not be written ({failing}): free some disk space or raise the file-size "
+                                    "limit; nothing half-written is kept in the cache")
 
 
 def test_uint32_ids_give_the_same_batches(tmp_path, monkeypatch):

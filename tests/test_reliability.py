@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -187,6 +188,33 @@ def test_the_final_checkpoint_of_a_run_that_stopped_resumes_exactly(reference, t
     assert 0 < stopped_at < 30
     second, _ = in_process(tmp_path / "second", [f"ckpt_path={ckpt}"])
     assert_same_weights(ref_ckpt, Path(second.paths.output_dir) / "checkpoints" / "last.ckpt")
+
+
+def limit_file_size(nbytes: int):
+    """For a child process: writes beyond ``nbytes`` fail with EFBIG, as on a full disk."""
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    return limit
+
+
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
+def test_a_full_disk_while_saving_is_one_line_and_the_previous_checkpoint_stays(reference, tmp_path):
+    """The run resumes into the folder of its checkpoint; its next save finds no room."""
+    _, ref_ckpt, _ = reference
+    run = tmp_path / "run"
+    ckpt = run / "checkpoints" / "last.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_bytes(ref_ckpt.read_bytes())
+    before = ckpt.read_bytes()
+    proc = subprocess.run(command(tmp_path, run, f"ckpt_path={ckpt}", "trainer.max_steps=35"), cwd=ROOT,
+                          capture_output=True, text=True, preexec_fn=limit_file_size(len(before) // 2), timeout=600)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: {ckpt}: could not be written (torch's writer stopped short): "
+        "free some disk space or raise the file-size limit; the previous file is unchanged")
+    assert ckpt.read_bytes() == before and sorted(p.name for p in ckpt.parent.iterdir()) == ["last.ckpt"]
 
 
 @pytest.mark.slow  # end to end in processes of its own: the slow tier

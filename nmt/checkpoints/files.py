@@ -13,6 +13,7 @@ trust, since unpickling runs whatever code the file names.
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import re
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from nmt.checkpoints import file_config
+from nmt.cli_io import write_failure
 from nmt.data.tokenizer import Tokenizer
 
 FORMAT = 2  # checkpoint["nmt_format"] this version writes and reads (1: before weights-only loading)
@@ -255,6 +257,11 @@ def atomic_save(obj: Any, path: str | Path) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:  # torch reports a failed write as RuntimeError
+        Path(tmp).unlink(missing_ok=True)
+        kept = "the previous file is unchanged" if path.exists() else "nothing was written"
+        cause = e if isinstance(e, OSError) else OSError(errno.EIO, "torch's writer stopped short")  # its text: C++ internals
+        raise write_failure(path, cause, kept) from e
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

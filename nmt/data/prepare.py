@@ -24,6 +24,7 @@ tokenizer's training sample, whatever the corpus size.
 from __future__ import annotations
 
 import datetime
+import errno
 import hashlib
 import itertools
 import json
@@ -42,6 +43,7 @@ import sentencepiece as spm
 
 from nmt.data.sources import SPLITS, DataError, columns, drop_empty
 from nmt.data.tokenizer import Tokenizer, options_with_defaults, text_hash, train_sentencepiece
+from nmt.cli_io import FULL, write_failure
 from nmt.machine import usable_cores
 
 log = logging.getLogger(__name__)
@@ -404,6 +406,10 @@ def prepare(source: Any, cache_dir: str | Path, tokenizer: Mapping[str, Any] | N
         except OSError:  # another process finished first; use its folder
             log.info("%s was prepared by another process meanwhile", folder)
             return folder, False
+    except OSError as e:
+        if e.errno not in FULL | {errno.EIO}:
+            raise
+        raise write_failure(folder, e, "nothing half-written is kept in the cache") from e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("prepared %s in %.1fs: %s", folder, time.perf_counter() - start,

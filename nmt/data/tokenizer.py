@@ -7,6 +7,7 @@ options and the sentencepiece version; a second run with the same data and optio
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import itertools
 import logging
@@ -190,6 +191,10 @@ def train_sentencepiece(sentences: Iterable[str], out_dir: str | Path,
                         f"{str(e).rstrip('.')}. For a small "
                         "corpus set data.tokenizer.hard_vocab_limit=false or a smaller "
                         "data.tokenizer.vocab_size") from e
-    tok = Tokenizer(out_dir / f"{name}.model")
+    try:
+        tok = Tokenizer(out_dir / f"{name}.model")
+    except RuntimeError as e:  # SentencePiece does not report a failed write: its model is then unreadable
+        raise OSError(errno.EIO, "SentencePiece's model is unreadable right after training: the write failed",
+                      str(out_dir / f"{name}.model")) from e
     tok.trained = True
     return tok

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from nmt.cli_io import FULL, write_failure
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 from nmt.decoding.limits import model_max_src_len
 from nmt.models.transformer import TransformerDecoder, TransformerEncoder
@@ -216,6 +217,11 @@ def to_ctranslate2(model, src_vocab, tgt_vocab, run_config: dict, out_dir: str |
         if out_dir.exists():
             out_dir.rmdir()  # empty (checked above)
         tmp.rename(out_dir)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if e.errno not in FULL:
+            raise
+        raise write_failure(out_dir, e, "nothing was written") from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
