@@ -254,3 +254,36 @@ def test_preparation_killed_midway_is_never_used(tmp_path):
     assert len(left) == 1 and left[0].name.startswith(".tmp-") and not (left[0] / "manifest.json").exists()
     folder, built = prepare(FileSource(str(TINY), "src", "tgt"), tmp_path, TOKENIZER, workers=0)
     assert built and not folder.name.startswith(".tmp-")
+
+
+CTRL_C_WHILE_FORKING = """
+import os, signal, sys
+import nmt.data.prepare as prep
+from nmt.data.prepare import prepare
+from nmt.data.sources import FileSource
+
+prep.ENCODE_CHUNK = 5  # enough chunks for worker processes on the tiny corpus
+fired = []
+
+def ctrl_c():  # SIGINT sent in the middle of starting the workers, as a Ctrl-C can land
+    if not fired:
+        fired.append(1)
+        os.kill(os.getpid(), signal.SIGINT)
+
+os.register_at_fork(after_in_parent=ctrl_c)
+try:
+    prepare(FileSource(sys.argv[1], "src", "tgt"), sys.argv[2], {"vocab_size": 100, "hard_vocab_limit": False}, workers=2)
+except KeyboardInterrupt:
+    sys.exit(130)
+sys.exit(0)
+"""
+
+
+def test_ctrl_c_while_the_encoding_workers_start_stops_the_preparation(tmp_path):
+    """A SIGINT delivered while the worker processes fork used to run inside CPython's after-fork
+    hooks, which ignore the KeyboardInterrupt: the preparation (and the training) went on."""
+    result = subprocess.run([sys.executable, "-c", CTRL_C_WHILE_FORKING, str(TINY), str(tmp_path)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 130, result.stderr[-3000:]
+    assert "Exception ignored" not in result.stderr
+    assert list((tmp_path / "prepared").iterdir()) == []  # its temporary folder removed

@@ -218,6 +218,20 @@ def test_a_full_disk_while_saving_is_one_line_and_the_previous_checkpoint_stays(
 
 
 @pytest.mark.slow  # end to end in processes of its own: the slow tier
+def test_the_kill_soak_ends_with_the_uninterrupted_weights_and_a_restarted_server_answers(tmp_path):
+    """scripts/kill_soak.py: SIGKILL at six moments drawn from start-up, data preparation,
+    checkpoint writes and training, a resume after each; then a server killed under load."""
+    out = tmp_path / "soak"
+    proc = subprocess.run([sys.executable, "scripts/kill_soak.py", "--kills", "6", "--steps", "150", "--out", str(out),
+                           "--server", "--server-requests", "16"], cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((out / "kill_soak.json").read_text())
+    assert result["kills"] == 6 and result["final_step"] == 150
+    assert result["bitwise_equal"] and result["differences"] == [] and result["incomplete_cache_folders"] == []
+    assert result["server"]["answered_after_the_restart"] == 16 and result["server"]["wrong_after_the_restart"] == []
+
+
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_sigterm_saves_a_checkpoint_and_latest_resumes_it(tmp_path):
     runs = tmp_path / "outputs" / "train" / "runs"
     first = runs / "first"

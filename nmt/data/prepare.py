@@ -30,9 +30,12 @@ import itertools
 import json
 import logging
 import multiprocessing
+import multiprocessing.pool
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -288,6 +291,28 @@ def _init_worker(protos: dict[str, bytes], threads: int = 1) -> None:
     _WORKER["sp"] = {side: spm.SentencePieceProcessor(model_proto=p, num_threads=threads) for side, p in protos.items()}
 
 
+def _init_worker_process(protos: dict[str, bytes]) -> None:
+    """A worker ignores Ctrl-C (which reaches the whole process group): the parent stops the pool."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    _init_worker(protos)
+
+
+def _start_pool(workers: int, protos: dict[str, bytes]) -> multiprocessing.pool.Pool:
+    """The worker processes, started with SIGINT held back: a Ctrl-C arriving while they fork
+    would run its handler inside CPython's after-fork hooks, which ignore the KeyboardInterrupt
+    (the preparation and the training went on). Held back, it is raised here, once they exist."""
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    hold = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hold else None
+    try:
+        return multiprocessing.get_context(method).Pool(workers, _init_worker_process, (protos,))
+    finally:
+        if hold:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _encode(task: tuple[str, str, int, int, str, str]) -> tuple[np.ndarray, np.ndarray]:
     """(ids, subwords per sentence) of rows begin..end-1 of `<split>.<side>`."""
     folder, name, begin, end, side, dtype = task
@@ -306,8 +331,7 @@ def _encode_all(out: Path, protos: dict[str, bytes], dtypes: dict[str, Any], wor
             tasks += [(str(out), f"{split}.{side}", b, min(b + ENCODE_CHUNK, n), side, np.dtype(dtypes[side]).str)
                       for b in range(0, n, ENCODE_CHUNK)]
     if workers > 1 and len(tasks) > 4 * workers:  # small corpora: not worth starting processes
-        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-        pool = multiprocessing.get_context(method).Pool(workers, _init_worker, (protos,))
+        pool = _start_pool(workers, protos)
         results = pool.imap(_encode, tasks)
     else:
         pool = None
