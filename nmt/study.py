@@ -106,7 +106,7 @@ def collect(sweep_dir: Path, num_heatmaps: int) -> Path:
         if num_heatmaps and name != "lstm":
             sources = read_text_lines(run, TEST_TEXT.format("sources"))
             heatmaps(Path(summary["best_checkpoint"]), sources, sweep_dir / "attention" / name, num_heatmaps)
-    from nmt.evaluate import compare
+    from nmt.evaluation.comparison import compare
 
     paths = compare(reports, sweep_dir / "comparison", title="BLEU by source length")
     first = next(iter(reports.values()))

@@ -150,7 +150,7 @@ def _fmt(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}"
 
 
-def _bleu_cell(bleu: float, low: float | None, high: float | None) -> str:
+def bleu_cell(bleu: float, low: float | None, high: float | None) -> str:
     """``38.2 [36.7, 39.8]``, or ``38.2`` without an interval (no bootstrap: None or NaN)."""
     if low is None or high is None or math.isnan(low) or math.isnan(high):
         return f"{bleu:.1f}"
@@ -174,9 +174,9 @@ def markdown_table(reports: dict[str, dict[str, Any]]) -> str:
         cells = []
         for name in names:
             b = reports[name]["buckets"][i]
-            cells.append("empty" if b["count"] == 0 else _bleu_cell(b["bleu"], b["bleu_ci_low"], b["bleu_ci_high"]))
+            cells.append("empty" if b["count"] == 0 else bleu_cell(b["bleu"], b["bleu_ci_low"], b["bleu_ci_high"]))
         lines.append(f"| {bucket['label']} | {bucket['count']} | " + " | ".join(cells) + " |")
-    overall = " | ".join(_bleu_cell(reports[n]["bleu"], *reports[n]["bleu_ci"]) for n in names)
+    overall = " | ".join(bleu_cell(reports[n]["bleu"], *reports[n]["bleu_ci"]) for n in names)
     lines.append(f"| all | {first['count']} | {overall} |")
     lines.append("")
     lines.append(f"sacreBLEU: `{first['bleu_signature']}`")

@@ -84,3 +84,10 @@ def run_timed(command: list[str], run_dir: Path, log: Path, shown: str, cwd: Pat
     seconds = time.perf_counter() - start
     (run_dir / WALL).write_text(json.dumps({"command": shown, "wall_seconds": round(seconds, 1)}) + "\n")
     return seconds
+
+
+def system_name(ckpt: Path) -> str:
+    """A checkpoint's name in a comparison: ``<run>/checkpoints/x.ckpt`` -> the run folder's name, or
+    the task's for a run under ``<task>/runs/`` or ``<task>/multiruns/``."""
+    run = ckpt.parent.parent
+    return run.parent.parent.name if run.parent.name in ("runs", "multiruns") else run.name

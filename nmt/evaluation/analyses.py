@@ -1,0 +1,148 @@
+"""The analyses of a scored split beyond length, one function each, filling each system's report:
+word F-measure by training frequency, BLEU by reordering distance (from gold or forced
+alignments), attention entropy, and BLEU on augmented copies of the test set (robustness)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from nmt.evaluation import reordering, word_frequency
+from nmt.evaluation.length_report import bleu_cell, length_report, write_report
+from nmt.evaluation.significance import significance
+from nmt.inference.translator import encode_sources
+from nmt.languages import split_tag, tag
+from nmt.runs.files import json_text
+
+
+@dataclass
+class Scored:
+    """What every analysis reads: the split's sources (untagged and as stored), references and
+    length unit, each system's hypotheses, and the system the others are tested against."""
+
+    sources: list[str]
+    tagged: list[str]
+    refs: list[str]
+    unit: str
+    hyps: dict[str, list[str]]
+    baseline: str
+
+
+def training_counts(datamodule: Any, chunk: int = 50_000) -> Counter[str]:
+    """Word counts of the target side of the pairs the data config trains on (read in chunks)."""
+    from nmt.data.prepare import TextColumn
+
+    column, index = TextColumn(datamodule.prepared_dir, "train.tgt"), datamodule.datasets["train"].index
+    total: Counter[str] = Counter()
+    for start in range(0, len(index), chunk):
+        total.update(word_frequency.counts(column.take(index[start : start + chunk])))
+    return total
+
+
+def translate_with_entropy(translator: Any, sources: list[str], attention: bool) -> tuple[list[str], list[float | None]]:
+    """Each source's translation and, with ``attention``, the entropy of its attention
+    (``nmt.evaluation.reordering.sentence_entropy``; None without attention), a batch's weights dropped
+    once read, so memory does not grow with the test set."""
+    texts, entropy = [""] * len(sources), [None] * len(sources)
+    for batch in translator.batches(sources, attention=attention):
+        for i, translation in batch:
+            texts[i] = translation.text
+            if translation.attention is not None:
+                entropy[i] = reordering.sentence_entropy(translation.attention.weights)
+    return texts, entropy
+
+
+def reference_alignments(datamodule: Any, translators: dict[str, Any], sources: list[str], refs: list[str],
+                         inputs: dict[str, list[str]]) -> tuple[str, list[set[tuple[int, int]]]] | None:
+    """Word alignments of the test pairs and where they come from: the synthetic generator's gold
+    ones, else the forced alignment of the references by the first checkpoint with attention,
+    reading the sources as it translates them (``inputs``: with a multilingual model's tags);
+    None when there is neither."""
+    from nmt.inference.alignments import parse
+    from nmt.data.sources import SyntheticSource
+    from nmt.data.synthetic import gold_alignment
+
+    if isinstance(datamodule.source, SyntheticSource):
+        return "gold", [parse(gold_alignment(s)) for s in sources]
+    for name, translator in translators.items():
+        if translator.has_attention:
+            links = []
+            for start in range(0, len(sources), 256):
+                part = slice(start, start + 256)
+                src_ids = encode_sources(inputs[name][part], translator.src_vocab, translator.max_src_len)
+                tgt_ids = [t[:-1] for t in encode_sources(refs[part], translator.tgt_vocab, translator.max_tgt_len)]
+                links += [parse(a) for a in translator.alignments(src_ids, tgt_ids)]
+            return f"{name}'s forced", links
+    return None
+
+
+def by_frequency(cfg: DictConfig, test: Scored, frequency: Counter[str], reports: dict[str, dict[str, Any]]) -> None:
+    """Word F-measure by training frequency per system (``frequency``), and paired against the
+    baseline (``nmt.evaluation.word_frequency``)."""
+    for name, h in test.hyps.items():
+        reports[name]["frequency"] = word_frequency.bands(h, test.refs, frequency, n_bootstrap=cfg.n_bootstrap)
+    for name in test.hyps:
+        if len(test.hyps) > 1 and name != test.baseline:
+            reports[name]["frequency_vs_baseline"] = {"baseline": test.baseline, "rows": word_frequency.paired(
+                test.hyps[name], test.hyps[test.baseline], test.refs, frequency,
+                n_bootstrap=int(cfg.significance.bootstrap))}
+
+
+def by_reordering(cfg: DictConfig, test: Scored, aligned: tuple[str, list[Any]] | None,
+                  reports: dict[str, dict[str, Any]]) -> None:
+    """BLEU by reordering distance per system, from the reference alignments ``aligned`` (their
+    origin, the links; None: no alignments, no analysis), with paired tests per distance bucket."""
+    if aligned is None:
+        return
+    distances = [reordering.reordering_distance(links, len(s.split()), len(r.split()))
+                 for links, s, r in zip(aligned[1], test.sources, test.refs)]
+    for name, h in test.hyps.items():
+        reports[name]["reordering"] = reordering.bleu_by_reordering(h, test.refs, distances,
+                                                                    tokenize=cfg.sacrebleu_tokenize,
+                                                                    n_bootstrap=cfg.n_bootstrap)
+        reports[name]["reordering_alignments"] = aligned[0]
+    if len(test.hyps) > 1:
+        buckets = list(zip(reordering.reordering_labels(), reordering.reordering_buckets(distances)))
+        tests = significance(test.hyps, test.sources, test.refs, test.baseline, cfg.length_buckets, unit=test.unit,
+                             tokenize=cfg.sacrebleu_tokenize, buckets=buckets, **cfg.significance)
+        for name, result in tests.items():
+            reports[name]["reordering_vs_baseline"] = result
+
+
+def robustness(cfg: DictConfig, translators: dict[str, Any], variants: list[str],
+               test: tuple[list[str], list[str], str, dict[str, list[str]]], reports: dict[str, dict[str, Any]],
+               out_dir: Path) -> Path:
+    """Each checkpoint on augmented copies of the test set (``nmt.data.augment.augmented_copy``:
+    ``upper`` in capitals, both sides; ``noise``: typing errors in the sources): a report per
+    system and copy (``<name>.<variant>/``) and ``robustness.{json,md}``, BLEU beside the clean set's.
+    ``test``: (sources, references, length unit, each system's sources as it reads them: with its language tags)."""
+    from nmt.data.augment import augmented_copy
+
+    sources, refs, unit, inputs = test
+    langs = {name: [split_tag(read)[0] for read in inputs[name]] for name in translators}  # each pair's tag, if any
+    table = {name: {"clean": {"bleu": reports[name]["bleu"], "bleu_ci": reports[name]["bleu_ci"],
+                              "chrf": reports[name]["chrf"]}} for name in translators}
+    for variant in variants:
+        copy_sources, copy_refs = augmented_copy(variant, sources, refs, seed=int(cfg.seed))
+        for name, translator in translators.items():
+            hyps = [t.text for t in translator.translate([s if lang is None else f"{tag(lang)} {s}"
+                                                          for lang, s in zip(langs[name], copy_sources)])]
+            (out_dir / f"{name}.{variant}.hyp.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+            report = length_report(copy_sources, hyps, copy_refs, cfg.length_buckets, unit=unit,
+                                   tokenize=cfg.sacrebleu_tokenize, n_bootstrap=cfg.n_bootstrap)
+            write_report(report, out_dir / f"{name}.{variant}", name=f"{name} ({variant})")
+            table[name][variant] = {k: report[k] for k in ("bleu", "bleu_ci", "chrf")}
+    (out_dir / "robustness.json").write_text(json_text(table))
+    columns = ["clean", *variants]
+    lines = ["| system | " + " | ".join(f"{c} BLEU [95% CI]" for c in columns) + " |",
+             "|---|" + "---:|" * len(columns)]
+    for name, row in table.items():
+        cells = [bleu_cell(row[c]["bleu"], *row[c]["bleu_ci"]) for c in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    path = out_dir / "robustness.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
