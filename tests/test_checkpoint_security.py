@@ -283,3 +283,22 @@ def test_a_small_file_declaring_huge_weights_through_views_is_refused_before_any
     checkpoint["state_dict"]["model.extra_alias"] = checkpoint["state_dict"][name]
     torch.save(checkpoint, tmp_path / "tied.ckpt")
     assert read_checkpoint(tmp_path / "tied.ckpt")["state_dict"]["model.extra_alias"].shape == weight.shape
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")  # deprecated, still loadable from a file
+@pytest.mark.parametrize("kind", ["sparse", "meta", "quantized"])
+def test_a_weight_that_is_not_a_dense_tensor_is_refused_in_one_line(tmp_path, capsys, kind):
+    """Sparse, meta and quantized tensors load with weights_only=True; building a model from them
+    raised torch's NotImplementedError or a multi-line RuntimeError."""
+    checkpoint = torch.load(SAVED_RELEASE, map_location="cpu", weights_only=True)
+    name, weight = next((k, v) for k, v in checkpoint["state_dict"].items() if v.dim() == 2)
+    checkpoint["state_dict"][name] = {
+        "sparse": lambda: weight.to_sparse(), "meta": lambda: torch.empty(weight.shape, device="meta"),
+        "quantized": lambda: torch.quantize_per_tensor(weight.float(), 0.1, 0, torch.qint8)}[kind]()
+    torch.save(checkpoint, tmp_path / f"{kind}.ckpt")
+    message = f"{tmp_path / kind}.ckpt: {name} is a {kind} tensor; refused: a checkpoint holds plain dense tensors"
+    with pytest.raises(CheckpointError) as error:
+        read_checkpoint(tmp_path / f"{kind}.ckpt")
+    assert str(error.value) == message
+    result = translate_here(capsys, f"ckpt={tmp_path / kind}.ckpt", f"input={SAVED_RELEASE.parent.parent / 'tiny' / 'test.src'}")
+    assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == f"error: {message}"

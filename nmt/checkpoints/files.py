@@ -103,6 +103,10 @@ def check_stored(path: str | Path, tensors: list[tuple[str, Any]]) -> None:
     for name, t in tensors:
         if not torch.is_tensor(t):
             continue
+        kind = ("a sparse" if t.layout != torch.strided else "a meta" if t.is_meta else "a quantized" if t.is_quantized
+                else None)
+        if kind:
+            raise CheckpointError(f"{path}: {name} is {kind} tensor; refused: a checkpoint holds plain dense tensors")
         storage, size = t.untyped_storage(), t.numel() * t.element_size()
         if any(stride == 0 and n > 1 for stride, n in zip(t.stride(), t.shape)) or size > storage.nbytes():
             raise CheckpointError(f"{path}: {name} is not a plain dense tensor (it repeats {storage.nbytes():,} stored "
@@ -160,18 +164,14 @@ def check_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], s
         if own[k].shape != state_dict[k].shape
     ]
     if missing or unexpected or shapes:
-        parts = []
-        if shapes:
-            parts.append("different shapes:\n  " + "\n  ".join(shapes[:20]))
-        if missing:
-            parts.append("missing from the checkpoint: " + ", ".join(missing[:20]))
-        if unexpected:
-            parts.append("not in the model: " + ", ".join(unexpected[:20]))
-        raise ValueError(
-            f"{source} does not match the model config (model type, sizes or vocabulary differ):\n"
-            + "\n".join(parts)
-            + "\nUse the config the checkpoint was trained with (it is saved in the checkpoint)."
-        )
+        def listed(names: list[str]) -> str:
+            return ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+
+        parts = [f"{what}: {listed(names)}" for what, names in (
+            ("different shapes", shapes), ("missing from the checkpoint", missing), ("not in the model", unexpected))
+                 if names]
+        raise ValueError(f"{source} does not match the model config (model type, sizes or vocabulary differ): "
+                         + "; ".join(parts) + "; use the config the checkpoint was trained with (it is saved in it)")
 
 
 def model_state(checkpoint: dict[str, Any], weights: str = "stored") -> dict[str, torch.Tensor]:
