@@ -2,23 +2,22 @@
 ends with the weights of a run that was never interrupted, bitwise; then a server killed under
 load and started again answers every later request.
 
-    python scripts/kill_soak.py --kills 24 --out outputs/kill_soak          # about 5 minutes
+    python scripts/kill_soak.py --kills 24 --out outputs/kill_soak          # about 10 minutes
     python scripts/kill_soak.py --kills 24 --out outputs/kill_soak --server
 
-The run: ``train.py`` on the synthetic data (prepared afresh, so the first kills can land in the
-data preparation), an LSTM with attention and dropout, fp32, deterministic and on one thread
-(float sums depend on the thread count), ``--steps`` steps,
+The run: ``train.py`` on the synthetic data (prepared afresh), an LSTM with attention and dropout,
+fp32, deterministic and on one thread (float sums depend on the thread count), ``--steps`` steps,
 ``last.ckpt`` every 2 steps. Each attempt is a new process in a folder of its own, resuming from
-the newest ``last.ckpt`` any earlier attempt left (none: it starts over). Its kill moment is drawn
-from four triggers: a delay after the start (imports, config, data), the moment a preparation's
-temporary folder appears, the moment a checkpoint's temporary file appears (the kill then lands
-during or right after the write) and a delay of up to 0.6 s after a checkpoint (training); "start"
-delays are drawn up to the time the uninterrupted run took to its first checkpoint. What
-was on disk when the signal went is recorded as its phase. After ``--kills`` kills one last attempt
-runs to the end; its ``last.ckpt`` must equal the uninterrupted run's (weights, optimizer moments,
-schedule, step, best BLEU), and no cache folder may lack its manifest (a killed preparation leaves
-only a ``.tmp-*`` folder, which no run reads). Writes ``<out>/kill_soak.json``; exits 1 on any
-difference.
+the newest ``last.ckpt`` any earlier attempt left (none: it starts over). The first attempt is
+killed while it prepares the data; every later one when one of four triggers fires, drawn at
+random: a delay after the start (imports, config, data; up to the time the uninterrupted run took
+to its first checkpoint), the moment a preparation's temporary folder appears, the moment a
+checkpoint's temporary file appears (the kill lands during or right after the write) and a delay
+of up to 0.6 s after the attempt's first checkpoint (training). What was on disk when the signal
+went is recorded as its phase. After ``--kills`` kills one last attempt runs to the end; its
+``last.ckpt`` must equal the uninterrupted run's (weights, optimizer moments, schedule, step, best
+BLEU), and no cache folder may lack its manifest (a killed preparation leaves only a ``.tmp-*``
+folder, which no run reads). Writes ``<out>/kill_soak.json``; exits 1 on any difference.
 
 ``--server``: ``nmt-serve`` on the final checkpoint, 8 clients sending requests, SIGKILL after
 ``--server-requests`` answers, started again; every request after the restart must be answered
@@ -104,9 +103,10 @@ class Trigger:
         except OSError:
             return False
         if mtime != self.mtime:
-            self.mtime, self.saves, self.saved_at = mtime, self.saves + 1, now
+            self.mtime, self.saves = mtime, self.saves + 1
+            self.saved_at = self.saved_at or now
         if self.kind == "training":
-            return now - self.saved_at >= self.delay  # a delay after a checkpoint of this attempt
+            return now - self.saved_at >= self.delay  # a delay after this attempt's first checkpoint
         return self.saves >= 5  # a write too quick to be seen five times running: kill while training
 
 
@@ -172,7 +172,7 @@ def soak(args) -> dict:
         run_dir = out / "soak" / f"attempt_{i:03d}"
         prepared = cache / "prepared"
         done = prepared.is_dir() and any((p / "manifest.json").is_file() for p in prepared.iterdir())
-        kind = rng.choice([t for t in TRIGGERS if not (done and t == "preparing")])
+        kind = "preparing" if i == 0 else rng.choice([t for t in TRIGGERS if not (done and t == "preparing")])
         delay = rng.uniform(0.0, startup) if kind == "start" else rng.uniform(0.0, 0.6)
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         record = attempt(train_command(args.steps, cache, run_dir, resume), out / "soak" / f"attempt_{i:03d}.log",
@@ -185,14 +185,16 @@ def soak(args) -> dict:
             resume = last
         attempts.append(record)
         print(f"attempt {i}: {record}", flush=True)
-        if not record["killed"]:  # it ended before its trigger: the run is complete
+        if not record["killed"]:  # it ended before its trigger: the run is complete (the final attempt adds nothing)
             break
     final_dir = out / "soak" / "final"
-    final = attempt([*train_command(args.steps, cache, final_dir, resume), "test=true"], out / "soak" / "final.log",
+    final = attempt(train_command(args.steps, cache, final_dir, resume), out / "soak" / "final.log",
                     None, cache, final_dir, args.timeout)
     if final["status"] != 0:
         raise SystemExit(f"the final attempt failed: {out / 'soak' / 'final.log'}")
-    differ = compare(reference_dir / "checkpoints" / "last.ckpt", final_dir / "checkpoints" / "last.ckpt")
+    if (final_dir / "checkpoints" / "last.ckpt").is_file():  # none when a killed attempt had saved the last step
+        resume = final_dir / "checkpoints" / "last.ckpt"
+    differ = compare(reference_dir / "checkpoints" / "last.ckpt", resume)
     prepared = cache / "prepared"
     folders = sorted(p.name for p in prepared.iterdir())
     incomplete = [n for n in folders if not n.startswith(".tmp-") and not (prepared / n / "manifest.json").is_file()]
@@ -201,7 +203,7 @@ def soak(args) -> dict:
         if a["killed"]:
             phases[a["phase"]] = phases.get(a["phase"], 0) + 1
     return {"steps": args.steps, "kills": sum(a["killed"] for a in attempts), "kills_by_phase": phases,
-            "attempts": attempts, "final_step": step_of(final_dir / "checkpoints" / "last.ckpt"),
+            "attempts": attempts, "final_checkpoint": str(resume), "final_step": step_of(resume),
             "differences": differ, "bitwise_equal": not differ,
             "cache_folders": folders, "incomplete_cache_folders": incomplete,
             "command": " ".join(["python", "train.py", *overrides(args.steps, Path("<cache>"))])}
@@ -247,8 +249,7 @@ def start_server(ckpt: Path, port: int, log: Path) -> subprocess.Popen:
 
 def server_soak(args, ckpt: Path) -> dict:
     out = Path(args.out).resolve()
-    sources = (out / "soak" / "final" / "test_sources.txt")
-    texts = sources.read_text().splitlines()[:40] if sources.is_file() else ["hello world"] * 40
+    texts = [f"sentence {i} " + " ".join(["ba", "ko", "ti", "nu"][: 1 + i % 4]) for i in range(40)]
     port, log = free_port(), out / "server.log"
     server = start_server(ckpt, port, log)
     status, expected = post(port, texts)
@@ -294,7 +295,7 @@ def main() -> None:
         raise SystemExit(f"--out {out} is not empty: give a new folder")
     result = soak(args)
     if args.server:
-        result["server"] = server_soak(args, Path(args.out).resolve() / "soak" / "final" / "checkpoints" / "last.ckpt")
+        result["server"] = server_soak(args, Path(result["final_checkpoint"]))
     (out / "kill_soak.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "attempts"}, indent=1))
     ok = result["bitwise_equal"] and not result["incomplete_cache_folders"]
