@@ -143,7 +143,7 @@ def test_a_saved_tokenizer_whose_pieces_break_lines_is_refused(budget_run, tmp_p
     tokenizers = checkpoint["tokenizers"]
     forged = tmp_path / "forged.ckpt"
     torch.save({**checkpoint, "tokenizers": {**tokenizers, "tgt": with_piece(tokenizers["tgt"], piece)}}, forged)
-    with pytest.raises(CheckpointError, match=r"^the tgt tokenizer saved in the checkpoint: piece \d+ \(.*\) holds a "
+    with pytest.raises(CheckpointError, match=rf"^the tgt tokenizer saved in {forged}: piece \d+ \(.*\) holds a "
                                               r"control or line-breaking character; a SentencePiece model trained by nmt has none$"):
         load_checkpoint(forged)
 

@@ -226,7 +226,9 @@ MALFORMED = {
     "state_dict of strings": (lambda c: {**c, "state_dict": {"model.x": "y"}}, "its state_dict is not a mapping"),
     "tokenizers missing": (lambda c: {**c, "tokenizers": {"src": b"abc"}}, "its tokenizers are not two"),
     "tokenizers not models": (lambda c: {**c, "tokenizers": {"src": b"\x00" * 9, "tgt": b"\x01"}},
-                              "the src tokenizer saved in the checkpoint: not a SentencePiece model"),
+                              r"the src tokenizer saved in \S+/malformed.ckpt: not a SentencePiece model"),
+    "empty tokenizers": (lambda c: {**c, "tokenizers": {"src": b"", "tgt": b""}},
+                         "holds an empty byte string where nmt stores its tokenizers; refused: it was not written by nmt"),
     "no model section": (lambda c: {**c, "run_config": {"data": c["run_config"]["data"]}}, "has no model section"),
 }
 

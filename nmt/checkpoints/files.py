@@ -61,6 +61,9 @@ def read_checkpoint(path: str | Path, allow_pickle: bool = False, what: str = "c
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=not allow_pickle, mmap=True)
     except pickle.UnpicklingError as e:
+        if _refused_global(e) in ("it names bytes", "it names builtins.bytes"):  # how pickle writes b"": no nmt file has one
+            raise CheckpointError(f"{path}: holds an empty byte string where nmt stores its tokenizers; refused: it "
+                                  "was not written by nmt") from None
         raise CheckpointError(
             f"{path}: refused, the file holds pickled Python objects ({_refused_global(e)}), which could run "
             "code when loaded; nmt checkpoints before format 2 do. Only if you trust the file: set "
@@ -145,10 +148,10 @@ def tokenizer_protos(src_vocab: Tokenizer, tgt_vocab: Tokenizer) -> dict[str, by
     return {"src": src_vocab.sp.serialized_model_proto(), "tgt": tgt_vocab.sp.serialized_model_proto()}
 
 
-def tokenizer_from_proto(proto: bytes, name: str) -> Tokenizer:
-    """The ``name`` (src or tgt) tokenizer saved in a checkpoint, checked (``Tokenizer.from_proto``)."""
+def tokenizer_from_proto(proto: bytes, name: str, source: str | Path = "the checkpoint") -> Tokenizer:
+    """The ``name`` (src or tgt) tokenizer saved in the checkpoint ``source``, checked (``Tokenizer.from_proto``)."""
     try:
-        return Tokenizer.from_proto(proto, f"the {name} tokenizer saved in the checkpoint")
+        return Tokenizer.from_proto(proto, f"the {name} tokenizer saved in {source}")
     except ValueError as e:
         raise CheckpointError(str(e)) from None
 
@@ -197,8 +200,8 @@ def saved_vocabularies(path: str | Path) -> tuple[Tokenizer, Tokenizer]:
         if not {"src", "tgt"} <= set(protos):
             raise ValueError(f"data.vocab_from={path}: the checkpoint has no saved tokenizers "
                              "(it was not written by nmt)")
-        src = tokenizer_from_proto(protos["src"], "src")
-        return src, src if protos["tgt"] == protos["src"] else tokenizer_from_proto(protos["tgt"], "tgt")
+        src = tokenizer_from_proto(protos["src"], "src", path)
+        return src, src if protos["tgt"] == protos["src"] else tokenizer_from_proto(protos["tgt"], "tgt", path)
     try:
         tok = Tokenizer(path)
     except (RuntimeError, OSError) as e:

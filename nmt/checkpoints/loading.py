@@ -50,7 +50,8 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", allow_
     model.to(device).eval()
     protos = checkpoint["tokenizers"]
     log.info("loaded %s (%s, step %s)", path, checkpoint_kind(checkpoint), checkpoint.get("global_step"))
-    return Loaded(model, tokenizer_from_proto(protos["src"], "src"), tokenizer_from_proto(protos["tgt"], "tgt"), run_config,
+    return Loaded(model, tokenizer_from_proto(protos["src"], "src", path), tokenizer_from_proto(protos["tgt"], "tgt", path),
+                  run_config,
                   checkpoint.get("global_step"), run_report(checkpoint, path))
 
 
