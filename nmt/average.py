@@ -28,7 +28,8 @@ from omegaconf import DictConfig
 
 from nmt import CONF_DIR, register_resolvers
 from nmt.cli_io import ending_cleanly
-from nmt.checkpoints.files import CheckpointError, atomic_save, model_weights, nonfinite, read_checkpoint
+from nmt.checkpoints.files import (CheckpointError, atomic_save, check_run_config, model_weights, nonfinite,
+                                  read_checkpoint)
 from nmt.checkpoints.release import release
 from nmt.runs.files import CHECKPOINTS
 
@@ -76,6 +77,8 @@ def select(found: list[tuple[Path, dict[str, Any]]], last: int | None, best: int
 def average(checkpoints: list[tuple[Path, dict[str, Any]]], weights: str = "raw") -> dict[str, torch.Tensor]:
     """The mean of the checkpoints' model weights (fp64 sums, cast back); all must have the same
     model config, vocabularies and weight names/shapes, else a ValueError names the file."""
+    for path, c in checkpoints:  # a config from a file is bounded before anything reads it whole
+        check_run_config(c, path)
     first_path, first = checkpoints[0]
     states = [model_weights(c, weights) for _, c in checkpoints]
     for (path, c), state in zip(checkpoints[1:], states[1:]):

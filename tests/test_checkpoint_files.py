@@ -298,7 +298,8 @@ def test_average_refuses_checkpoints_of_different_models(ema_run):
     _, run = ema_run
     path = run / "checkpoints" / "last.ckpt"
     checkpoint = read_checkpoint(path)
-    other = {**checkpoint, "run_config": {**checkpoint["run_config"], "model": {"hidden_size": 999}}}
+    other = {**checkpoint, "run_config": {**checkpoint["run_config"],
+                                          "model": {**checkpoint["run_config"]["model"], "hidden_size": 999}}}
     with pytest.raises(ValueError, match=f"{path}: another model config or vocabulary than {path}"):
         average([(path, checkpoint), (path, other)])
     state = dict(checkpoint["current_model_state"])
@@ -307,11 +308,21 @@ def test_average_refuses_checkpoints_of_different_models(ema_run):
         average([(path, checkpoint), (path, {**checkpoint, "current_model_state": state})])
     state = dict(checkpoint["current_model_state"])
     state["model.decoder.out.weight"] = state["model.decoder.out.weight"].clone().fill_(float("nan"))
-    diverged = run / "diverged.ckpt"
+    diverged, deep_path = run / "diverged.ckpt", run / "deep.ckpt"
     with pytest.raises(ValueError) as raised:
         average([(path, checkpoint), (diverged, {**checkpoint, "current_model_state": state})])
     assert str(raised.value) == (f"the average holds NaN or infinity (decoder.out.weight), from {diverged}; "
                                  "leave such checkpoints out")
+    nested: dict = {}
+    inner = nested
+    for _ in range(5000):  # compared with the first file's config, it once overflowed the stack
+        inner["a"] = {}
+        inner = inner["a"]
+    deep = {**checkpoint, "run_config": {**checkpoint["run_config"],
+                                         "model": {**checkpoint["run_config"]["model"], "extra": nested}}}
+    with pytest.raises(CheckpointError, match=rf"^{deep_path}: model\.extra(\.a)+: the config is larger than any nmt "
+                                              r"config \(10000 values, 32 levels\)$"):
+        average([(path, checkpoint), (deep_path, deep)])
 
 
 def test_a_logger_without_its_package_names_the_extra(monkeypatch):
