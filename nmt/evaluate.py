@@ -47,14 +47,16 @@ def load_test_split(data_cfg: DictConfig | dict, source: str | None = None) -> t
 
 
 def load_data(data_cfg: DictConfig | dict, source: str | None = None) -> Any:
-    """The data module of a data config, set up for testing (see ``load_test_split``)."""
+    """The data module of a data config, set up for testing (see ``load_test_split``); a config read
+    from the checkpoint ``source`` tokenizes with that checkpoint's own tokenizers."""
     if source is None:
         from nmt.training.builders import build_datamodule  # Lightning's import: only where a data config is built
 
         datamodule = build_datamodule(data_cfg)
     else:
         try:
-            checked = file_config.check(data_cfg, "data", source)
+            # the checkpoint's own tokenizers: none is trained, and the file's tokenizer options are not read
+            checked = {**file_config.check(data_cfg, "data", source), "vocab_from": str(source)}
             datamodule = file_config.build_data(checked, source, vocab_loader=saved_vocabularies)
         except file_config.ConfigRefused as e:
             raise CheckpointError(str(e)) from None

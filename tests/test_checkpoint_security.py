@@ -4,6 +4,7 @@ nmt's own classes only (``nmt.checkpoints.file_config``), through every entry po
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -159,11 +160,16 @@ def test_a_crafted_data_config_is_refused_by_evaluate(trained, tmp_path):
     assert not written.exists() and not (tmp_path / "w").exists()
 
 
-def test_evaluate_builds_the_checkpoints_own_data_config(trained, tmp_path):
-    config = {**read_checkpoint(trained)["run_config"]["data"], "cache_dir": str(tmp_path / "cache")}
-    sources, refs, unit = load_test_split(config, str(trained))
+def test_evaluate_builds_the_checkpoints_own_data_config_with_its_own_tokenizers(trained, tmp_path, caplog):
+    """No tokenizer is trained: the file's tokenizer options (here ones SentencePiece would refuse,
+    and its vocab_from) are not read."""
+    config = {**read_checkpoint(trained)["run_config"]["data"], "cache_dir": str(tmp_path / "cache"),
+              "tokenizer": {"vocab_size": "many", "user_defined_symbols": 5}, "vocab_from": "/nonexistent.model"}
+    with caplog.at_level(logging.INFO, logger="nmt"):
+        sources, refs, unit = load_test_split(config, str(trained))
     tiny = Path(__file__).parent / "data" / "tiny"  # the corpus the checkpoint's data config names
     assert (sources, refs, unit) == (read_lines(tiny / "test.src", strip=True), read_lines(tiny / "test.tgt", strip=True), "words")
+    assert "prepared" in caplog.text and "trained SentencePiece" not in caplog.text
 
 
 def test_every_class_a_config_names_is_buildable_by_its_exact_name():
