@@ -287,6 +287,26 @@ def test_real_server_refuses_an_endless_chunked_body_with_413(server):
     assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
 
 
+def test_real_server_closes_a_connection_whose_request_has_both_body_lengths(server):
+    """Content-Length and Transfer-Encoding together (request smuggling's tool): the body is read
+    as chunked, and the connection closes after the answer, so a pipelined second request is not
+    read with a framing the two ends may disagree on (RFC 9112, 6.1)."""
+    body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (b'{"text": ["a"]}', b""))
+    first = (b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+             b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n" + body)
+    second = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with connect(server) as s:
+        s.sendall(first + second)
+        answer = read_all(s)
+    assert answer.startswith(b"HTTP/1.1 200 ") and answer.count(b"HTTP/1.1 ") == 1, answer[:500]
+    with connect(server) as s:  # a request with one length keeps its connection
+        s.sendall(first.replace(b"Content-Length: 4\r\n", b"") + second)
+        s.settimeout(5)
+        seen = b""
+        while seen.count(b"HTTP/1.1 200 ") < 2:
+            seen += s.recv(65536)
+
+
 @pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_sigterm_exits_while_a_client_stalls_mid_body(serve_ckpt, tmp_path):
     """shutdown_timeout_s bounds the wait for in-flight requests: a client that sent half a body

@@ -39,8 +39,8 @@ from nmt.cli_io import ending_cleanly
 from nmt.inference.backends import open_translator
 from nmt.inference.requests import Naming, Request as TranslationRequest
 from nmt.serve.batching import Batcher, ClientGone, QueueFull, QueueTimeout
-from nmt.serve.guard import (ApiKeyMiddleware, HeaderTimeoutH11Protocol, content_type_error, error, parse_request,
-                             read_body)
+from nmt.serve.guard import (AmbiguousLengthMiddleware, ApiKeyMiddleware, HeaderTimeoutH11Protocol, content_type_error,
+                             error, parse_request, read_body)
 from nmt.inference.translations import response_item
 
 log = logging.getLogger(__name__)
@@ -178,6 +178,7 @@ def create_app(translator: Any, cfg: DictConfig) -> FastAPI:
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     if (key := api_key(cfg)) is not None:
         app.add_middleware(ApiKeyMiddleware, key=key)
+    app.add_middleware(AmbiguousLengthMiddleware)
     if cfg.cors_origins:  # added last, so it runs first: preflights and 401s carry its headers
         app.add_middleware(CORSMiddleware, allow_origins=list(cfg.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "X-API-Key"])

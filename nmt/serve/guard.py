@@ -1,5 +1,7 @@
 """What ``nmt-serve`` accepts from a client, checked before anything turns into work.
 
+- ``AmbiguousLengthMiddleware``: a request with both Content-Length and Transfer-Encoding is
+  answered with ``Connection: close``, so nothing after it on the connection is read.
 - ``ApiKeyMiddleware``: with ``api_key`` set, every path but ``/health``, ``/`` and ``/static/``
   needs ``Authorization: Bearer <key>`` or ``X-API-Key: <key>`` (401 otherwise).
 - ``content_type_error``: a POST body must be ``Content-Type: application/json`` (415), so a page
@@ -42,6 +44,29 @@ def error(status: int, message: str, limit: str | None = None, value: Any = None
     if limit is not None:
         body.update(limit=limit, value=value)
     return JSONResponse(body, status_code=status, headers={"Connection": "close"} if close else None)
+
+
+class AmbiguousLengthMiddleware:
+    """Closes the connection after answering a request that declares both Content-Length and
+    Transfer-Encoding: the body is read as chunked, but a proxy in front may have framed it by
+    Content-Length, so a request pipelined after it could be one the proxy never saw (RFC 9112,
+    6.1: such a connection must close)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        names = {name.lower() for name, _ in scope.get("headers", ())} if scope["type"] == "http" else set()
+        if not {b"content-length", b"transfer-encoding"} <= names:
+            return await self.app(scope, receive, send)
+
+        async def closing(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, receive, closing)
 
 
 class ApiKeyMiddleware:
