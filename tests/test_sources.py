@@ -96,6 +96,21 @@ def test_missing_folder_names_path_and_key(tmp_path):
     assert "data.source.path" in str(e.value) and "NMT_DATA_DIR" in str(e.value)
 
 
+def test_a_language_file_that_is_a_symlink_loop_or_a_folder_is_named_as_such(corpus):
+    """Not "language 'de' is not in the folder": the file is there, but cannot be read."""
+    target = corpus / "test.de"
+    target.unlink()
+    target.symlink_to(target)  # a loop
+    with pytest.raises(DataError) as e:
+        FileSource(str(corpus), "de", "en").load()
+    assert str(e.value) == (f"{target}: a symbolic link that cannot be followed (Too many levels of symbolic links); "
+                            "fix the link or put the file in its place")
+    target.unlink()
+    target.mkdir()
+    with pytest.raises(DataError, match=rf"^{target} is not a regular file; put the 'de' side of the 'test' split there$"):
+        FileSource(str(corpus), "de", "en").load()
+
+
 def test_unknown_language_lists_languages_not_provenance(corpus):
     for split in SPLITS:
         (corpus / f"{split}.session").write_text("s\t1\n")

@@ -223,6 +223,14 @@ class FileSource:
         return plan
 
     def _explain_missing(self, path: Path, stem: str, lang: str, split: str) -> None:
+        if path.is_symlink():  # there, but not a file: a link that loops or points to nothing
+            try:
+                path.stat()
+            except OSError as e:
+                raise DataError(f"{path}: a symbolic link that cannot be followed ({e.strerror}); fix the link or put "
+                                "the file in its place") from None
+        if path.exists():
+            raise DataError(f"{path} is not a regular file; put the {lang!r} side of the {split!r} split there")
         stems: dict[str, set[str]] = {}
         for f in self.path.iterdir() if self.path else []:
             name, _, ext = f.name.removesuffix(".gz").rpartition(".")
