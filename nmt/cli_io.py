@@ -15,9 +15,9 @@ without a traceback on a user's error, a signal or a closed pipe (``ending_clean
   the file and what was kept; torch and SentencePiece report such failures as other errors.
 - ``ending_cleanly``: exit statuses 128 + signal (130 SIGINT, 143 SIGTERM); 141 (128 + SIGPIPE,
   what a tool killed by SIGPIPE reports) and nothing on stderr when the reader of stdout went
-  away (``| head``); 1 and one line ``error: ...`` for a ``ValueError`` or ``OSError`` raised in
-  nmt's own code (``HYDRA_FULL_ERROR=1`` re-raises it, with its traceback). Anything else is a bug
-  and keeps its traceback.
+  away (``| head``); 1 and one line ``error: ...`` for a ``MemoryError``, and for a ``ValueError``
+  or ``OSError`` raised in nmt's own code (``HYDRA_FULL_ERROR=1`` re-raises it, with its
+  traceback). Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -191,6 +191,11 @@ def ending_cleanly() -> Iterator[None]:
         # The reader went away: later writes (the exit's flush of stdout) go nowhere, quietly.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise SystemExit(128 + signal.SIGPIPE) from None
+    except MemoryError:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        _say("error: out of memory; use smaller batches (max_tokens), shorter inputs or a machine with more memory")
+        raise SystemExit(EXIT_ERROR) from None
     except (ValueError, OSError) as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1" or not raised_in_nmt(e):
             raise

@@ -235,6 +235,10 @@ def test_only_errors_raised_by_nmt_become_one_line(capsys):
     assert capsys.readouterr().err == "error: format=xml: choose auto or one of text, jsonl for translations\n"
     with pytest.raises(ValueError, match="a bug elsewhere"), ending_cleanly():
         raise ValueError("a bug elsewhere")  # raised in this file, not in nmt: keeps its traceback
+    with pytest.raises(SystemExit) as stop, ending_cleanly():
+        raise MemoryError  # wherever it comes from: the machine, not a bug
+    assert stop.value.code == 1 and capsys.readouterr().err == (
+        "error: out of memory; use smaller batches (max_tokens), shorter inputs or a machine with more memory\n")
 
 
 def test_a_named_pipe_as_input_loses_no_line(ckpt, tmp_path):
