@@ -6,8 +6,10 @@ without a traceback on a user's error, a signal or a closed pipe (``ending_clean
 - ``check_paths``: every input opens for reading, the output's folder exists, and the output is
   not an input (the same device and inode: through symlinks and hard links too, and stdin or
   stdout redirected from or to it); a one-line ``ValueError`` names the keys.
-- ``open_output``, ``close_output``: the output file, created or truncated only when opened; an
-  error names it.
+- ``OutputFile``: the output file, written under a temporary name beside it and renamed over it
+  when the run ends (also when a signal stopped it, with the whole lines written so far); after an
+  error an existing file is left as it was (a new one gets the lines finished before the error). A
+  device or a named pipe is written in place.
 - ``StopSignals``: SIGINT and SIGTERM stop the run at once until ``defer()``; after it, at the
   next ``check()`` (the writer calls it after each batch, when every line that can be written in
   order is), so the output holds only whole lines. A second signal stops at once.
@@ -27,6 +29,7 @@ import os
 import signal
 import stat
 import sys
+import tempfile
 import threading
 import traceback
 from collections.abc import Iterator, Mapping
@@ -104,19 +107,71 @@ def check_paths(inputs: Mapping[str, str | None], output: str | None) -> None:
                              "write the output to another file")
 
 
-def open_output(path: str) -> IO[str]:
+def current_umask() -> int:
+    """The process's file-creation mask: from /proc on Linux (no race with other threads), else
+    read by setting it and setting it back at once."""
     try:
-        return open(path, "w", encoding="utf-8")
-    except OSError as e:
-        raise ValueError(f"output={path}: {e.strerror or e}") from None
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
-def close_output(stream: IO[str]) -> None:
-    """Close the output file; an error (its last lines could not be written) names it."""
-    try:
-        stream.close()
-    except OSError as e:
-        raise OSError(e.errno, e.strerror, f"output={stream.name}") from None
+class OutputFile:
+    """``path`` written through ``stream``: a regular file (or a new one) under a temporary name in
+    its folder, renamed over it by ``finish()`` with the mode an existing file had (a symbolic link
+    is followed: its target is replaced); ``discard()`` removes the temporary file, so an error
+    leaves an existing output as it was. A device or a named pipe is opened and written in place."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.tmp = path, None
+        target = os.path.realpath(path)
+        status = _stat(target, -1)
+        self.existed = status is not None  # a file the run must not replace unless it succeeds
+        try:
+            if status is not None and not stat.S_ISREG(status.st_mode):
+                self.stream: IO[str] = open(path, "w", encoding="utf-8")
+                return
+            fd, self.tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=f".{os.path.basename(target)}.",
+                                            suffix=".tmp")
+            os.fchmod(fd, stat.S_IMODE(status.st_mode) if status is not None else 0o666 & ~current_umask())
+            self.stream = os.fdopen(fd, "w", encoding="utf-8")
+            self.target = target
+        except OSError as e:
+            raise ValueError(f"output={path}: {e.strerror or e}") from None
+
+    def finish(self) -> None:
+        """Close the stream and put the file in place; an error (its last lines could not be
+        written) names the output and leaves an existing file as it was."""
+        try:
+            self.stream.close()
+            if self.tmp is not None:
+                os.replace(self.tmp, self.target)
+        except OSError as e:
+            self.discard()
+            raise OSError(e.errno, e.strerror, f"output={self.path}") from None
+
+    def end_on_error(self) -> None:
+        """After an error: the lines finished so far go in place of a new output; an existing one
+        is left as it was."""
+        if self.existed:
+            return self.discard()
+        try:
+            self.finish()
+        except OSError:
+            pass
+
+    def discard(self) -> None:
+        try:
+            self.stream.close()
+        except OSError:
+            pass
+        if self.tmp is not None:
+            Path(self.tmp).unlink(missing_ok=True)
 
 
 class Stopped(BaseException):

@@ -52,7 +52,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nmt import CONF_DIR, register_resolvers
 from nmt.inference.backends import backend_of, model_file, open_translator, search_settings
-from nmt.cli_io import StopSignals, Stopped, check_paths, close_output, ending_cleanly, open_output
+from nmt.cli_io import OutputFile, StopSignals, Stopped, check_paths, ending_cleanly
 from nmt.inference.requests import GUIDES, Naming, Request
 from nmt.inference.line_streams import OrderedWriter, Progress, chunked, count_lines, read_pairs
 from nmt.text_lines import iter_lines, read_lines, report_replaced
@@ -233,8 +233,8 @@ def run(cfg: DictConfig) -> None:
 
 
 def translate_file(cfg: DictConfig, signals: StopSignals) -> None:
-    """Check the options, paths and model, then open the output and stream the lines into it: an
-    error before the first line leaves an existing output file as it was."""
+    """Check the options, paths and model, then stream the lines into the output (``OutputFile``):
+    an error leaves an existing output file as it was."""
     check_options(cfg)
     check_paths({"input": cfg.input, **({"target": cfg.get("target")} if cfg.mode == "score" else {}),
                  **({"prefixes": cfg.prefixes} if cfg.get("prefixes") else {}),
@@ -244,7 +244,8 @@ def translate_file(cfg: DictConfig, signals: StopSignals) -> None:
     check_request(cfg, translator, guides)
     attention_dir = attention_folder(cfg)
     check_heatmaps(cfg, attention_dir)
-    out: IO[str] = sys.stdout if cfg.output is None else open_output(cfg.output)
+    output = None if cfg.output is None else OutputFile(cfg.output)
+    out: IO[str] = sys.stdout if output is None else output.stream
     signals.defer()  # from here on, a signal stops the run between whole lines
     show = cfg.progress == "auto" and cfg.input is not None and sys.stderr.isatty() or cfg.progress is True
     progress = Progress(count_lines(cfg.input) if show and regular_file(cfg.input) else None, bool(show))
@@ -256,11 +257,17 @@ def translate_file(cfg: DictConfig, signals: StopSignals) -> None:
             lines = translate_stream(cfg, translator, writer, attention_dir, guides)
     except Stopped as stop:
         stop.note = f"; the first {writer.next} lines are written to {cfg.output or 'stdout'}"
+        if output is not None:
+            output.finish()
+        raise
+    except BaseException:
+        if output is not None:
+            output.end_on_error()  # an existing output stays as it was
         raise
     finally:
         progress.close()
-        if out is not sys.stdout:
-            close_output(out)
+    if output is not None:
+        output.finish()
     what = "scored" if cfg.mode == "score" else f"translated with {OmegaConf.to_container(cfg.decoding)}"
     log.info("%s %d lines (%s backend)", what, lines, translator.backend)
 

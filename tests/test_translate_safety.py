@@ -135,6 +135,32 @@ def test_an_error_before_the_first_line_leaves_an_existing_output_unchanged(ckpt
     assert out.read_text(encoding="utf-8") == OLD
 
 
+@pytest.mark.parametrize("bad", ["cr_only", "invalid_utf8_later"])
+def test_an_input_error_found_while_translating_leaves_an_existing_output_unchanged(ckpt, tmp_path, capsys, bad):
+    """The reader finds a bad line only once it reaches it, after the output was opened: the
+    output is written under a temporary name, so the old file stays whole and nothing is left."""
+    out = tmp_path / "out.txt"
+    out.write_text(OLD, encoding="utf-8")
+    out.chmod(0o640)
+    src = tmp_path / "in.txt"
+    src.write_bytes(b"a b c\rd e f\r" if bad == "cr_only" else "".join(line + "\n" for line in LINES * 50).encode()
+                    + b"\xff\xfe broken\n")
+    result = translate_here(ckpt, capsys, f"input={src}", f"output={out}", "chunk_lines=8")
+    assert_one_line_error(result, str(src))
+    assert out.read_text(encoding="utf-8") == OLD and sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
+    src.write_text("".join(line + "\n" for line in LINES), encoding="utf-8")  # the same run on good input
+    from nmt.cli_io import StopSignals
+    from nmt.translate import translate_file
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("translate", overrides=[f"ckpt={ckpt}", "decoding=greedy", f"input={src}", f"output={out}"])
+    with StopSignals() as signals:
+        translate_file(cfg, signals)
+    assert out.read_text(encoding="utf-8").count("\n") == len(LINES) and (out.stat().st_mode & 0o777) == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
+
+
 @pytest.mark.parametrize("where", ["under_a_file", "missing_folder"])
 def test_an_unwritable_output_is_one_line_naming_output(ckpt, src, tmp_path, capsys, where):
     """As root every folder is writable: a path under a regular file, or in a missing folder."""
@@ -163,9 +189,10 @@ def long_input(tmp_path: Path) -> Path:
 
 
 def wait_for_lines(path: Path, proc: subprocess.Popen, lines: int, timeout: float = 600) -> None:  # a hang guard
+    """Until the output being written (under its temporary name beside ``path``) has ``lines`` lines."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if path.is_file() and path.read_bytes().count(b"\n") >= lines:
+        if any(p.read_bytes().count(b"\n") >= lines for p in path.parent.glob(f".{path.name}.*.tmp")):
             return
         assert proc.poll() is None, f"translate.py ended (status {proc.returncode}) before {lines} lines"
         time.sleep(0.05)
@@ -198,8 +225,8 @@ def test_a_signal_stops_the_run_with_whole_translated_lines_and_no_traceback(ckp
     errors = (tmp_path / "stderr.txt").read_text()
     assert status == 128 + signum, errors[-3000:]
     assert "Traceback" not in errors and f"stopped by {signal.Signals(signum).name}" in errors
-    text = out.read_text(encoding="utf-8")
-    assert text.endswith("\n")
+    text = out.read_text(encoding="utf-8")  # the lines written so far, put in place
+    assert text.endswith("\n") and not list(tmp_path.glob(".out.txt.*.tmp"))
     written = text.split("\n")[:-1]
     assert 16 <= len(written) < len(LINES) * 100
     assert written == own_translations(ckpt, (LINES * 100)[: len(written)])

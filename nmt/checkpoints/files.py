@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from nmt.checkpoints import file_config
-from nmt.cli_io import write_failure
+from nmt.cli_io import current_umask, write_failure
 from nmt.data.tokenizer import Tokenizer
 
 FORMAT = 2  # checkpoint["nmt_format"] this version writes and reads (1: before weights-only loading)
@@ -231,20 +231,6 @@ def vocabulary_difference(proto: bytes, side: str, vocab: Tokenizer) -> tuple[in
     if saved == now:
         return None
     return next((i for i, (a, b) in enumerate(zip(saved, now)) if a != b), min(len(saved), len(now))), len(saved), len(now)
-
-
-def current_umask() -> int:
-    """The process's file-creation mask: from /proc on Linux (no race with other threads), else
-    read by setting it and setting it back at once."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:
