@@ -52,7 +52,8 @@ def test_every_model_preset_builds(model):
 # the composed config with no test overrides; "model" and "data" are the group options chosen.
 EXPERIMENTS = {
     "bleu_vs_length": {"model": "lstm_bahdanau", "data": "synthetic", "scheduler._target_": "nmt.training.schedules.WarmupCosine",
-                       "test_ckpt": "last", "position_shift": 30, "data.max_tokens": 2048, "trainer.max_steps": 2500,
+                       "test_ckpt": "last", "position_shift": 30, "data.max_tokens": 2048, "data.train_max_words": None,
+                       "trainer.max_steps": 2500,
                        "trainer.val_check_interval": 500,
                        "callbacks.early_stopping": None},
     "bleu_vs_length_europarl": {"model": "lstm_bahdanau", "data": "europarl_it_en", "position_shift": 0,
