@@ -299,15 +299,16 @@ def _init_worker_process(protos: dict[str, bytes]) -> None:
     _init_worker(protos)
 
 
-def _start_pool(workers: int, protos: dict[str, bytes]) -> multiprocessing.pool.Pool:
-    """The worker processes, started with SIGINT held back: a Ctrl-C arriving while they fork
-    would run its handler inside CPython's after-fork hooks, which ignore the KeyboardInterrupt
-    (the preparation and the training went on). Held back, it is raised here, once they exist."""
+def _start_pool(workers: int, protos: dict[str, bytes], started: list[multiprocessing.pool.Pool]) -> None:
+    """The worker processes, appended to ``started`` (whose owner terminates them), started with
+    SIGINT held back: a Ctrl-C arriving while they fork would run its handler inside CPython's
+    after-fork hooks, which ignore the KeyboardInterrupt (the preparation and the training went
+    on). Held back, it is raised once they exist and ``started`` holds them."""
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     hold = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hold else None
     try:
-        return multiprocessing.get_context(method).Pool(workers, _init_worker_process, (protos,))
+        started.append(multiprocessing.get_context(method).Pool(workers, _init_worker_process, (protos,)))
     finally:
         if hold:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)
@@ -330,17 +331,17 @@ def _encode_all(out: Path, protos: dict[str, bytes], dtypes: dict[str, Any], wor
             n = len(np.load(out / f"{split}.{side}.text_offsets.npy", mmap_mode="r")) - 1
             tasks += [(str(out), f"{split}.{side}", b, min(b + ENCODE_CHUNK, n), side, np.dtype(dtypes[side]).str)
                       for b in range(0, n, ENCODE_CHUNK)]
-    if workers > 1 and len(tasks) > 4 * workers:  # small corpora: not worth starting processes
-        pool = _start_pool(workers, protos)
-        results = pool.imap(_encode, tasks)
-    else:
-        pool = None
-        _init_worker(protos, threads=-1)  # SentencePiece's threads (all cores) encode each chunk
-        results = map(_encode, tasks)
+    pools: list[multiprocessing.pool.Pool] = []
     counts: dict[str, int] = {}
     writers: dict[str, tuple[NpyWriter, NpyWriter, NpyWriter]] = {}
     start = time.perf_counter()
     try:
+        if workers > 1 and len(tasks) > 4 * workers:  # small corpora: not worth starting processes
+            _start_pool(workers, protos, pools)
+            results = pools[0].imap(_encode, tasks)
+        else:
+            _init_worker(protos, threads=-1)  # SentencePiece's threads (all cores) encode each chunk
+            results = map(_encode, tasks)
         for task, (ids, sizes) in zip(tasks, results):
             name = task[1]
             if name not in writers:
@@ -357,10 +358,10 @@ def _encode_all(out: Path, protos: dict[str, bytes], dtypes: dict[str, Any], wor
             counts[name] += len(ids)
         _close(writers)
     finally:
-        if pool is not None:
+        for pool in pools:
             pool.terminate()
     log.info("encoded %d sentences in %.1fs (%s)", sum(t[3] - t[2] for t in tasks), time.perf_counter() - start,
-             f"{workers} worker processes" if pool is not None else "in process")
+             f"{workers} worker processes" if pools else "in process")
     return counts
 
 
