@@ -5,7 +5,6 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as L
 import torch
-from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from pytorch_lightning.callbacks import ModelCheckpoint
 
@@ -14,7 +13,7 @@ from nmt.data.datamodule import TranslationDataModule
 from nmt.data.sources import DataError, FileSource, read_lines
 from nmt.data.stats import histogram, report
 from nmt.data.tokenizer import BOS, EOS, PAD
-from tests.conftest import SEARCH_PATH
+from tests.conftest import SEARCH_PATH, compose_run
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -31,10 +30,9 @@ def tiny(cache_dir: Path, **kwargs) -> TranslationDataModule:
 
 
 def compose_data(name: str, tmp_path: Path, *overrides: str):
-    with initialize_config_dir(str(ROOT / "nmt" / "conf"), version_base="1.3"):
-        return compose("stats", overrides=[SEARCH_PATH, f"data={name}", f"paths.root_dir={ROOT}",
-                                           f"paths.cache_dir={tmp_path}", f"paths.data_dir={tmp_path}",
-                                           *overrides])
+    """The stats config for data ``name``, Hydra's runtime set (a data config may read the model choice)."""
+    return compose_run("stats", tmp_path / "run", [SEARCH_PATH, f"data={name}", f"paths.root_dir={ROOT}",
+                                                   f"paths.cache_dir={tmp_path}", f"paths.data_dir={tmp_path}", *overrides])
 
 
 @pytest.fixture(scope="module")
