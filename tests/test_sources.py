@@ -58,8 +58,10 @@ def test_synthetic_source_natural_train_lengths_and_uniform_test(tmp_path):
         SyntheticSource(max_len=10**9)  # would generate forever
     with pytest.raises(DataError, match=r"data.source.min_len=0, max_len=60"):
         SyntheticSource(min_len=0)
-    with pytest.raises(DataError, match=r"data.source.median_len=200: choose a length from min_len=3 to max_len=60"):
-        SyntheticSource(median_len=200)
+    with pytest.raises(DataError, match=r"data.source.median_len=200: choose a length from 1.5 to 120 \(half "
+                                        r"min_len=3 to twice max_len=60\)"):
+        SyntheticSource(median_len=200)  # natural lengths would almost never fall within [3, 60]
+    assert SyntheticSource(max_len=8).median_len == 15  # the default median with a shorter range: still generates
 
 
 def test_synthetic_valid_lengths_change_the_valid_split_only(tmp_path):

@@ -112,9 +112,11 @@ class SyntheticSource:
         if not (isinstance(min_len, int) and isinstance(max_len, int) and 1 <= min_len <= max_len <= MAX_SYNTHETIC_WORDS):
             raise DataError(f"data.source.min_len={min_len}, max_len={max_len}: sentence lengths are whole numbers of "
                             f"words with 1 <= min_len <= max_len <= {MAX_SYNTHETIC_WORDS}")
-        if not (isinstance(median_len, (int, float)) and min_len <= median_len <= max_len):
-            raise DataError(f"data.source.median_len={median_len}: choose a length from min_len={min_len} to "
-                            f"max_len={max_len}")
+        # "natural" lengths are drawn around the median and kept when in [min_len, max_len]: within a
+        # factor 2 of that range, about one draw in eight or more is kept
+        if not (isinstance(median_len, (int, float)) and min_len / 2 <= median_len <= 2 * max_len):
+            raise DataError(f"data.source.median_len={median_len}: choose a length from {min_len / 2:g} to "
+                            f"{2 * max_len} (half min_len={min_len} to twice max_len={max_len})")
         self.sizes = {"train": num_pairs, "valid": valid_pairs, "test": test_pairs}
         self.lengths = {"train": lengths, "valid": valid_lengths, "test": test_lengths}
         self.seed, self.min_len, self.max_len, self.median_len = seed, min_len, max_len, median_len
