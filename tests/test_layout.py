@@ -39,3 +39,10 @@ def test_every_folder_says_its_role_in_its_init():
     for init in PACKAGE.rglob("__init__.py"):
         doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
         assert doc and doc.split("\n")[0].strip(), f"{init.relative_to(ROOT)}: no docstring giving the folder's role"
+
+
+def test_the_tests_index_is_current():
+    """tests/INDEX.md maps each module to the test files that exercise it (``python -m tests.index``)."""
+    from tests.index import INDEX, index
+
+    assert INDEX.read_text(encoding="utf-8") == index(), "tests/INDEX.md is stale: run python -m tests.index"
