@@ -184,8 +184,12 @@ class Stopped(BaseException):
 
 
 class StopSignals:
-    """SIGINT and SIGTERM handlers for the block (in the main thread; an ignored signal stays
-    ignored): they raise ``Stopped`` at once, or after ``defer()`` only at the next ``check()``."""
+    """SIGINT and SIGTERM handlers for the block (in the main thread): they raise ``Stopped`` at
+    once, or after ``defer()`` only at the next ``check()``.
+
+    They are installed even where the signal was inherited as ignored: a shell without job
+    control starts its background commands with SIGINT ignored, and ``kill -INT <pid>`` (or a
+    Ctrl-C reaching the script's process group) must still stop the run with its lines in place."""
 
     def __init__(self) -> None:
         self.pending: int | None = None
@@ -195,8 +199,7 @@ class StopSignals:
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
-                if signal.getsignal(signum) is not signal.SIG_IGN:
-                    self._previous[signum] = signal.signal(signum, self._handle)
+                self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:

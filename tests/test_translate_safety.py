@@ -209,13 +209,20 @@ def own_translations(ckpt: Path, lines: list[str]) -> list[str]:
 
 
 @pytest.mark.slow  # end to end in processes of its own: the slow tier
-@pytest.mark.parametrize("signum, workers", [(signal.SIGINT, 2), (signal.SIGTERM, 1)], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_stops_the_run_with_whole_translated_lines_and_no_traceback(ckpt, tmp_path, signum, workers):
+@pytest.mark.parametrize("signum, workers, inherited_ignored",
+                         [(signal.SIGINT, 2, False), (signal.SIGINT, 2, True), (signal.SIGTERM, 1, False)],
+                         ids=["SIGINT", "SIGINT-background", "SIGTERM"])
+def test_a_signal_stops_the_run_with_whole_translated_lines_and_no_traceback(ckpt, tmp_path, signum, workers,
+                                                                              inherited_ignored):
+    """SIGINT-background: started as ``translate.py ... &`` by a shell without job control, which
+    starts it with SIGINT ignored; ``kill -INT <pid>`` must stop it all the same."""
     src, out = long_input(tmp_path), tmp_path / "out.txt"
+    ignore_sigint = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if inherited_ignored else None
     with open(tmp_path / "stderr.txt", "w") as stderr:
         proc = subprocess.Popen(command(ckpt, f"input={src}", f"output={out}", "chunk_lines=8", f"workers={workers}",
                                         "precision=32"),  # as own_translations decodes
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, cwd=tmp_path)
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, cwd=tmp_path,
+                                preexec_fn=ignore_sigint)
         try:
             wait_for_lines(out, proc, 16)
             proc.send_signal(signum)
