@@ -46,9 +46,11 @@ def load_test_split(data_cfg: DictConfig | dict, source: str | None = None) -> t
     return sources, refs, datamodule.src_words
 
 
-def load_data(data_cfg: DictConfig | dict, source: str | None = None) -> Any:
+def load_data(data_cfg: DictConfig | dict, source: str | None = None, split: str = "test",
+              train_text: bool = False) -> Any:
     """The data module of a data config, set up for testing (see ``load_test_split``); a config read
-    from the checkpoint ``source`` tokenizes with that checkpoint's own tokenizers."""
+    from the checkpoint ``source`` tokenizes with that checkpoint's own tokenizers and prepares
+    ``split`` alone (with ``train_text``, the training text too, not encoded)."""
     if source is None:
         from nmt.training.builders import build_datamodule  # Lightning's import: only where a data config is built
 
@@ -57,7 +59,8 @@ def load_data(data_cfg: DictConfig | dict, source: str | None = None) -> Any:
         try:
             # the checkpoint's own tokenizers: none is trained, and the file's tokenizer options are not read
             checked = {**file_config.check(data_cfg, "data", source), "vocab_from": str(source)}
-            datamodule = file_config.build_data(checked, source, vocab_loader=saved_vocabularies)
+            datamodule = file_config.build_data(checked, source, vocab_loader=saved_vocabularies, splits=[split],
+                                              train_text=train_text)
         except file_config.ConfigRefused as e:
             raise CheckpointError(str(e)) from None
     datamodule.setup("test")
@@ -113,12 +116,13 @@ def evaluate(cfg: DictConfig) -> None:
         data_cfg, data_source = loaded[0].run_config.get("data"), str(ckpts[0])
         if isinstance(data_cfg, dict):  # prepared data goes to this machine's cache, not the one the file names
             data_cfg = {**data_cfg, "cache_dir": str(cfg.paths.cache_dir)}
-    datamodule = load_data(data_cfg, data_source)
+    word_frequency = bool(cfg.get("word_frequency", True))  # counts the training split's target words
+    datamodule = load_data(data_cfg, data_source, split_name, train_text=word_frequency)
     (tagged, refs), unit = datamodule.raw(split_name), datamodule.src_words
     sources = directions.untagged(tagged)  # what the reports count and show; multilingual models read the tags
     inputs = {name: directions.model_inputs(t, name, tagged, sources, datamodule) for name, t in zip(names, loaded)}
     split = directions.plan(datamodule)  # before any translation: the language identifier
-    frequency = training_counts(datamodule) if cfg.get("word_frequency", True) else None
+    frequency = training_counts(datamodule) if word_frequency else None
     hyps: dict[str, list[str]] = {}
     entropies: dict[str, list[float | None]] = {}
     for name, translator in zip(names, loaded):

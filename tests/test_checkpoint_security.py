@@ -170,6 +170,29 @@ def test_evaluate_builds_the_checkpoints_own_data_config_with_its_own_tokenizers
     tiny = Path(__file__).parent / "data" / "tiny"  # the corpus the checkpoint's data config names
     assert (sources, refs, unit) == (read_lines(tiny / "test.src", strip=True), read_lines(tiny / "test.tgt", strip=True), "words")
     assert "prepared" in caplog.text and "trained SentencePiece" not in caplog.text
+    prepared = sorted(p.name for p in (tmp_path / "cache").rglob("*.npy"))
+    assert prepared and all(name.startswith("test.") for name in prepared), prepared  # the test split alone
+
+
+def test_evaluate_reads_the_training_text_for_word_counts_without_encoding_it(trained, tmp_path):
+    """The frequency analysis counts the target words of the pairs the run trained on: read as
+    text alone, they are the pairs a full preparation selects, and no training token is encoded."""
+    from nmt.evaluate import load_data
+    from nmt.evaluation.analyses import training_counts
+    from nmt.training.builders import build_datamodule
+
+    config = {**read_checkpoint(trained)["run_config"]["data"], "cache_dir": str(tmp_path / "alone")}
+    alone = load_data(config, str(trained), "valid", train_text=True)
+    names = {p.name for p in (tmp_path / "alone").rglob("*.npy")}
+    assert "train.tgt.text.npy" in names and "valid.src.tokens.npy" in names
+    assert not any(n.startswith("test.") or (n.startswith("train.") and "tokens" in n) for n in names), names
+    full = build_datamodule(OmegaConf.create({**config, "cache_dir": str(tmp_path / "full")}))
+    full.setup("fit")
+    assert alone.train_rows().tolist() == full.train_rows().tolist()
+    assert training_counts(alone) == training_counts(full) and sum(training_counts(full).values()) > 100
+    assert alone.raw("valid") == full.raw("valid")
+    with pytest.raises(ValueError, match="did not read the training split"):
+        load_data(config, str(trained), "test").train_rows()
 
 
 def test_every_class_a_config_names_is_buildable_by_its_exact_name():

@@ -139,6 +139,11 @@ class TranslationDataModule(L.LightningDataModule):
         (`temperature_items`); directions of unequal sizes then change the number of batches by
         epoch, as `augment` does. None or 1: every pair once an epoch. The source's target-language
         tags become pieces of their own in the vocabulary (SentencePiece `user_defined_symbols`).
+    splits: the splits to prepare and open (default all); with `vocab_from`, a reader of one
+        split (`nmt-evaluate`: the test split) prepares that split alone, not a million training
+        pairs it never reads. Training needs all three. train_text: without "train" in `splits`,
+        read the training text too, without encoding it (`train_rows` and `raw("train")` then
+        give the pairs the config selects by `train_max_words` and `train_pairs`).
     """
 
     def __init__(self, source: Any, tokenizer: dict | DictConfig | None, src_lang: str,
@@ -149,8 +154,17 @@ class TranslationDataModule(L.LightningDataModule):
                  train_max_words: int | None = None, vocab_from: str | None = None,
                  vocab_loader: Callable[[str], tuple[Tokenizer, Tokenizer]] | None = None,
                  augment: list | None = None, temperature: float | None = None,
-                 val_sample: int | None = None) -> None:
+                 val_sample: int | None = None, splits: list[str] | tuple[str, ...] | None = None,
+                 train_text: bool = False) -> None:
         super().__init__()
+        self.splits = SPLITS if splits is None else tuple(splits)
+        self.text_only = ("train",) if train_text and "train" not in self.splits else ()
+        self._train_text_rows: np.ndarray | None = None
+        if not self.splits or any(s not in SPLITS for s in self.splits):
+            raise ValueError(f"splits={list(self.splits)}: choose among {', '.join(SPLITS)}")
+        if self.splits != SPLITS and vocab_from is None:
+            raise ValueError(f"splits={list(self.splits)}: preparing some splits alone needs data.vocab_from "
+                             "(a tokenizer is trained on the training split)")
         if too_long not in ("drop", "truncate"):
             raise ValueError(f"too_long must be 'drop' or 'truncate', got {too_long!r}")
         if src_words not in ("words", "chars"):
@@ -230,7 +244,7 @@ class TranslationDataModule(L.LightningDataModule):
         start = time.perf_counter()
         self.prepared_dir, self._prepared_now = prepare(
             self.source, self.cache_dir, self.tokenizer_options, vocab, self.src_words,
-            self.train_max_words, self.train_pairs, self.seed, workers)
+            self.train_max_words, self.train_pairs, self.seed, workers, self.splits, self.text_only)
         log.info("tokenized data: %s %s in %.2fs", "built" if self._prepared_now else "loaded",
                  self.prepared_dir, time.perf_counter() - start)
 
@@ -250,7 +264,7 @@ class TranslationDataModule(L.LightningDataModule):
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             return
         mine = {"src vocabulary": self.src_vocab.pieces_digest, "tgt vocabulary": self.tgt_vocab.pieces_digest,
-                "training pairs": len(self.datasets["train"])}
+                "training pairs": len(self.datasets.get("train", ()))}
         ranks: list[Any] = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(ranks, mine)
         differ = [key for key in mine if any(r[key] != ranks[0][key] for r in ranks)]
@@ -272,7 +286,7 @@ class TranslationDataModule(L.LightningDataModule):
             self.tgt_vocab = self.src_vocab if files["tgt"] == files["src"] else Tokenizer(folder / files["tgt"])
             self.src_vocab.trained = self.tgt_vocab.trained = self._prepared_now
         arrays = lambda name: np.load(folder / f"{name}.npy", mmap_mode="r")  # noqa: E731
-        for split in SPLITS:
+        for split in self.splits:
             counts = manifest["splits"][split]
             self.stats[split] = {"read": counts["read"], "empty_dropped": counts["empty_dropped"]}
             index = None
@@ -288,6 +302,13 @@ class TranslationDataModule(L.LightningDataModule):
                 origin = np.asarray(arrays(f"{split}.origin"))
                 self.origins[split] = origin if kept is None else origin[kept]
         self.origin_names = list(manifest.get("origins") or [])
+        if "train" not in self.splits:  # a reader of valid or test: no training batches
+            if self.text_only:
+                words = [arrays(f"train.{side}.words") for side in SIDES]
+                rows = select_train(*words, self.train_max_words, self.train_pairs, self.seed)[0]
+                self._train_text_rows = np.arange(len(words[0])) if rows is None else rows
+            self.prepare_seconds = time.perf_counter() - start
+            return
         self._sample_valid()
         if self.temperature is not None and "train" not in self.origins:
             log.warning("data.temperature=%s: the source has one direction; every training pair is read once an epoch",
@@ -367,6 +388,17 @@ class TranslationDataModule(L.LightningDataModule):
         return TokenizedSplit(src, tgt, index, self.max_src_len, self.max_tgt_len, sizes=sizes)
 
     # -- access ------------------------------------------------------------------------
+    def train_rows(self) -> np.ndarray:
+        """Rows of the training text that the config trains on (before subword-length limits when
+        the training split was read as text only)."""
+        self.setup()
+        if "train" in self.datasets:
+            index = self.datasets["train"].index
+            return np.arange(len(self.datasets["train"])) if index is None else np.asarray(index)
+        if self._train_text_rows is None:
+            raise ValueError("this data module did not read the training split (splits, train_text)")
+        return self._train_text_rows
+
     def raw(self, split: str) -> tuple[list[str], list[str]]:
         """Source and reference strings of `split` in dataset order (batch `ids` index them),
         read from the prepared text (for train this builds every string: inspection only)."""

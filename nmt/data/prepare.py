@@ -16,7 +16,9 @@ and why, tokenizer fingerprints, each source file's size and modification time).
 the source in chunks (empty pairs dropped), writing text and word counts; pick the training
 pairs the tokenizer sees (`select_train`); train SentencePiece on `input_sentence_size`
 sentences drawn across all of them; encode every split with worker processes that each read
-their own rows of the text. Everything is written into a temporary folder that is renamed when
+their own rows of the text. With `vocab_from`, a reader of one split (`nmt-evaluate` reads the
+test split) prepares that split alone, and the training text without encoding it when it counts
+training words, in a folder of its own (`splits` in the key). Everything is written into a temporary folder that is renamed when
 complete, so an interrupted preparation is never used. Memory stays near one chunk plus the
 tokenizer's training sample, whatever the corpus size.
 """
@@ -323,10 +325,11 @@ def _encode(task: tuple[str, str, int, int, str, str]) -> tuple[np.ndarray, np.n
     return np.fromiter(itertools.chain.from_iterable(ids), dtype, int(sizes.sum())), sizes
 
 
-def _encode_all(out: Path, protos: dict[str, bytes], dtypes: dict[str, Any], workers: int) -> dict[str, int]:
+def _encode_all(out: Path, protos: dict[str, bytes], dtypes: dict[str, Any], workers: int,
+                splits: tuple[str, ...] = SPLITS) -> dict[str, int]:
     """Write tokens, offsets and lengths of every split and side; returns tokens per split.side."""
     tasks = []
-    for split in SPLITS:
+    for split in splits:
         for side in SIDES:
             n = len(np.load(out / f"{split}.{side}.text_offsets.npy", mmap_mode="r")) - 1
             tasks += [(str(out), f"{split}.{side}", b, min(b + ENCODE_CHUNK, n), side, np.dtype(dtypes[side]).str)
@@ -378,13 +381,23 @@ def default_workers() -> int:
 def prepare(source: Any, cache_dir: str | Path, tokenizer: Mapping[str, Any] | None = None,
             vocab: tuple[Tokenizer, Tokenizer] | None = None, src_words: str = "words",
             train_max_words: int | None = None, train_pairs: int | None = None, seed: int = 0,
-            workers: int | None = None) -> tuple[Path, bool]:
+            workers: int | None = None, splits: tuple[str, ...] = SPLITS,
+            text_only: tuple[str, ...] = ()) -> tuple[Path, bool]:
     """The prepared folder of `source` (see the module docstring), written first when absent.
 
     vocab: tokenizers to encode with (`vocab_from`); None trains SentencePiece with the options
     `tokenizer` on the training pairs `select_train` keeps. workers: encoding processes (default
-    one per core; 0 or 1 encodes in this process). Returns (folder, whether it was written now).
+    one per core; 0 or 1 encodes in this process). splits: the splits to prepare, all unless
+    `vocab` is given (a tokenizer is trained on the training split); text_only: further splits
+    whose text and word counts are written, not encoded. Returns (folder, whether it was written
+    now).
     """
+    splits, text_only = tuple(splits), tuple(s for s in text_only if s not in splits)
+    if not splits or any(s not in SPLITS for s in splits + text_only):
+        raise ValueError(f"splits={list(splits + text_only)}: choose among {', '.join(SPLITS)}")
+    if vocab is None and "train" not in splits:
+        raise ValueError(f"splits={list(splits)}: a tokenizer is trained on the training split; give vocab_from "
+                         "to prepare other splits alone")
     options = options_with_defaults(tokenizer)
     source = streaming(source)
     if vocab is not None:
@@ -392,6 +405,8 @@ def prepare(source: Any, cache_dir: str | Path, tokenizer: Mapping[str, Any] | N
     else:
         spec = {"options": options, "spm": spm.__version__,
                 "selection": selection_key(train_max_words, train_pairs, seed)}
+    if splits != SPLITS:
+        spec["splits"] = {"encoded": list(splits), "text": list(text_only)}
     key = folder_key(source.describe(), spec, src_words)
     folder = folder_for(Path(cache_dir), key)
     if (folder / "manifest.json").is_file():
@@ -402,23 +417,23 @@ def prepare(source: Any, cache_dir: str | Path, tokenizer: Mapping[str, Any] | N
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f"{TMP_PREFIX}{folder.name}-"))
     try:
         log.info("preparing %s in %s", json.dumps(key["source"])[:300], folder)
-        splits = {split: _read_split(source, split, tmp, src_words) for split in SPLITS}
+        counted = {split: _read_split(source, split, tmp, src_words) for split in splits + text_only}
         if vocab is None:
             words = [np.load(tmp / f"train.{side}.words.npy", mmap_mode="r") for side in SIDES]
             rows, selection = select_train(*words, train_max_words, train_pairs, seed)
-            files = _train_tokenizers(tmp, rows, splits["train"]["pairs"], options)
+            files = _train_tokenizers(tmp, rows, counted["train"]["pairs"], options)
             toks = {side: Tokenizer(tmp / files[side]) for side in SIDES}
         else:
             selection, files = {}, {"src": None, "tgt": None}
             toks = dict(zip(SIDES, vocab))
         dtypes = {side: token_dtype(toks[side].vocab_size) for side in SIDES}
         protos = {side: toks[side].sp.serialized_model_proto() for side in SIDES}
-        counts = _encode_all(tmp, protos, dtypes, default_workers() if workers is None else workers)
-        for split in SPLITS:
-            splits[split] |= {f"{side}_tokens": counts[f"{split}.{side}"] for side in SIDES}
+        counts = _encode_all(tmp, protos, dtypes, default_workers() if workers is None else workers, splits)
+        for split in splits:
+            counted[split] |= {f"{side}_tokens": counts[f"{split}.{side}"] for side in SIDES}
         manifest = {
             "format": FORMAT, "key": key, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            "seconds": round(time.perf_counter() - start, 1), "splits": splits,
+            "seconds": round(time.perf_counter() - start, 1), "splits": counted,
             "origins": list(getattr(source, "origins", [])),  # the names of <split>.origin.npy's values
             "train_selection": selection,  # training pairs the tokenizer saw (as selected again by the datamodule)
             "tokenizer": {side: {"file": files[side], "fingerprint": toks[side].fingerprint,
@@ -438,7 +453,7 @@ def prepare(source: Any, cache_dir: str | Path, tokenizer: Mapping[str, Any] | N
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("prepared %s in %.1fs: %s", folder, time.perf_counter() - start,
-             ", ".join(f"{s} {splits[s]['pairs']}" for s in SPLITS))
+             ", ".join(f"{s} {counted[s]['pairs']}" for s in splits))
     return folder, True
 
 

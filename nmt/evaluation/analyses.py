@@ -36,7 +36,7 @@ def training_counts(datamodule: Any, chunk: int = 50_000) -> Counter[str]:
     """Word counts of the target side of the pairs the data config trains on (read in chunks)."""
     from nmt.data.prepare import TextColumn
 
-    column, index = TextColumn(datamodule.prepared_dir, "train.tgt"), datamodule.datasets["train"].index
+    column, index = TextColumn(datamodule.prepared_dir, "train.tgt"), datamodule.train_rows()
     total: Counter[str] = Counter()
     for start in range(0, len(index), chunk):
         total.update(word_frequency.counts(column.take(index[start : start + chunk])))
