@@ -1,9 +1,11 @@
-"""Export a checkpoint for deployment: ``nmt-export ckpt=<file> format=release|ctranslate2 out=<path>``.
+"""Export a checkpoint for deployment: ``nmt-export ckpt=<file> format=release|ctranslate2|huggingface out=<path>``.
 
 ``release``: one file with the weights, run config and vocabularies, without optimizer, loop,
 callback or RNG state; ``translate.py`` and ``evaluate.py`` load it like a checkpoint (resuming
 from it is refused). ``ctranslate2``: a CTranslate2 model folder (Transformers only; see
-``nmt.exporters.ctranslate2``). Both are written under a temporary name and renamed when complete,
+``nmt.exporters.ctranslate2``). ``huggingface``: a folder ``transformers`` loads with
+``AutoModelForSeq2SeqLM`` and ``AutoTokenizer`` (Transformers that one of its classes expresses
+exactly; see ``nmt.exporters.huggingface``). All are written under a temporary name and renamed when complete,
 so a failed export leaves nothing behind. ``weights=raw`` exports the weights being trained
 instead of their moving average (runs with ``callbacks.ema``).
 """
@@ -24,7 +26,8 @@ from nmt.checkpoints.release import release
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("release", "ctranslate2")
+FORMATS = ("release", "ctranslate2", "huggingface")
+PACKAGES = {"ctranslate2": ("ctranslate2", "export"), "huggingface": ("transformers", "hf")}  # format: module, extra
 
 
 def export_release(ckpt: str | Path, out: str | Path, weights: str = "stored", allow_pickle: bool = False) -> Path:
@@ -47,16 +50,25 @@ def export(cfg: DictConfig) -> Path:
         return export_release(cfg.ckpt, cfg.out, cfg.weights, cfg.allow_pickle)
     if cfg.weights != "stored":
         raise ValueError("weights=raw: export a release file with weights=raw first, then convert that file")
+    if cfg.format == "huggingface" and cfg.get("quantization") is not None:
+        raise ValueError(f"quantization={cfg.quantization}: format=huggingface writes fp32 weights; quantize in "
+                         "transformers, or export format=ctranslate2")
+    module, extra = PACKAGES[cfg.format]
     try:
-        from nmt.exporters.ctranslate2 import to_ctranslate2
+        if cfg.format == "ctranslate2":
+            from nmt.exporters.ctranslate2 import to_ctranslate2 as write
+        else:
+            import transformers  # noqa: F401  (before the checkpoint is read: a missing package is the first error)
+
+            from nmt.exporters.huggingface import to_huggingface as write
     except ModuleNotFoundError as e:
-        if e.name != "ctranslate2":
+        if e.name != module:
             raise
-        raise ImportError("format=ctranslate2 needs the ctranslate2 package: pip install 'nmt[export]'") from None
+        raise ImportError(f"format={cfg.format} needs the {module} package: pip install 'nmt[{extra}]'") from None
     loaded = load_checkpoint(cfg.ckpt, allow_pickle=cfg.allow_pickle)
-    out = to_ctranslate2(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, cfg.out,
-                         quantization=cfg.get("quantization"))
-    log.info("CTranslate2 model -> %s", out)
+    options = {"quantization": cfg.get("quantization")} if cfg.format == "ctranslate2" else {}
+    out = write(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, cfg.out, **options)
+    log.info("%s model -> %s", cfg.format, out)
     return out
 
 
