@@ -329,12 +329,17 @@ def main() -> None:
     run()
 
 
-@hydra.main(config_path=CONF_DIR, config_name="train", version_base="1.3")
-def run(cfg: DictConfig) -> float | None:
+def set_up_process(cfg: DictConfig) -> None:
+    """The process-wide settings a training run wants (also ``nmt-distill``'s)."""
     register_resolvers()  # again: a launcher (submitit) may run this in a process of its own
     bound_onednn_cache()
     if kernels.on_cpu(cfg.kernels, training_device(cfg)):
         keep_freed_memory()  # the CPU kernels' allocator setting, for the whole process
+
+
+@hydra.main(config_path=CONF_DIR, config_name="train", version_base="1.3")
+def run(cfg: DictConfig) -> float | None:
+    set_up_process(cfg)
     with ending_cleanly():  # a user's error (a bad key, a file that is not a model): one line, status 1
         metrics = train(cfg)
     value = metrics.get(cfg.get("optimized_metric") or "")

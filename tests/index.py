@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 INDEX = ROOT / "tests" / "INDEX.md"
-SCRIPTS = {"train.py": "nmt.train", "translate.py": "nmt.translate", "evaluate.py": "nmt.evaluate"}
+SCRIPTS = {"train.py": "nmt.train", "translate.py": "nmt.translate", "evaluate.py": "nmt.evaluate", "distill.py": "nmt.distill"}
 HEADER = ("# Tests by module\n\nWhich test files exercise each module of `nmt`: named for it, importing it, or "
           "running it as a command (none: reached only through other modules). Written by `python -m tests.index`; "
           "`tests/test_layout.py` checks it is current.\n\n| module | test files |\n|---|---|\n")

@@ -25,7 +25,7 @@ LAYERS = {
     4: ["nmt.evaluation*", "nmt.exporters*"],
     5: ["nmt.training*"],
     6: [*COMMANDS, "nmt.serve*"],  # the server is a command too (nmt-serve)
-    7: ["nmt.study"],  # the study runs training and writes evaluate's comparison
+    7: ["nmt.study", "nmt.distill"],  # they run training (the study also writes evaluate's comparison)
     8: ["nmt.bench*"],  # what scripts/ shares: it may import any of nmt, and nothing in nmt imports it
 }
 

@@ -235,7 +235,7 @@ def _generation_config(hf: Any, run_config: dict) -> None:
         decoder_start_token_id=BOS, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
         suppress_tokens=[PAD, BOS],  # never generated (nmt.decoding.search)
         num_beams=int(decoding.get("beam_size") or 5),
-        max_length=int(hf.config.max_position_embeddings))
+        max_new_tokens=int(hf.config.max_position_embeddings) - 1)  # the decoder's position table, BOS at 0
 
 
 def to_huggingface(model: nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer, run_config: dict,
