@@ -6,17 +6,29 @@ CTranslate2 backend where the teacher can use it, batched, resumable, with progr
 left); the student then trains on those translations exactly as ``train.py`` trains, with every
 ``train.py`` option, and is validated and tested on the corpus's own references. Its run config
 names the distilled folder as its data, so ``nmt-evaluate`` scores it on those references too.
+
+With ``distill.compare=true`` (the default) the run ends with ``nmt-evaluate``'s side-by-side
+table in ``<run>/comparison/``: the teacher (when it is a checkpoint), the student and
+``distill.compare_with`` (e.g. the same student trained on the references), on the test split's
+references, with paired significance against the teacher.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig
+from hydra import compose
+from omegaconf import DictConfig, open_dict
 
 from nmt import CONF_DIR, register_resolvers
 from nmt.cli_io import ending_cleanly
+from nmt.runs.files import SUMMARY
+
+log = logging.getLogger(__name__)
 
 
 def main() -> None:
@@ -35,8 +47,37 @@ def run(cfg: DictConfig) -> float | None:
 
         student_data(cfg, distil(cfg))
         metrics = train(cfg)
+        if cfg.distill.get("compare", True) and cfg.get("test", True):
+            compare(cfg)
     value = metrics.get(cfg.get("optimized_metric") or "")
     return None if value is None or math.isnan(value) else value
+
+
+def compare(cfg: DictConfig) -> Path:
+    """``nmt-evaluate`` of the teacher, the tested student and ``distill.compare_with`` on the
+    test split, into ``<run>/comparison/``; returns its table."""
+    from nmt.evaluate import evaluate
+    from nmt.inference.ctranslate2 import is_export
+
+    run_dir = Path(cfg.paths.output_dir)
+    student = json.loads((run_dir / SUMMARY).read_text())["tested_checkpoint"]["path"]
+    # the student first: evaluate reads the test split from its data config (the distilled folder's references)
+    systems = {"student": student}
+    if not is_export(cfg.distill.teacher):
+        systems["teacher"] = str(cfg.distill.teacher)
+    for name, path in (cfg.distill.get("compare_with") or {}).items():
+        systems[str(name)] = str(path)
+    out = run_dir / "comparison"
+    names = ", ".join(f"{name}: '{path}'" for name, path in systems.items())
+    baseline = ["baseline=teacher"] if "teacher" in systems else []
+    evaluation = compose("evaluate", overrides=[f"ckpts={{{names}}}", *baseline, f"paths.cache_dir={cfg.paths.cache_dir}",
+                                                "word_frequency=false", "reordering=false"])
+    with open_dict(evaluation):
+        evaluation.paths.output_dir = str(out)
+    out.mkdir(parents=True, exist_ok=True)
+    evaluate(evaluation)
+    log.info("the teacher and the students side by side: %s", out / "comparison.md")
+    return out / "comparison.md"
 
 
 if __name__ == "__main__":

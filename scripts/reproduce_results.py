@@ -55,9 +55,10 @@ def load_registry(path: Path) -> list[dict]:
 
 def command_line(entry: dict, run_dir: Path) -> tuple[list[str], dict[str, str]]:
     """The entry's command as arguments and environment: leading ``NAME=value`` words become
-    environment variables, ``python`` this Python, and the ``output`` words (default
+    environment variables, ``python`` this Python, ``{out}`` the folder of every entry's run folder
+    (a command that reads another entry's run: ``needs``), and the ``output`` words (default
     ``hydra.run.dir={run_dir}``) are appended."""
-    words = shlex.split(entry["command"])
+    words = shlex.split(entry["command"].replace("{out}", shlex.quote(str(run_dir.parent))))
     env = dict(os.environ)
     while words and ENV_WORD.match(words[0]):
         name, value = words.pop(0).split("=", 1)
@@ -192,14 +193,24 @@ def listing(entries: list[dict]) -> str:
 
 
 def select(entries: list[dict], only: list[str] | None, everything: bool) -> list[dict]:
-    """The entries named by --only, or all with --all, else the cheap ones."""
+    """The entries named by --only, or all with --all, else the cheap ones; with each, in registry
+    order, the entries it ``needs`` (whose run it reads, e.g. a teacher)."""
     if only:
         known = {e["name"] for e in entries}
         unknown = [n for n in only if n not in known]
         if unknown:
             raise SystemExit(f"not in the registry: {', '.join(unknown)} (--list shows it)")
-        return [e for e in entries if e["name"] in only]
-    return entries if everything else [e for e in entries if e.get("cheap")]
+        names = set(only)
+    else:
+        names = {e["name"] for e in entries if everything or e.get("cheap")}
+    by_name = {e["name"]: e for e in entries}
+    pending = list(names)
+    while pending:
+        for need in by_name[pending.pop()].get("needs", []):
+            if need not in names:
+                names.add(need)
+                pending.append(need)
+    return [e for e in entries if e["name"] in names]
 
 
 def main() -> None:

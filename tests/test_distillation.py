@@ -130,7 +130,8 @@ def test_nmt_distill_trains_a_student_on_the_teachers_translations(tmp_path):
     result = subprocess.run(
         [sys.executable, str(ROOT / "distill.py"), f"distill.teacher={TEACHER}", "data=files", f"data.source.path={TINY}",
          "data.src_lang=src", "data.tgt_lang=tgt", "model=transformer", "model.hidden_size=32", "trainer.max_steps=30",
-         f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}", "distill.workers=1"],
+         f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}", "distill.workers=1",
+         f"distill.compare_with={{other: '{TEACHER}'}}", "distill.chunk_lines=40"],
         capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     from nmt.checkpoints.files import read_checkpoint
@@ -140,6 +141,9 @@ def test_nmt_distill_trains_a_student_on_the_teachers_translations(tmp_path):
     assert student["run_config"]["data"]["source"]["path"] == str(folder)  # nmt-evaluate reads its references there
     assert (tmp_path / "run" / "bleu_by_length.md").is_file() and "distill: 100 of 100 training sentences" in result.stdout + result.stderr
     assert read_lines(folder / "test.tgt") == read_lines(TINY / "test.tgt", strip=True)
+    table = (tmp_path / "run" / "comparison" / "comparison.md").read_text()  # side by side, against the teacher
+    assert all(f" {name} BLEU [95% CI] |" in table for name in ("student", "teacher", "other")), table
+    assert "| student vs teacher | all |" in table and "| other vs teacher | all |" in table, table
 
 
 def test_the_distilled_folder_layout_is_what_file_source_reads(tmp_path):

@@ -28,6 +28,18 @@ def run_script(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow  # end to end in processes of its own: the slow tier
+def test_an_entry_brings_the_entries_it_needs_and_reads_their_runs_under_out(tmp_path):
+    entries = [{"name": "teacher", "command": "python train.py"},
+               {"name": "student", "command": "python distill.py distill.teacher={out}/teacher/last.ckpt",
+                "needs": ["teacher"], "cheap": True},
+               {"name": "other", "command": "python train.py"}]
+    assert [e["name"] for e in reproduce.select(entries, ["student"], False)] == ["teacher", "student"]
+    assert [e["name"] for e in reproduce.select(entries, None, False)] == ["teacher", "student"]
+    assert [e["name"] for e in reproduce.select(entries, ["other"], False)] == ["other"]
+    words, _ = reproduce.command_line(entries[1], tmp_path / "out" / "student")
+    assert f"distill.teacher={tmp_path / 'out'}/teacher/last.ckpt" in words
+
+
 def test_a_tiny_entry_runs_and_its_metrics_are_read_back_beside_the_documented_values(tmp_path):
     overrides = [o for o in TINY if not o.startswith(("model.", "trainer.max_steps"))] + [
         "model.emb_size=16", "model.hidden_size=16", "trainer.max_steps=2", "test_decoding.beam_size=2",
@@ -140,6 +152,11 @@ def test_every_registered_command_composes_and_sends_its_files_to_its_run_folder
             for overrides in training_overrides(script, args):
                 compose_train(tmp_path, overrides, model=None)
                 composed += 1
+        elif script == "distill.py":
+            GlobalHydra.instance().clear()
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+                compose("distill", overrides=args)
+            composed += 1
         elif script == "scripts/benchmark.py":
             GlobalHydra.instance().clear()
             with initialize_config_dir(config_dir=str(ROOT / "scripts" / "conf"), version_base="1.3"):
