@@ -63,7 +63,7 @@ def command_line(entry: dict, run_dir: Path) -> tuple[list[str], dict[str, str]]
     while words and ENV_WORD.match(words[0]):
         name, value = words.pop(0).split("=", 1)
         env[name] = value
-    words = [sys.executable if w == "python" else w for w in words]
+    words = [sys.executable if w == "python" else os.path.expandvars(w) for w in words]  # $NMT_DATA_DIR
     output = entry.get("output", "hydra.run.dir={run_dir}").format(run_dir=shlex.quote(str(run_dir)))
     return words + shlex.split(output), env
 
