@@ -74,7 +74,7 @@ EXPERIMENTS = {
                             "trainer.max_steps": 5000, "trainer.val_check_interval": 1000, "test_ckpt": "best", "data.val_sample": None},
     "multi30k_student": {"model": "transformer", "data": "multi30k", "model.hidden_size": 128,
                          "model.encoder.num_layers": 3, "model.decoder.num_layers": 1, "model.encoder.ff_size": 512,
-                         "optimizer.lr": 0.002, "trainer.max_steps": 2500, "test_decoding.alpha": 2.0, "test_ckpt": "last"},
+                         "optimizer.lr": 0.002, "trainer.max_steps": 5000, "test_decoding.alpha": 2.0, "test_ckpt": "last"},
     "multi30k_transformer": {"model": "transformer", "data": "multi30k", "model.hidden_size": 256,
                              "model.encoder.num_layers": 3, "model.decoder.num_heads": 4, "model.encoder.ff_size": 1024,
                              "optimizer.lr": 0.002, "scheduler.warmup_steps": 250, "trainer.max_steps": 2500,
