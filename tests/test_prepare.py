@@ -263,6 +263,9 @@ from nmt.data.prepare import prepare
 from nmt.data.sources import FileSource
 
 prep.ENCODE_CHUNK = 5  # enough chunks for worker processes on the tiny corpus
+# Ctrl-C raises KeyboardInterrupt, as in an interactive Python, however the tests were started (a
+# background job of a shell without job control inherits SIGINT ignored)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 fired = []
 
 def ctrl_c():  # SIGINT sent in the middle of starting the workers, as a Ctrl-C can land
