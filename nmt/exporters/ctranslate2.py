@@ -25,17 +25,15 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from nmt.cli_io import FULL, write_failure
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 from nmt.decoding.limits import model_max_src_len
+from nmt.exporters.folder import check_free, new_folder
 from nmt.models.transformer import TransformerDecoder, TransformerEncoder
 
 log = logging.getLogger(__name__)
@@ -199,31 +197,17 @@ def to_ctranslate2(model, src_vocab, tgt_vocab, run_config: dict, out_dir: str |
         raise ValueError(f"quantization={quantization!r}: choose one of {', '.join(ACCEPTED_MODEL_TYPES)} or None")
     check_exportable(model, run_config)
     out_dir = Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise FileExistsError(f"{out_dir} exists and is not empty: remove it or export elsewhere")
+    check_free(out_dir)  # before the conversion starts
 
     class SpecConverter(Converter):  # Converter.convert validates, quantizes and saves a spec
         def _load(self):
             return build_spec(model, src_vocab, tgt_vocab)
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    try:
+    with new_folder(out_dir) as tmp:
         with torch.no_grad():
             SpecConverter().convert(str(tmp), quantization=quantization, force=True)
         (tmp / "source.model").write_bytes(src_vocab.sp.serialized_model_proto())
         (tmp / "target.model").write_bytes(tgt_vocab.sp.serialized_model_proto())
         (tmp / METADATA).write_text(json.dumps(_metadata(model, run_config, quantization), indent=2) + "\n")
-        if out_dir.exists():
-            out_dir.rmdir()  # empty (checked above)
-        tmp.rename(out_dir)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if e.errno not in FULL:
-            raise
-        raise write_failure(out_dir, e, "nothing was written") from e
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log.info("exported to %s (quantization %s)", out_dir, quantization)
     return out_dir

@@ -37,9 +37,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from nmt.cli_io import FULL, write_failure
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 from nmt.decoding.limits import model_max_src_len
+from nmt.exporters.folder import new_folder
 from nmt.models.transformer import TransformerDecoder, TransformerEncoder
 
 log = logging.getLogger(__name__)
@@ -246,11 +246,7 @@ def to_huggingface(model: nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer,
     non-empty ``out_dir``; nothing is left behind on error."""
     model_class(model, run_config)  # before anything is written
     out_dir = Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise FileExistsError(f"{out_dir} exists and is not empty: remove it or export elsewhere")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    try:
+    with new_folder(out_dir) as tmp:
         with torch.no_grad():
             hf = build_hf_model(model, src_vocab, tgt_vocab, run_config)
         _generation_config(hf, run_config)
@@ -263,16 +259,5 @@ def to_huggingface(model: nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer,
             "class": type(hf).__name__, "src_lang": data.get("src_lang"), "tgt_lang": data.get("tgt_lang"),
             "tested_with": TESTED, "note": "the length penalty of nmt's beam search (GNMT) is not transformers' "
             "length_penalty; greedy search and beam search without a penalty give nmt's outputs"}, indent=2) + "\n")
-        if out_dir.exists():
-            out_dir.rmdir()  # empty (checked above)
-        tmp.rename(out_dir)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if e.errno not in FULL:
-            raise
-        raise write_failure(out_dir, e, "nothing was written") from e
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log.info("exported to %s (%s)", out_dir, type(hf).__name__)
     return out_dir
