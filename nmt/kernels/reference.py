@@ -17,6 +17,8 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 from torch.utils.checkpoint import checkpoint
 
+from nmt.kernels.sdpa import shape_free
+
 
 def lstm_step(x: Tensor, h: Tensor, c: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor, b_hh: Tensor) -> tuple[Tensor, Tensor]:
     """One LSTM step (torch's gate order i, f, g, o): ``x`` (B, I), h/c (B, H)."""
@@ -110,7 +112,7 @@ class ReferenceOps:
         ``grouped``: the T queries are several beams' over their sentence's shared keys."""
         if need_weights:
             return attention_with_weights(q, k, v, mask, dropout, is_causal)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal), None
+        return shape_free(q, k, v, mask, dropout, is_causal), None
 
     def encoder_lstm(self, rnn: nn.LSTM, x: Tensor, src_mask: Tensor, checkpointing: bool) -> tuple[Tensor, Tensor, Tensor]:
         """``rnn`` (batch-first, bidirectional or not) over packed sequences: x (B, S, I) ->

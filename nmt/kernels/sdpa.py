@@ -4,6 +4,12 @@
   torch's fused CPU kernel is 3-5x slower than two matmuls and a softmax (``eager_for``).
 - Training under bf16 autocast: torch's bf16 flash-attention backward on CPU is ~4x slower than
   its fp32 one, so attention runs in fp32 while the projections stay bf16 (``sdpa``).
+
+And one choice on GPUs (``shape_free``): cuDNN's attention builds an execution plan for every new
+shape, about 8 ms of host time per call on an H200 (docs/results/gpu/), and length-bucketed batches
+and decoding steps bring a new shape almost every call, so the Transformer preset trained at 7k
+target tokens/s there. Torch's flash and memory-efficient kernels need no plan; SDPA is asked to
+choose among them (and the math fallback) only.
 """
 
 from __future__ import annotations
@@ -11,6 +17,22 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+SHAPE_FREE = {SDPBackend.FLASH_ATTENTION: torch.backends.cuda.flash_sdp_enabled,
+              SDPBackend.EFFICIENT_ATTENTION: torch.backends.cuda.mem_efficient_sdp_enabled,
+              SDPBackend.MATH: torch.backends.cuda.math_sdp_enabled}
+
+
+def shape_free(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float, is_causal: bool) -> Tensor:
+    """``scaled_dot_product_attention`` without cuDNN's kernel on CUDA (see above), among the
+    backends still enabled (a caller's ``sdpa_kernel`` that allows cuDNN alone keeps it); elsewhere
+    as is."""
+    allowed = [backend for backend, enabled in SHAPE_FREE.items() if enabled()] if q.is_cuda else []
+    if not allowed or not torch.backends.cuda.cudnn_sdp_enabled():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)
+    with sdpa_kernel(allowed):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)
 
 
 def eager_for(q: Tensor, grouped: bool) -> bool:
@@ -26,4 +48,4 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float, i
             out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
                                                  dropout_p=dropout, is_causal=is_causal)
         return out.to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)
+    return shape_free(q, k, v, mask, dropout, is_causal)
