@@ -31,6 +31,10 @@ whole run:
    fp32 against the same weights on the device with the training default ``kernels=auto`` in fp32
    (TF32 off) and under bf16 autocast, per preset.
 
+8. ``attention``: the self-attention patterns' cost curve (``nmt.bench.attention_cost``) in bf16,
+   n from 64 to 4,096: forward+backward time of an attention layer and an encoder layer, peak
+   memory, fitted exponents and crossover lengths against full attention.
+
 Part 4 runs last (the report keeps the numbering).
 
 A failing part is recorded (its exception) and the others still run; the report is rewritten
@@ -44,7 +48,7 @@ so the parity part compares them with the reference path. ``--dry-run --device c
 run on a GPU: a one-minute smoke test of every CUDA call.
 
 The code is in ``nmt/bench/gpu/``, a module per part (``env``, ``training`` with its callback in
-``recorder``, ``sdpa``, ``checkpointing``, ``kv_cache``, ``parity``), ``check`` (the mode, the time
+``recorder``, ``sdpa``, ``checkpointing``, ``kv_cache``, ``parity``, ``attention``), ``check`` (the mode, the time
 caps and the loop over the parts) and ``report`` (the markdown); this script picks the parts.
 """
 
@@ -65,7 +69,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 from nmt import register_resolvers  # noqa: E402
-from nmt.bench.gpu import checkpointing, env, kv_cache, parity, sdpa, training  # noqa: E402
+from nmt.bench.gpu import attention, checkpointing, env, kv_cache, parity, sdpa, training  # noqa: E402
 from nmt.bench.gpu.check import DEADLINE, Check, Mode  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +77,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # exotic path, and a crash there (not an exception, which is recorded) would lose only itself.
 PARTS = {"env": env.env, "data": env.data, "presets": training.presets, "base": training.base,
          "checkpointing": checkpointing.checkpointing, "kv_cache": kv_cache.kv_cache, "parity": parity.parity,
-         "sdpa": sdpa.sdpa}
+         "attention": attention.attention, "sdpa": sdpa.sdpa}
 
 
 def main() -> int:

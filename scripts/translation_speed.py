@@ -2,10 +2,11 @@
 
     python scripts/translation_speed.py --input $NMT_DATA_DIR/multi30k/test_2016_flickr.de \
         --model teacher=<run>/checkpoints/last.ckpt --model student=<run>/checkpoints/last.ckpt \
-        [--lines 1000] [--beam 5] [--out speed.json]
+        [--lines 1000] [--beam 5] [--model-beam student=1] [--out speed.json]
 
 For each model, on the first ``--lines`` input lines: its parameter count, and the seconds to
-translate them with beam search (``--beam``, the run's own length penalty) on one thread:
+translate them with beam search (``--beam``, or ``--model-beam NAME=K`` for one model: 1 is greedy
+search; the run's own length penalty) on one thread:
 the torch backend in fp32 (``Translator``, batches of 2,048 source tokens), and, when
 ``ctranslate2`` is installed and the model exports, CTranslate2 with int8 weights (exported into a
 temporary folder). Each timing is the best of ``--repeats`` runs, after one warm-up batch.
@@ -40,6 +41,7 @@ def main() -> None:
     parser.add_argument("--model", action="append", required=True, help="name=checkpoint")
     parser.add_argument("--lines", type=int, default=1000)
     parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--model-beam", action="append", default=[], help="name=K: this model's beam size (1: greedy)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -50,6 +52,13 @@ def main() -> None:
     from nmt.inference.translator import Translator
     from nmt.text_lines import read_lines
 
+    names = [spec.partition("=")[0] for spec in args.model]
+    beams = {}
+    for spec in args.model_beam:
+        name, _, k = spec.partition("=")
+        if name not in names or not k.isdigit() or int(k) < 1:
+            parser.error(f"--model-beam {spec}: expected NAME=K with NAME one of {', '.join(names)} and K >= 1")
+        beams[name] = int(k)
     torch.set_num_threads(1)
     lines = read_lines(Path(args.input), strip=True)[: args.lines]
     results: dict[str, dict] = {}
@@ -57,10 +66,12 @@ def main() -> None:
         name, _, path = spec.partition("=")
         loaded = load_checkpoint(path)
         alpha = (loaded.run_config.get("test_decoding") or {}).get("alpha")
-        decoding = {"_target_": "nmt.decoding.search.beam_search", "beam_size": args.beam, "alpha": alpha}
+        beam = beams.get(name, args.beam)
+        decoding = ({"_target_": "nmt.decoding.search.greedy_search"} if beam == 1 else
+                    {"_target_": "nmt.decoding.search.beam_search", "beam_size": beam, "alpha": alpha})
         translator = Translator.load(path, device="cpu", precision="32", decoding=decoding, max_tokens=2048, workers=1)
         translator.translate(lines[:16])  # warm-up
-        row = {"ckpt": path, "parameters": sum(p.numel() for p in {id(p): p for p in loaded.model.parameters()}.values()),
+        row = {"ckpt": path, "beam": beam, "parameters": sum(p.numel() for p in {id(p): p for p in loaded.model.parameters()}.values()),
                "torch_fp32_s": round(best_of(args.repeats, lambda: translator.translate(lines)), 2)}
         try:
             from nmt.exporters.ctranslate2 import to_ctranslate2

@@ -238,11 +238,14 @@ def test_int8_export(trained, tmp_path):
     ("transformer", ["model.encoder.positions=rope", "model.decoder.positions=rope"],
      r"^model\.encoder\.positions=rope: CTranslate2 cannot express rotary positions"),
     ("transformer", ["model.decoder.positions=rope"], r"^model\.decoder\.positions=rope: CTranslate2 cannot express"),
-    ("transformer", ["model.decoder.window=3"], r"^model\.decoder\.window=3: CTranslate2 cannot express local attention"),
+    ("transformer", ["model.decoder.attention=local", "model.decoder.window=3"],
+     r"^model\.decoder\.attention=local: CTranslate2 computes full attention only"),
+    ("transformer", ["model.encoder.attention=low_rank", "model.encoder.rank=8"],
+     r"^model\.encoder\.attention=low_rank: CTranslate2 computes full attention only"),
     ("lstm", [], r"^model\.encoder\._target_=nmt\.models\.rnn\.RNNEncoder: CTranslate2 cannot express an LSTM encoder"),
     ("transformer", ["model/decoder=lstm_luong"],
      r"^model\.decoder\._target_=nmt\.models\.rnn\.RNNDecoder: CTranslate2 cannot express a hybrid model's LSTM decoder"),
-], ids=["rope", "rope_decoder", "window", "lstm", "hybrid"])
+], ids=["rope", "rope_decoder", "window", "low_rank", "lstm", "hybrid"])
 def test_refuses_what_ctranslate2_cannot_express(vocab, tmp_path, preset, overrides, message):
     model, run_config = build(overrides, vocab.vocab_size, preset)
     with pytest.raises(ValueError, match=message) as err:

@@ -182,7 +182,7 @@ def run_export(ckpt: Path, out: Path, **options) -> Path:
      "model.encoder.positions=learned: positions other than sinusoidal (the classes recompute their sinusoids when "
      "loading)"),
     (["model.encoder.positions=rope"], "model.encoder.positions=rope: positions other than sinusoidal"),
-    (["model.decoder.window=4"], "model.decoder.window=4: local attention windows"),
+    (["model.decoder.attention=local", "model.decoder.window=4"], "model.decoder.attention=local: attention patterns other than full"),
     (["model.decoder.norm=post"], "model.encoder.norm=pre, model.decoder.norm=post: pre-norm on one side and "
                                   "post-norm on the other"),
     (["model.share_src_tgt_embeddings=false"], "model.share_src_tgt_embeddings=false: a pre-norm model with separate "

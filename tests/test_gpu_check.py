@@ -16,9 +16,9 @@ import torch
 
 from tests.conftest import ROOT
 
-PARTS = ["env", "data", "presets", "base", "checkpointing", "kv_cache", "parity", "sdpa"]
+PARTS = ["env", "data", "presets", "base", "checkpointing", "kv_cache", "parity", "attention", "sdpa"]
 SECTIONS = ["## 1. Environment", "## 2. Presets", "## 3. transformer_base", "## 4. Attention", "## 5. Gradient checkpointing",
-            "## 6. Beam search", "## 7. Loss parity", "## Timings"]
+            "## 6. Beam search", "## 7. Loss parity", "## 8. Attention patterns", "## Timings"]
 
 
 def run_check(out: Path, *args: str) -> tuple[dict, str]:
@@ -87,6 +87,11 @@ def check_report(report: dict, md: str) -> None:
     assert [r["model"] for r in kv] == ["transformer", "transformer_base"] and all(r["speedup"] > 0 for r in kv)
     for row in table(md, "| model | weights |"):
         assert number(row["speedup"].rstrip("x")) > 0
+
+    patterns = report["parts"]["attention"]["result"]["summary"]
+    assert list(patterns) == ["full", "local", "local_global", "block_sparse", "low_rank"]
+    rows = report["parts"]["attention"]["result"]["rows"]
+    assert len(rows) == 5 * 3 and all(r["layer_backward_s"] > 0 and r["layer_saved_mb"] > 0 for r in rows)
 
     parity = report["parts"]["parity"]["result"]
     assert parity["passed"] and len(parity["runs"]) == 4

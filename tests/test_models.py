@@ -28,7 +28,13 @@ VARIANTS = {
     "lstm_luong_concat": ("lstm_luong", ["model.decoder.attention.score=concat"]),
     "transformer": ("transformer", []),
     "transformer_post_learned": ("transformer", ["model.encoder.norm=post", "model.decoder.norm=post", "model.encoder.positions=learned", "model.decoder.positions=learned"]),
-    "transformer_rope_local": ("transformer", ["model.encoder.positions=rope", "model.decoder.positions=rope", "model.encoder.window=2", "model.decoder.window=3"]),
+    "transformer_rope_local": ("transformer", ["model.encoder.positions=rope", "model.decoder.positions=rope", "model.encoder.attention=local",
+                                               "model.encoder.window=2", "model.decoder.attention=local", "model.decoder.window=2"]),
+    "transformer_local_global": ("transformer", ["model.encoder.attention=local_global", "model.encoder.window=1", "model.encoder.global_tokens=2",
+                                                 "model.decoder.attention=local_global", "model.decoder.window=1", "model.decoder.global_tokens=2"]),
+    "transformer_block_sparse": ("transformer", ["model.encoder.attention=block_sparse", "model.encoder.block_size=2",
+                                                 "model.encoder.global_blocks=1", "model.encoder.random_blocks=1"]),
+    "transformer_low_rank": ("transformer", ["model.encoder.attention=low_rank", "model.encoder.rank=4"]),
     "hybrid_transformer_luong": ("transformer", ["model/decoder=lstm_luong"]),
     "hybrid_transformer_plain_lstm": ("transformer", ["model/decoder=lstm"]),
     "hybrid_lstm_transformer": ("lstm_bahdanau", ["model/decoder=transformer"]),
@@ -215,7 +221,7 @@ def test_position_shift_starts_both_sides_at_the_sampled_position(positions):
             x = layer(x, src_mask[i : i + 1, None, None, :])
         memory = model.decoder.prepare_memory({"enc_out": enc.final_norm(x), "src_mask": src_mask[i : i + 1]})
         dec = model.decoder
-        y, _ = dec._layers(dec.embed_tokens(tgt_in[i : i + 1], offset=k), memory, None, None, False)
+        y, _ = dec._layers(dec.embed_tokens(tgt_in[i : i + 1], offset=k), memory, None, False)
         torch.testing.assert_close(shifted[i], y[0])
     assert (shifted - reference).abs().max() > 1e-4
     assert type(model.encoder)(VOCAB, 16, 1, 2, 32, positions="rope", position_shift=3).position_shift == 0  # relative already

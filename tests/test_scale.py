@@ -103,7 +103,8 @@ def test_precision_trains_and_clips_gradients_with_the_fused_optimizer(cfg_train
     assert min(norms["before"]) > 0.02 and max(norms["after"]) == pytest.approx(0.01, rel=1e-3)
 
 
-@pytest.mark.parametrize("name", ["transformer", "hybrid_transformer_luong", "lstm_bahdanau"])
+@pytest.mark.parametrize("name", ["transformer", "transformer_local_global", "transformer_block_sparse", "transformer_low_rank",
+                                  "hybrid_transformer_luong", "lstm_bahdanau"])
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients(name):
     model = build(name).train()
     model.set_gradient_checkpointing(True)

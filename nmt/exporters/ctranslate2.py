@@ -62,9 +62,9 @@ def check_exportable(model: nn.Module, run_config: dict) -> None:
         if positions not in ("sinusoidal", "learned"):
             raise ValueError(f"model.{part}.positions={positions}: CTranslate2 cannot express rotary positions "
                              "in an encoder-decoder Transformer; export sinusoidal or learned positions")
-        if module.window is not None:
-            raise ValueError(f"model.{part}.window={module.window}: CTranslate2 cannot express local attention "
-                             "windows (its sliding_window only trims the decoder's cache)")
+        if module.attention != "full":
+            raise ValueError(f"model.{part}.attention={module.attention}: CTranslate2 computes full attention "
+                             "only (its sliding_window trims the decoder's cache, not what a query reads); export attention=full")
 
 
 def _w(t: Tensor) -> Tensor:
@@ -188,7 +188,7 @@ def to_ctranslate2(model, src_vocab, tgt_vocab, run_config: dict, out_dir: str |
     weights' type in CTranslate2 (``int8``, ``int8_float32``, ``bfloat16``, ...; None keeps fp32).
 
     Raises a ValueError naming the config key CTranslate2 cannot express (rotary positions, local
-    attention windows, LSTM encoders or decoders), and FileExistsError for a non-empty ``out_dir``.
+    attention patterns other than full, LSTM encoders or decoders), and FileExistsError for a non-empty ``out_dir``.
     Nothing is left behind on error."""
     from ctranslate2.converters import Converter
     from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES

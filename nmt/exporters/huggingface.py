@@ -16,7 +16,7 @@ eps 1e-5 and the sinusoids of Vaswani et al. from position 0, which they recompu
 hidden units are permuted (``perm``), which every weight reading or writing the residual stream
 follows, so each layer computes the same numbers in another order. What no class expresses is
 refused in one line: LSTM encoders or decoders, learned or rotary positions, local attention
-windows, mixed pre/post-norm, an encoder and decoder of other widths, pre-norm with separate
+attention patterns other than full, mixed pre/post-norm, an encoder and decoder of other widths, pre-norm with separate
 embeddings.
 
 The tokenizer is ``MarianTokenizer`` (SentencePiece pieces mapped to ids by ``vocab.json``, EOS
@@ -65,8 +65,8 @@ def model_class(model: nn.Module, run_config: dict) -> str:
         if module.embed_tokens.positions != "sinusoidal":
             _refuse(f"model.{part}.positions={module.embed_tokens.positions}",
                     "positions other than sinusoidal (the classes recompute their sinusoids when loading)")
-        if module.window is not None:
-            _refuse(f"model.{part}.window={module.window}", "local attention windows")
+        if module.attention != "full":
+            _refuse(f"model.{part}.attention={module.attention}", "attention patterns other than full")
     enc, dec = model.encoder, model.decoder
     norms = {enc.layers[0].pre_norm, dec.layers[0].pre_norm}
     if len(norms) > 1:

@@ -5,9 +5,9 @@ learned | rope`` (Su et al. 2021, applied to self-attention queries and keys),
 ``position_shift`` (SHAPE, Kiyono et al. 2021: in training, a sentence pair's absolute positions
 start at a random 0..K on both sides, drawn by the encoder and passed to a Transformer decoder in
 the memory; an LSTM decoder ignores it, and a Transformer decoder after an LSTM encoder is not
-shifted; rotary positions, relative already, are never shifted; decoding starts at 0), ``window``: local
-self-attention over the ``window`` nearest positions on each side (the decoder: the last
-``window``), ``attention_dropout`` and ``activation_dropout`` apart from the residual
+shifted; rotary positions, relative already, are never shifted; decoding starts at 0), ``attention``:
+the self-attention pattern (``full``, ``local``, ``local_global``, ``block_sparse``, ``low_rank``;
+``nmt.models.attention_patterns``) with its options, ``attention_dropout`` and ``activation_dropout`` apart from the residual
 ``dropout`` (0 by default: attention dropout would move SDPA off its fused kernels), and
 gradient checkpointing per layer. The decoder decodes incrementally: its
 ``state`` keeps each layer's self-attention keys/values, and the cross-attention keys/values are
@@ -26,6 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 from nmt.kernels import UsesKernels
 from nmt.models.attention import grouped
+from nmt.models.attention_patterns import ALL_OPTIONS, Pattern, make_pattern
 from nmt.models.dropout import Dropout
 from nmt.specials import PAD
 
@@ -72,6 +73,7 @@ class MultiHeadAttention(UsesKernels, nn.Module):
         self.q_proj = nn.Linear(hidden_size, hidden_size)
         self.kv_proj = nn.Linear(kv_size or hidden_size, 2 * hidden_size)
         self.out_proj = nn.Linear(hidden_size, hidden_size)
+        self.pattern: Pattern | None = None  # self-attention only: which keys a query reads (None: all)
 
     def split(self, x: Tensor) -> Tensor:  # (B, T, H) -> (B, heads, T, d)
         return x.view(x.size(0), x.size(1), self.num_heads, -1).transpose(1, 2)
@@ -101,6 +103,14 @@ class MultiHeadAttention(UsesKernels, nn.Module):
         out, weights = grouped(lambda q: ops.attention(q, k, v, mask, dropout, is_causal, need_weights, is_grouped), q, k.size(0))
         out = out.transpose(1, 2).reshape(q.size(0), q.size(2), -1)  # (B, T, H)
         return self.out_proj(out), weights
+
+    def patterned(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, causal: bool) -> Tensor:
+        """Self-attention through ``self.pattern``: q/k/v (B, heads, T, d), ``key_mask`` (B, T) -> (B, T, H)."""
+        ops = self.kernels.ops(q)
+        dropout = self.dropout if self.training else 0.0
+        out = self.pattern(lambda q, k, v, mask: ops.attention(q, k, v, mask, dropout, False, False, False)[0],
+                           q, k, v, key_mask, causal)
+        return self.out_proj(out.transpose(1, 2).reshape(q.size(0), q.size(2), -1))
 
 
 class FeedForward(nn.Sequential):
@@ -161,6 +171,8 @@ class EncoderLayer(_Block):
         q, (k, v) = self.self_attn.split(self.self_attn.q_proj(x)), self.self_attn.project_kv(x)
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
+        if self.self_attn.pattern is not None:
+            return self.self_attn.patterned(q, k, v, mask[:, 0, 0], causal=False)
         return self.self_attn(q, k, v, mask)[0]
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
@@ -179,27 +191,31 @@ class DecoderLayer(_Block):
         self.ff = FeedForward(hidden_size, ff_size, activation_dropout)
         self.rotary = rotary
 
-    def _self(self, x: Tensor, cache: dict | None, offset: int, mask: Tensor | None) -> Tensor:
+    def _self(self, x: Tensor, cache: dict | None, offset: int) -> Tensor:
         q, (k, v) = self.self_attn.split(self.self_attn.q_proj(x)), self.self_attn.project_kv(x)
         if self.rotary is not None:
             q, k = self.rotary(q, offset), self.rotary(k, offset)
+        pattern = self.self_attn.pattern
         if cache is not None:  # incremental: append this step's key/value to the cache
-            k = cache["k"] = torch.cat([cache["k"], k], dim=2)
-            v = cache["v"] = torch.cat([cache["v"], v], dim=2)
-            return self.self_attn(q, k, v, mask)[0]
-        return self.self_attn(q, k, v, mask, is_causal=mask is None)[0]
+            k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+            if pattern is not None:  # keep what later queries read
+                k, v = pattern.trim(k, v)
+            cache["k"], cache["v"] = k, v
+            return self.self_attn(q, k, v)[0]  # one query: every cached key is one it reads
+        if pattern is not None:
+            return self.self_attn.patterned(q, k, v, None, causal=True)
+        return self.self_attn(q, k, v, is_causal=True)[0]
 
     def forward(
         self,
         x: Tensor,
         cross_kv: tuple[Tensor, Tensor],
         src_mask: Tensor,
-        self_mask: Tensor | None = None,
         cache: dict | None = None,
         offset: int = 0,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        x = self.residual(0, x, lambda y: self._self(y, cache, offset, self_mask))
+        x = self.residual(0, x, lambda y: self._self(y, cache, offset))
         weights = []
 
         def cross(y: Tensor) -> Tensor:
@@ -254,12 +270,12 @@ class _Embedding(nn.Module):
         return self.drop(x + pos.to(x.dtype))
 
 
-def _band(length_q: int, length_k: int, window: int, causal: bool, device: torch.device) -> Tensor:
-    """Local attention mask (1, 1, T, S): |i - j| <= window, or i - window <= j <= i if causal."""
-    i = torch.arange(length_q, device=device).unsqueeze(1) + (length_k - length_q)
-    j = torch.arange(length_k, device=device).unsqueeze(0)
-    band = (i - j).abs() <= window if not causal else (j <= i) & (j >= i - window)
-    return band[None, None]
+def _patterns(part: str, layers: nn.ModuleList, attention: str | None, max_len: int, options: dict) -> str:
+    """Give each layer's self-attention its pattern (one per layer: ``low_rank`` has weights); the
+    pattern's name."""
+    for layer in layers:
+        layer.self_attn.pattern = pattern = make_pattern(part, attention, max_len, **options)
+    return "full" if pattern is None else pattern.name
 
 
 class TransformerEncoder(nn.Module):
@@ -274,7 +290,13 @@ class TransformerEncoder(nn.Module):
         norm: str = "pre",
         positions: str = "sinusoidal",
         max_len: int = 1024,
+        attention: str | None = None,
         window: int | None = None,
+        global_tokens: int | None = None,
+        block_size: int | None = None,
+        global_blocks: int | None = None,
+        random_blocks: int | None = None,
+        rank: int | None = None,
         attention_dropout: float = 0.0,
         activation_dropout: float = 0.0,
         position_shift: int = 0,
@@ -293,7 +315,8 @@ class TransformerEncoder(nn.Module):
         )
         init_weights(self.layers, init)
         self.final_norm = nn.LayerNorm(hidden_size) if norm == "pre" else nn.Identity()
-        self.window = window
+        options = dict(zip(ALL_OPTIONS, (window, global_tokens, block_size, global_blocks, random_blocks, rank)))
+        self.attention = _patterns("encoder", self.layers, attention, max_len, options)
         self.gradient_checkpointing = False
 
     def forward(self, src: Tensor, src_mask: Tensor) -> dict[str, Tensor]:
@@ -302,8 +325,6 @@ class TransformerEncoder(nn.Module):
             shift = (torch.randint(0, self.position_shift + 1, (src.size(0),), device=src.device), self.position_shift)
         x = self.embed_tokens(src, shift=shift)  # (B, S, H)
         mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
-        if self.window is not None:
-            mask = mask & _band(src.size(1), src.size(1), self.window, False, src.device)
         for layer in self.layers:
             if self.gradient_checkpointing and self.training:
                 x = checkpoint(layer, x, mask, use_reentrant=False)
@@ -327,7 +348,9 @@ class TransformerDecoder(nn.Module):
         norm: str = "pre",
         positions: str = "sinusoidal",
         max_len: int = 1024,
+        attention: str | None = None,
         window: int | None = None,
+        global_tokens: int | None = None,
         memory_size: int | None = None,
         attention_dropout: float = 0.0,
         activation_dropout: float = 0.0,
@@ -346,7 +369,7 @@ class TransformerDecoder(nn.Module):
         self.final_norm = nn.LayerNorm(hidden_size) if norm == "pre" else nn.Identity()
         self.out = nn.Linear(hidden_size, vocab_size, bias=False)
         self.num_heads = num_heads
-        self.window = window
+        self.attention = _patterns("decoder", self.layers, attention, max_len, {"window": window, "global_tokens": global_tokens})
         self.gradient_checkpointing = False
 
     def prepare_memory(self, memory: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -359,27 +382,24 @@ class TransformerDecoder(nn.Module):
         empty = k.new_zeros(k.size(0), k.size(1), 0, k.size(3))  # (B, heads, 0, d)
         return {"pos": 0, "cache": [{"k": empty, "v": empty} for _ in self.layers]}
 
-    def _layers(self, x: Tensor, memory: dict, self_mask: Tensor | None, state: dict | None, need_weights: bool):
+    def _layers(self, x: Tensor, memory: dict, state: dict | None, need_weights: bool):
         src_mask = memory["src_mask"][:, None, None, :]
         offset = state["pos"] if state else 0
         weights = []
         for i, layer in enumerate(self.layers):
             cache = state["cache"][i] if state else None
             if self.gradient_checkpointing and self.training and state is None and not need_weights:
-                x, w = checkpoint(layer, x, memory["cross_kv"][i], src_mask, self_mask, use_reentrant=False)
+                x, w = checkpoint(layer, x, memory["cross_kv"][i], src_mask, use_reentrant=False)
             else:
-                x, w = layer(x, memory["cross_kv"][i], src_mask, self_mask, cache, offset, need_weights)
+                x, w = layer(x, memory["cross_kv"][i], src_mask, cache, offset, need_weights)
             weights.append(w)
         return self.final_norm(x), weights
-
-    def _self_mask(self, length: int, device: torch.device) -> Tensor | None:
-        return None if self.window is None else _band(length, length, self.window, True, device)
 
     def features(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> Tensor:
         """Teacher-forced top-layer states (B, T, H), the input of ``self.out``."""
         shift = memory.get("position_shift") if self.training else None
         x = self.embed_tokens(tgt_in, shift=shift)
-        x, _ = self._layers(x, memory, self._self_mask(tgt_in.size(1), tgt_in.device), None, False)
+        x, _ = self._layers(x, memory, None, False)
         return x
 
     def forward(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> Tensor:
@@ -390,14 +410,11 @@ class TransformerDecoder(nn.Module):
     ) -> tuple[Tensor, dict[str, Any], Tensor | None]:
         pos = state["pos"]
         state = {"pos": pos, "cache": [dict(c) for c in state["cache"]]}
-        self_mask = None
-        if self.window is not None:
-            self_mask = _band(1, pos + 1, self.window, True, prev.device)
-        x, weights = self._layers(self.embed_tokens(prev.unsqueeze(1), pos), memory, self_mask, state, need_attn)
+        x, weights = self._layers(self.embed_tokens(prev.unsqueeze(1), pos), memory, state, need_attn)
         state["pos"] = pos + 1
         attn = weights[-1].mean(1)[:, 0] if need_attn else None  # last layer, mean over heads: (B, S)
         return self.out(x[:, 0]), state, attn
 
     def cross_attention(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> Tensor:
-        _, weights = self._layers(self.embed_tokens(tgt_in), memory, self._self_mask(tgt_in.size(1), tgt_in.device), None, True)
+        _, weights = self._layers(self.embed_tokens(tgt_in), memory, None, True)
         return torch.stack(weights, dim=1)  # (B, layers, heads, T, S)

@@ -180,6 +180,21 @@ def markdown(report: dict[str, Any]) -> str:
                          f"{'pass' if r['bf16']['pass'] else 'FAIL'} |")
     lines.append("")
 
+    lines += ["## 8. Attention patterns: cost against length", ""]
+    result, head = _status(report, "attention")
+    lines += head
+    if result.get("summary"):
+        lines += ["One sentence, one encoder layer (`nmt.bench.attention_cost`), bf16 autocast on a GPU; forward+backward.", "",
+                  "| pattern | options | claimed | exponent (layer) | faster than full from n = | peak MB at 1,024 / 4,096 |",
+                  "|---|---|---|---:|---:|---:|"]
+        for variant, s in result["summary"].items():
+            options = ", ".join(f"{k}={v}" for k, v in s["options"].items()) or "-"
+            exp = "-" if s["exponent_layer"] is None else f"{s['exponent_layer']:.2f}"
+            cross = "-" if s["crossover_layer"] is None else str(s["crossover_layer"])
+            lines.append(f"| {variant} | {options} | {s['claimed']} | {exp} | {cross} | "
+                         f"{_num(s.get('peak_mb_1024'))} / {_num(s.get('peak_mb_4096'))} |")
+    lines.append("")
+
     lines += ["## Timings", "", "| part | status | seconds | budget s |", "|---|---|---:|---:|"]
     for key, part in parts.items():
         lines.append(f"| {key} | {part['status']} | {part.get('seconds', '–')} | {part['budget_s']} |")
