@@ -1,6 +1,6 @@
 """Training speed of this tree's models against another revision's, in one process:
 
-    python scripts/benchmark_revisions.py --before 1a3d409 [--precision bf16] [--models lstm transformer]
+    python scripts/benchmark_revisions.py --before 1a3d409 [--precision bf16] [--models lstm transformer] [--decode]
 
 Separate benchmark processes on a shared machine drift by more than the few percent a change
 is judged by; here both versions train in turns inside one process. The other revision's
@@ -10,7 +10,8 @@ they train with their own ``TranslationModule.loss`` and optimizer on the same M
 trains both, one right after the other (old-new, then new-old for the next batch), so the
 machine's drift hits the two alike. Prints, per preset, before / after (above 1: this tree is
 faster) as the ratio of the median round times and as the geometric mean of the paired steps'
-ratios with a 95% bootstrap interval; writes the times as JSON to ``--out``.
+ratios with a 95% bootstrap interval; writes the times as JSON to ``--out``. ``--decode``: the
+step is beam search (beam 5, each revision's own search) on the batch instead of a training step.
 """
 
 from __future__ import annotations
@@ -91,11 +92,17 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=3000)
     parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "benchmark_revisions.json")
+    parser.add_argument("--decode", action="store_true", help="time beam search (beam 5) instead of training steps")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # for both versions (train.py sets it on CPUs)
     import_revision(args.before, Path(tempfile.mkdtemp()))
-    import nmt_before.lit_module
+    import nmt_before
+
+    try:  # where the revision keeps its LightningModule (nmt/training/ since the tree was split by role)
+        from nmt_before.training.lit_module import TranslationModule as BeforeModule
+    except ModuleNotFoundError:
+        from nmt_before.lit_module import TranslationModule as BeforeModule
 
     for package in (nmt, nmt_before):  # older revisions register resolvers at import
         if hasattr(package, "register_resolvers"):
@@ -120,13 +127,17 @@ def main() -> None:
                 print(f"{preset}: {args.before} takes no {', '.join(dropped)}; built without them")
             old_model.load_state_dict(model.state_dict())
             kwargs = {k: v for k, v in OmegaConf.to_container(cfg.module, resolve=True).items() if k != "_target_"}
-            sides = {"before": nmt_before.lit_module.TranslationModule(old_model, optimizer=instantiate(cfg.optimizer), **kwargs),
+            sides = {"before": BeforeModule(old_model, optimizer=instantiate(cfg.optimizer), **kwargs),
                      "after": build_module(cfg, model)}
             optimizers = {name: instantiate(cfg.optimizer)(params=module.parameters()) for name, module in sides.items()}
 
             def step(name: str, batch: dict) -> float:
                 module, optimizer = sides[name], optimizers[name]
                 start = time.perf_counter()
+                if args.decode:
+                    with torch.no_grad(), autocast():
+                        searches[name](module.model, batch["src"], batch["src_mask"], beam_size=5)
+                    return time.perf_counter() - start
                 with autocast():
                     loss, _ = module.loss(batch)
                 optimizer.zero_grad(set_to_none=True)
@@ -134,8 +145,16 @@ def main() -> None:
                 optimizer.step()
                 return time.perf_counter() - start
 
+            if args.decode:
+                from nmt.decoding.search import beam_search
+
+                try:
+                    from nmt_before.decoding.search import beam_search as before_search
+                except ModuleNotFoundError:
+                    from nmt_before.search import beam_search as before_search
+                searches = {"before": before_search, "after": beam_search}
             for module in sides.values():
-                module.train()
+                module.train(not args.decode)
             for batch in batches[:2]:  # warm-up
                 step("before", batch), step("after", batch)
             times = {"before": [], "after": []}  # per round, the seconds of its steps
@@ -153,12 +172,13 @@ def main() -> None:
             paired, low, high = paired_ratio(pairs)
             results[preset] = {"seconds": times, "before_over_after": ratio, "step_ratios": pairs,
                                "paired": {"geometric_mean": paired, "ci95": [low, high]}}
-            print(f"{preset} {args.precision}: after is {ratio:.3f}x the speed of {args.before} by the median rounds, "
+            print(f"{preset} {args.precision}{' decoding' if args.decode else ''}: after is {ratio:.3f}x the speed of {args.before} by the median rounds, "
                   f"{paired:.3f}x (95% CI {low:.3f}-{high:.3f}) by {len(pairs)} paired steps "
                   f"(round seconds before {[round(t, 2) for t in times['before']]}, after {[round(t, 2) for t in times['after']]})",
                   flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"before": args.before, "precision": args.precision, "results": results}, indent=1) + "\n")
+    args.out.write_text(json.dumps({"before": args.before, "precision": args.precision, "decode": args.decode, "results": results},
+                                   indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -33,12 +33,18 @@ def cli_overrides(tmp_path: Path) -> list[str]:
     return [*keep, "model.emb_size=32", f"kernels={KERNELS[0]}", f"paths.cache_dir={tmp_path.parent / 'nmt-cache'}"]
 
 
+PATTERNS = ["model.encoder.attention=low_rank", "model.encoder.rank=8", "model.decoder.attention=local_global",
+            "model.decoder.window=2", "model.decoder.global_tokens=1"]
+
+
 @pytest.mark.slow  # end to end in processes of its own: the slow tier
-def test_ddp_on_two_cpu_processes_matches_single_process_bleu(tmp_path):
+@pytest.mark.parametrize("attention", [[], PATTERNS], ids=["full", "low_rank_local_global"])
+def test_ddp_on_two_cpu_processes_matches_single_process_bleu(tmp_path, attention):
     """2 ranks (gloo) train and validate; the test BLEU they compute together on the best
-    checkpoint equals a single-process evaluation of that checkpoint."""
+    checkpoint equals a single-process evaluation of that checkpoint (also with the attention
+    patterns: Linformer's projections are weights every rank updates alike)."""
     out = tmp_path / "ddp"
-    run(["train.py", *cli_overrides(tmp_path), *SMALL_TF, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+    run(["train.py", *cli_overrides(tmp_path), *SMALL_TF, *attention, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
          "trainer.precision=32-true", "trainer.max_epochs=3", f"hydra.run.dir={out}"])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] > 0 and "val/bleu" in summary["metrics"]
