@@ -190,3 +190,18 @@ def test_the_cost_fit_reads_the_exponent_and_the_crossover():
     assert crossover(full, [{"n": r["n"], "t": r["t"] / 2} for r in full], "t") is None  # never faster
     flaky = [{"n": 64, "t": 0}, {"n": 128, "t": 1}, *linear[2:]]  # faster at 64 but not at 128: counts from 512
     assert crossover(flaky, full, "t") == 512
+
+
+@pytest.mark.parametrize("name", ["transformer_rope_local", "transformer_local_global", "transformer_block_sparse", "transformer_low_rank"])
+def test_patterns_train_under_bf16_autocast(name):
+    """The blocked and projected paths keep bf16 where autocast puts it: logits within bf16's
+    precision of fp32's, and a backward pass that reaches every weight."""
+    model = build(name).train()
+    src, src_mask, tgt_in = batch()
+    reference = model(src, src_mask, tgt_in)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(src, src_mask, tgt_in)
+    assert logits.dtype == torch.bfloat16
+    torch.testing.assert_close(logits.float(), reference, atol=0.06, rtol=0.05)
+    logits.float().logsumexp(-1).mean().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
