@@ -51,6 +51,9 @@ def test_every_model_preset_builds(model):
 # What each experiment sets (the values its paper, study or README table rests on), read from
 # the composed config with no test overrides; "model" and "data" are the group options chosen.
 EXPERIMENTS = {
+    "attention_long": {"model": "transformer", "data": "synthetic", "data.source.min_len": 60, "data.source.max_len": 200,
+                       "data.max_src_len": 400, "trainer.max_steps": 1000, "module.length_buckets": [80, 100, 120, 140, 160, 180, 200],
+                       "model.encoder.attention": "full"},
     "bleu_vs_length": {"model": "lstm_bahdanau", "data": "synthetic", "scheduler._target_": "nmt.training.schedules.WarmupCosine",
                        "test_ckpt": "last", "position_shift": 30, "data.max_tokens": 2048, "data.train_max_words": None,
                        "trainer.max_steps": 2500,
