@@ -169,6 +169,7 @@ def test_a_config_from_before_the_attention_key_keeps_its_window():
     """Saved runs set ``window`` alone: that is the local pattern."""
     assert isinstance(make_pattern("encoder", None, 64, window=3), Local)
     assert make_pattern("encoder", None, 64, window=None) is None
+    assert make_pattern("encoder", None, 64, window=3, global_tokens=2).name == "local_global"
 
 
 def test_low_rank_trains_its_projections():

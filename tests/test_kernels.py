@@ -313,3 +313,22 @@ def test_an_lstm_under_cpu_autocast_runs_in_fp32_where_onednn_has_no_lower_preci
         assert all(a.dtype == torch.float32 for a in autocast)
         torch.testing.assert_close(autocast[1], plain[1], rtol=0, atol=0)
         torch.testing.assert_close(autocast[0], rnn(x.to(dtype).float(), tuple(s.to(dtype).float() for s in hx))[0], rtol=0, atol=0)
+
+
+def test_cuda_attention_keeps_cudnn_out_unless_the_caller_chose_it():
+    """``shape_free`` narrows SDPA on CUDA to the backends that need no per-shape plan, among those a
+    caller's ``sdpa_kernel`` left enabled; the flags are process-wide, so this runs on any machine."""
+    from torch.nn.attention import SDPBackend as B
+    from torch.nn.attention import sdpa_kernel
+
+    from nmt.kernels.sdpa import shape_free_backends
+
+    assert shape_free_backends() == [B.FLASH_ATTENTION, B.EFFICIENT_ATTENTION, B.MATH]
+    with sdpa_kernel([B.CUDNN_ATTENTION]):
+        assert shape_free_backends() is None  # cuDNN forced: kept
+    with sdpa_kernel([B.FLASH_ATTENTION, B.CUDNN_ATTENTION]):
+        assert shape_free_backends() is None  # flash alone cannot take a padding mask: the caller's choice stands
+    with sdpa_kernel([B.EFFICIENT_ATTENTION, B.CUDNN_ATTENTION]):
+        assert shape_free_backends() == [B.EFFICIENT_ATTENTION]
+    with sdpa_kernel([B.MATH]):
+        assert shape_free_backends() is None  # no cuDNN to keep out

@@ -24,12 +24,21 @@ SHAPE_FREE = {SDPBackend.FLASH_ATTENTION: torch.backends.cuda.flash_sdp_enabled,
               SDPBackend.MATH: torch.backends.cuda.math_sdp_enabled}
 
 
+def shape_free_backends() -> list[SDPBackend] | None:
+    """The backends ``shape_free`` narrows SDPA to: the enabled ones but cuDNN; None (no narrowing)
+    where cuDNN is not enabled, or where a caller's ``sdpa_kernel`` left it and no kernel that
+    serves every input (memory-efficient or math: flash takes no mask)."""
+    if not torch.backends.cuda.cudnn_sdp_enabled():
+        return None
+    allowed = [backend for backend, enabled in SHAPE_FREE.items() if enabled()]
+    return allowed if SDPBackend.EFFICIENT_ATTENTION in allowed or SDPBackend.MATH in allowed else None
+
+
 def shape_free(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float, is_causal: bool) -> Tensor:
-    """``scaled_dot_product_attention`` without cuDNN's kernel on CUDA (see above), among the
-    backends still enabled (a caller's ``sdpa_kernel`` that allows cuDNN alone keeps it); elsewhere
-    as is."""
-    allowed = [backend for backend, enabled in SHAPE_FREE.items() if enabled()] if q.is_cuda else []
-    if not allowed or not torch.backends.cuda.cudnn_sdp_enabled():
+    """``scaled_dot_product_attention`` without cuDNN's kernel on CUDA (see above, and
+    ``shape_free_backends``); elsewhere as is."""
+    allowed = shape_free_backends() if q.is_cuda else None
+    if allowed is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)
     with sdpa_kernel(allowed):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)

@@ -54,7 +54,7 @@ def make_pattern(part: str, attention: str | None, max_len: int, **options: int 
     """The pattern of ``model.<part>.attention`` with its options (None: full attention, the
     plain path). ``attention=None`` with a ``window``: ``local`` (configs from before the key)."""
     if attention is None:
-        attention = "local" if options.get("window") is not None else "full"
+        attention = "full" if options.get("window") is None else "local_global" if options.get("global_tokens") else "local"
     key = f"model.{part}"
     if attention not in PATTERNS:
         raise ValueError(f"{key}.attention={attention}: unknown pattern; choose one of {', '.join(PATTERNS)}")
