@@ -188,6 +188,7 @@ class BlockSparse(Pattern):
         super().__init__()
         self.block_size, self.global_blocks, self.random_blocks, self.seed = block_size, global_blocks, random_blocks, seed
         self._tables: dict[int, tuple[Tensor, Tensor]] = {}
+        self._by_count: dict[tuple[int, str], tuple[Tensor, Tensor]] = {}
 
     def table(self, nb: int) -> tuple[Tensor, Tensor]:
         """(nb, m) key blocks per query block and whether each slot is used (no block twice)."""
@@ -208,19 +209,23 @@ class BlockSparse(Pattern):
         return self._tables[nb]
 
     def tables(self, blocks: Tensor, nb: int) -> tuple[Tensor, Tensor]:
-        """Per sentence, from its own number of blocks (``blocks`` (N,)), so that batching and
-        padding change nothing: (N, nb, m) key blocks per query block and which slots are used;
-        a padding query block reads itself."""
-        own = {int(c): self.table(int(c)) for c in blocks.unique().tolist()}
-        m = max(idx.size(1) for idx, _ in own.values())
-        idx = torch.arange(nb).view(1, nb, 1).repeat(len(blocks), 1, m)
-        used = torch.zeros(len(blocks), nb, m, dtype=torch.bool)
-        used[:, :, 0] = True
-        for c, (idx_c, used_c) in own.items():
-            rows = blocks == c
-            idx[rows, :c, : idx_c.size(1)] = idx_c
-            used[rows, :c] = F.pad(used_c, (0, m - used_c.size(1)))
-        return idx, used
+        """Per sentence, from its own number of blocks (``blocks`` (N,), on the model's device), so
+        that batching and padding change nothing: (N, nb, m) key blocks per query block and which
+        slots are used; a padding query block reads itself. Indexing a table of every count from 1
+        to nb (built once per nb and device) needs no host sync."""
+        key = (nb, str(blocks.device))
+        if key not in self._by_count:
+            own = [self.table(c) for c in range(1, nb + 1)]
+            m = max(idx.size(1) for idx, _ in own)
+            idx = torch.arange(nb).view(1, nb, 1).repeat(nb + 1, 1, m)
+            used = torch.zeros(nb + 1, nb, m, dtype=torch.bool)
+            used[:, :, 0] = True
+            for c, (idx_c, used_c) in enumerate(own, start=1):
+                idx[c, :c, : idx_c.size(1)] = idx_c
+                used[c, :c] = F.pad(used_c, (0, m - used_c.size(1)))
+            self._by_count[key] = (idx.to(blocks.device), used.to(blocks.device))
+        idx, used = self._by_count[key]
+        return idx[blocks], used[blocks]
 
     def forward(self, attend: Attend, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, causal: bool) -> Tensor:
         if causal:
@@ -230,8 +235,8 @@ class BlockSparse(Pattern):
         valid = key_mask if key_mask is not None else q.new_ones(n, t, dtype=torch.bool)
         qb, kb, vb = (_pad_to_blocks(x, b) for x in (q, k, v))
         nb = qb.size(2)
-        lengths = valid.sum(1).clamp(min=1).cpu()
-        idx, used = (x.to(q.device) for x in self.tables((lengths + b - 1) // b, nb))  # (N, nb, m)
+        blocks = (valid.sum(1).clamp(min=1) + b - 1) // b
+        idx, used = self.tables(blocks, nb)  # (N, nb, m)
         rows = torch.arange(n, device=q.device)[:, None, None]
         gather = lambda x: x.transpose(1, 2)[rows, idx].permute(0, 3, 1, 2, 4, 5).flatten(3, 4)  # noqa: E731  (N, h, nb, m*b, d)
         kw, vw = gather(kb), gather(vb)
