@@ -27,6 +27,7 @@ holds O(w+g), not O(n).
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from typing import Callable
 
 import torch
@@ -99,15 +100,15 @@ def _blocked(attend: Attend, qb: Tensor, kb: Tensor, vb: Tensor, mask: Tensor) -
     return out.unflatten(0, (n, nb)).transpose(1, 2).flatten(2, 3)
 
 
-class Pattern(nn.Module):
+class Pattern(nn.Module, ABC):
     """A self-attention pattern: ``forward`` attends over a whole sequence (training, the encoder,
     a teacher-forced decoder), ``trim`` keeps a decoder's key/value cache to what later queries read."""
 
-    name = "full"
+    name: str
 
+    @abstractmethod
     def forward(self, attend: Attend, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, causal: bool) -> Tensor:
         """q/k/v (N, heads, T, d), ``key_mask`` (N, T) True on real positions (None: all real)."""
-        raise NotImplementedError
 
     def trim(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         return k, v
@@ -125,9 +126,14 @@ class Local(Pattern):
         self.window, self.global_tokens = window, global_tokens
         self.name = "local_global" if global_tokens else "local"
 
+    def near(self, i: Tensor, j: Tensor, causal: bool) -> Tensor:
+        """Whether key position j is in query position i's window (broadcast)."""
+        return (i - j).abs() <= self.window if not causal else (j <= i) & (i - j <= self.window)
+
     def allowed(self, i: Tensor, j: Tensor, causal: bool) -> Tensor:
-        """Whether query position i reads key position j (broadcast)."""
-        near = (i - j).abs() <= self.window if not causal else (j <= i) & (i - j <= self.window)
+        """Whether query position i reads key position j (broadcast): the definition the blocked
+        ``forward`` computes."""
+        near = self.near(i, j, causal)
         if not self.global_tokens:
             return near
         g = self.global_tokens
@@ -154,14 +160,13 @@ class Local(Pattern):
         i = (blocks[:, None] * b + torch.arange(b, device=q.device)[None, :])[:, :, None]  # (nb, b, 1)
         j = (blocks[:, None] - sides[0]) * b + torch.arange(m, device=q.device)[None, :]  # (nb, m)
         j = j[:, None, :]
-        near = (i - j).abs() <= self.window if not causal else (j <= i) & (i - j <= self.window)
-        mask = near[None] & (valid_w[:, :, None, :] | (i == j)[None])  # (N, nb, b, m)
+        mask = self.near(i, j, causal)[None] & (valid_w[:, :, None, :] | (i == j)[None])  # (N, nb, b, m)
         g = min(self.global_tokens, t)
         if g:  # the global keys, for every block, where the window does not already hold them
             jg = torch.arange(g, device=q.device)
             kw = torch.cat([kw, k[:, :, None, :g].expand(n, h, nb, g, d)], dim=3)
             vw = torch.cat([vw, v[:, :, None, :g].expand(n, h, nb, g, d)], dim=3)
-            far = ~((i - jg).abs() <= self.window if not causal else (i - jg <= self.window)) & ((jg <= i) if causal else True)
+            far = ~self.near(i, jg, causal) & ((jg <= i) if causal else True)  # not already in the window
             mask = torch.cat([mask, far[None] & valid[:, None, None, :g]], dim=3)
         out = _blocked(attend, qb, kw, vw, mask)[:, :, :t]
         if g and not causal:  # the global queries read every position (causal: their window and globals hold them)
