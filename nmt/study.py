@@ -17,7 +17,7 @@ longer training pairs and larger step budgets, into ``<out>/stage2/<model>``,
 collected like the first stage:
 
     nmt-study --experiment bleu_vs_length_europarl \
-        --then "data.train_max_words=50 'steps_by_model={lstm: 3800, lstm_bahdanau: 2650, lstm_luong: 2850, transformer: 2150}'"
+        --then "data.train_max_words=50 'steps_by_model={lstm: 7335, lstm_bahdanau: 4600, lstm_luong: 5290, transformer: 4001}'"
 
 ``--collect DIR`` redoes steps 2-3 on an existing multirun folder. Runs go to ``<out>/<model>``,
 so models trained by separate calls with the same ``--out`` (e.g. in parallel, one per core

@@ -116,7 +116,7 @@ def check_docs(entries: list[dict]) -> list[str]:
                     problems.append(f"{where}: '{quote}' is not {metric['documented']}")
                 continue
             try:
-                cell = table_cell(path, doc["section"], metric.get("row", doc.get("row")), metric["column"])
+                cell = table_cell(path, metric.get("section", doc["section"]), metric.get("row", doc.get("row")), metric["column"])
             except KeyError as error:
                 problems.append(f"{where}: {error.args[0]}")
                 continue

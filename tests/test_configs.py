@@ -61,7 +61,7 @@ EXPERIMENTS = {
                        "callbacks.early_stopping": None},
     "bleu_vs_length_europarl": {"model": "lstm_bahdanau", "data": "europarl_it_en", "position_shift": 0,
                                 "data.train_pairs": 60000, "data.train_max_words": 30, "data.max_tokens": 3000,
-                                "trainer.max_steps": 1775, "optimizer.lr": 0.005, "scheduler.warmup_steps": 500,
+                                "trainer.max_steps": 3001, "optimizer.lr": 0.005, "scheduler.warmup_steps": 500,
                                 "test_ckpt": "last"},
     "luong_2015": {"model": "lstm_luong", "model.hidden_size": 1000, "model.emb_size": 1000,
                    "model.encoder.num_layers": 4, "model.encoder.bidirectional": False, "model.decoder.num_layers": 4,

@@ -180,3 +180,13 @@ def test_the_registry_holds_what_the_documents_say(tmp_path):
     result = run_script("--registry", str(registry), "--check-docs", timeout=60)
     assert result.returncode == 1
     assert f"{first['name']} / {first['metrics'][2]['metric']}: README.md says" in result.stdout
+    # a metric's own section wins over its entry's: the stage-1 row of the same model, not the stage-2 one
+    europarl = next(e for e in entries() if e["name"] == "europarl_lstms")
+    (stage1,) = [m for m in europarl["metrics"] if m["metric"] == "lstm stage 1 test BLEU"]
+    assert stage1["section"] != europarl["documented"]["section"]
+    stage1["documented"] += 1
+    registry.write_text(yaml.safe_dump({"results": [europarl]}))
+    result = run_script("--registry", str(registry), "--check-docs", timeout=60)
+    assert result.returncode == 1
+    assert result.stdout.strip() == (f"europarl_lstms / lstm stage 1 test BLEU: docs/studies/europarl.md says "
+                                     f"'{stage1['documented'] - 1}', the registry {stage1['documented']}")
