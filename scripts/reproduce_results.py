@@ -12,7 +12,8 @@ documented result, the command that produced it, where it is documented, and the
 back from its run folder with their documented values and tolerances. Each command runs from the
 repository root with its files sent to ``<out>/<name>/`` (``hydra.run.dir=<out>/<name>`` unless the
 entry names another ``output``), its log in ``<out>/<name>.log``, timed from start to exit
-(``wall_seconds.json``). The table (name | command | metric | documented | measured | drift) is
+(``wall_seconds.json``). An entry that ``needs`` another's run (a teacher) brings it along unless
+``<out>`` already holds that run finished, so entries can be re-run one at a time. The table (name | command | metric | documented | measured | drift) is
 printed and written to ``<out>/reproduce_results.md`` and ``.json`` (``--json`` elsewhere). A row
 whose drift is outside its tolerance is marked ``OUTSIDE``; the exit status is 1 if any row is,
 or a run failed, or a metric could not be read.
@@ -37,7 +38,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from nmt.runs.files import read, run_timed, value_at
+from nmt.runs.files import WALL, read, run_timed, value_at
 
 REGISTRY = Path(__file__).with_name("documented_results.yaml")
 ENV_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -192,9 +193,10 @@ def listing(entries: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def select(entries: list[dict], only: list[str] | None, everything: bool) -> list[dict]:
+def select(entries: list[dict], only: list[str] | None, everything: bool, finished: set[str] = frozenset()) -> list[dict]:
     """The entries named by --only, or all with --all, else the cheap ones; with each, in registry
-    order, the entries it ``needs`` (whose run it reads, e.g. a teacher)."""
+    order, the entries it ``needs`` (whose run it reads, e.g. a teacher) that are not ``finished``
+    (a run folder under --out that holds a completed run is read, not run again)."""
     if only:
         known = {e["name"] for e in entries}
         unknown = [n for n in only if n not in known]
@@ -207,7 +209,7 @@ def select(entries: list[dict], only: list[str] | None, everything: bool) -> lis
     pending = list(names)
     while pending:
         for need in by_name[pending.pop()].get("needs", []):
-            if need not in names:
+            if need not in names and need not in finished:
                 names.add(need)
                 pending.append(need)
     return [e for e in entries if e["name"] in names]
@@ -233,8 +235,9 @@ def main() -> None:
         problems = check_docs(entries)
         print("\n".join(problems) if problems else f"{len(entries)} entries: every documented value is in its document")
         raise SystemExit(1 if problems else 0)
-    chosen = select(entries, args.only, args.all)
     out = args.out.resolve()
+    finished = {e["name"] for e in entries if (out / e["name"] / WALL).is_file()}
+    chosen = select(entries, args.only, args.all, set() if args.collect else finished)
     if args.dry_run:
         for entry in chosen:
             words, env = command_line(entry, out / entry["name"])

@@ -40,6 +40,21 @@ def test_an_entry_brings_the_entries_it_needs_and_reads_their_runs_under_out(tmp
     assert f"distill.teacher={tmp_path / 'out'}/teacher/last.ckpt" in words
 
 
+def test_a_need_whose_run_is_finished_under_out_is_read_not_run_again(tmp_path):
+    entries = [{"name": "teacher", "command": "python train.py", "cost_minutes": 1},
+               {"name": "student", "command": "python distill.py", "needs": ["teacher"], "cost_minutes": 1}]
+    assert [e["name"] for e in reproduce.select(entries, ["student"], False, {"teacher"})] == ["student"]
+    assert [e["name"] for e in reproduce.select(entries, ["teacher", "student"], False, {"teacher"})] == [
+        "teacher", "student"]  # named: run again
+    out = tmp_path / "out"
+    (out / "teacher").mkdir(parents=True)
+    (out / "teacher" / "wall_seconds.json").write_text('{"command": "python train.py", "wall_seconds": 1}')
+    registry = tmp_path / "registry.yaml"
+    registry.write_text(yaml.safe_dump({"results": entries}))
+    listed = run_script("--registry", str(registry), "--out", str(out), "--only", "student", "--dry-run")
+    assert listed.stdout.count("# ") == 1 and "# student" in listed.stdout, listed.stdout + listed.stderr
+
+
 def test_a_tiny_entry_runs_and_its_metrics_are_read_back_beside_the_documented_values(tmp_path):
     overrides = [o for o in TINY if not o.startswith(("model.", "trainer.max_steps"))] + [
         "model.emb_size=16", "model.hidden_size=16", "trainer.max_steps=2", "test_decoding.beam_size=2",
