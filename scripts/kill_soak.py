@@ -27,6 +27,7 @@ folder, which no run reads). Writes ``<out>/kill_soak.json``; exits 1 on any dif
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import random
@@ -223,8 +224,8 @@ def post(port: int, texts: list[str], timeout: float = 60) -> tuple[int, list[st
             return answer.status, [t["text"] for t in json.loads(answer.read())["translations"]]
     except urllib.error.HTTPError as e:
         return e.code, None
-    except OSError:
-        return 0, None  # no connection: the server is down
+    except (OSError, http.client.HTTPException):
+        return 0, None  # no connection, or it ended mid-answer: the server is down
 
 
 def start_server(ckpt: Path, port: int, log: Path) -> subprocess.Popen:
