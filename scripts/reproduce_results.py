@@ -13,8 +13,8 @@ back from its run folder with their documented values and tolerances. Each comma
 repository root with its files sent to ``<out>/<name>/`` (``hydra.run.dir=<out>/<name>`` unless the
 entry names another ``output``), its log in ``<out>/<name>.log``, timed from start to exit
 (``wall_seconds.json``). An entry that ``needs`` another's run (a teacher) brings it along unless
-``<out>`` already holds that run finished, so entries can be re-run one at a time. The table (name | command | metric | documented | measured | drift) is
-printed and written to ``<out>/reproduce_results.md`` and ``.json`` (``--json`` elsewhere). A row
+``<out>`` already holds that run finished, so entries can be re-run one at a time. The table
+(name | command | metric | documented | measured | drift) is printed and written to ``<out>/reproduce_results.md`` and ``.json`` (``--json`` elsewhere). A row
 whose drift is outside its tolerance is marked ``OUTSIDE``; the exit status is 1 if any row is,
 or a run failed, or a metric could not be read.
 
