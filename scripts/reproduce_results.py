@@ -14,9 +14,10 @@ repository root with its files sent to ``<out>/<name>/`` (``hydra.run.dir=<out>/
 entry names another ``output``), its log in ``<out>/<name>.log``, timed from start to exit
 (``wall_seconds.json``). An entry that ``needs`` another's run (a teacher) brings it along unless
 ``<out>`` already holds that run finished, so entries can be re-run one at a time. The table
-(name | command | metric | documented | measured | drift) is printed and written to ``<out>/reproduce_results.md`` and ``.json`` (``--json`` elsewhere). A row
-whose drift is outside its tolerance is marked ``OUTSIDE``; the exit status is 1 if any row is,
-or a run failed, or a metric could not be read.
+(name | command | metric | documented | measured | drift) is printed and written to
+``<out>/reproduce_results.md`` and ``.json`` (``--json`` elsewhere). A row whose drift is outside
+its tolerance is marked ``OUTSIDE``; the exit status is 1 if any row is, or a run failed, or a
+metric could not be read.
 
 ``--check-docs`` reads every documented value back from its document: the cell of the entry's
 table row in the metric's column (the first table under the named heading that has both), or, for
