@@ -127,6 +127,12 @@ def main() -> None:
                 print(f"{preset}: {args.before} takes no {', '.join(dropped)}; built without them")
             old_model.load_state_dict(model.state_dict())
             kwargs = {k: v for k, v in OmegaConf.to_container(cfg.module, resolve=True).items() if k != "_target_"}
+            takes = inspect.signature(BeforeModule.__init__).parameters
+            if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in takes.values()):
+                older = sorted(k for k in kwargs if k not in takes)  # options added since the revision
+                if older:
+                    print(f"{preset}: {args.before}'s module takes no {', '.join(older)}; built without them")
+                kwargs = {k: v for k, v in kwargs.items() if k in takes}
             sides = {"before": BeforeModule(old_model, optimizer=instantiate(cfg.optimizer), **kwargs),
                      "after": build_module(cfg, model)}
             optimizers = {name: instantiate(cfg.optimizer)(params=module.parameters()) for name, module in sides.items()}
