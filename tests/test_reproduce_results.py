@@ -79,7 +79,8 @@ def test_a_tiny_entry_runs_and_its_metrics_are_read_back_beside_the_documented_v
     run_dir = out / "tiny_transformer"
     summary = json.loads((run_dir / "summary.json").read_text())
     report = json.loads((run_dir / "bleu_by_length.json").read_text())
-    assert json.loads((run_dir / "wall_seconds.json").read_text())["command"] == entry["command"]
+    timed = json.loads((run_dir / "wall_seconds.json").read_text())
+    assert timed["command"] == entry["command"] and timed["cpu"] == summary["hardware"]["cpu"]
     rows = json.loads((out / "reproduce_results.json").read_text())["rows"]
     steps, bleu, short = rows
     assert summary["steps"] == 2
@@ -110,6 +111,26 @@ def test_a_failed_run_and_a_missing_metric_are_reported(tmp_path):
     assert "broken: failed with status 3" in result.stdout
     (row,) = json.loads((tmp_path / "out" / "reproduce_results.json").read_text())["rows"]
     assert row["measured"] is None and row["status"].startswith("missing: summary.json")
+
+
+def test_a_time_is_judged_only_on_the_cpu_it_was_documented_on(tmp_path):
+    entry = {"name": "timed", "command": "python train.py", "cpu": "AMD EPYC (family 26, model 2)", "tolerance": 1,
+             "metrics": [{"metric": "wall seconds", "file": "wall_seconds.json", "key": ["wall_seconds"],
+                          "documented": 300, "tolerance": 60, "per_cpu": True},
+                         {"metric": "steps", "file": "wall_seconds.json", "key": ["steps"], "documented": 10}]}
+
+    def statuses(cpu: str, seconds: float, steps: int = 10) -> list[str]:
+        (tmp_path / "wall_seconds.json").write_text(json.dumps({"wall_seconds": seconds, "steps": steps, "cpu": cpu}))
+        return [row["status"] for row in reproduce.measure(entry, tmp_path)]
+
+    assert statuses("AMD EPYC (family 26, model 2)", 443) == ["OUTSIDE", "ok"]
+    assert statuses("AMD EPYC (family 26, model 2)", 320) == ["ok", "ok"]
+    other = "other CPU (AMD EPYC (family 25, model 17); documented on AMD EPYC (family 26, model 2))"
+    assert statuses("AMD EPYC (family 25, model 17)", 443) == [other, "ok"]
+    assert statuses("AMD EPYC (family 25, model 17)", 443, steps=12) == [other, "OUTSIDE"]  # results are judged anywhere
+    (tmp_path / "wall_seconds.json").write_text(json.dumps({"wall_seconds": 443, "steps": 10}))
+    (tmp_path / "summary.json").write_text(json.dumps({"hardware": {"cpu": "AMD EPYC (family 25, model 17)"}}))
+    assert [row["status"] for row in reproduce.measure(entry, tmp_path)] == [other, "ok"]  # an older run: its summary's CPU
 
 
 def entries() -> list[dict]:

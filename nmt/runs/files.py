@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nmt.machine import cpu_name
+
 SUMMARY = "summary.json"
 REPORT_STEM = "bleu_by_length"  # the test report: <stem>.json, .png, .md, .csv
 REPORT = f"{REPORT_STEM}.json"
@@ -75,14 +77,15 @@ def value_at(data: Any, key: list) -> Any:
 
 def run_timed(command: list[str], run_dir: Path, log: Path, shown: str, cwd: Path, env: dict | None = None) -> float:
     """Run ``command`` in ``cwd`` to its exit, its output into ``log``, and write
-    ``run_dir/wall_seconds.json``: ``shown`` (the command as a user types it) and the seconds from
-    start to exit, which it returns. ``subprocess.CalledProcessError`` if the command fails."""
+    ``run_dir/wall_seconds.json``: ``shown`` (the command as a user types it), the seconds from
+    start to exit, which it returns, and the CPU they were measured on (a time means little without
+    it). ``subprocess.CalledProcessError`` if the command fails."""
     run_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with log.open("w") as out:
         subprocess.run(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, check=True)
     seconds = time.perf_counter() - start
-    (run_dir / WALL).write_text(json.dumps({"command": shown, "wall_seconds": round(seconds, 1)}) + "\n")
+    (run_dir / WALL).write_text(json.dumps({"command": shown, "wall_seconds": round(seconds, 1), "cpu": cpu_name()}) + "\n")
     return seconds
 
 
