@@ -1,6 +1,7 @@
 """Training speed of this tree's models against another revision's, in one process:
 
     python scripts/benchmark_revisions.py --before 1a3d409 [--precision bf16] [--models lstm transformer] [--decode]
+        [--set lstm:model.decoder.input_feeding=none]   # a preset's override, for both revisions
 
 Separate benchmark processes on a shared machine drift by more than the few percent a change
 is judged by; here both versions train in turns inside one process. The other revision's
@@ -31,6 +32,7 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
 from hydra.utils import get_object, instantiate
 from omegaconf import OmegaConf, open_dict
 
@@ -70,8 +72,9 @@ def paired_ratio(ratios: list[float], resamples: int = 2000) -> tuple[float, flo
     return math.exp(statistics.fmean(logs)), math.exp(means[int(0.025 * resamples)]), math.exp(means[int(0.975 * resamples) - 1])
 
 
-def train_config(preset: str, data_dir: str):
-    cfg = compose("train", overrides=[f"model={preset}", "data=multi30k", f"paths.data_dir={data_dir}"], return_hydra_config=True)
+def train_config(preset: str, data_dir: str, overrides: list[str] = ()):
+    cfg = compose("train", overrides=[f"model={preset}", "data=multi30k", f"paths.data_dir={data_dir}", *overrides],
+                  return_hydra_config=True)
     with open_dict(cfg):
         cfg.hydra.runtime.output_dir = tempfile.mkdtemp()
         cfg.hydra.job.num = 0
@@ -93,7 +96,16 @@ def main() -> None:
     parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "benchmark_revisions.json")
     parser.add_argument("--decode", action="store_true", help="time beam search (beam 5) instead of training steps")
+    parser.add_argument("--set", action="append", default=[], metavar="PRESET:KEY=VALUE",
+                        help="an override of one preset's config for both revisions, e.g. to build an architecture "
+                             "the older revision also has (repeatable)")
     args = parser.parse_args()
+    overrides: dict[str, list[str]] = {}
+    for item in args.set:
+        preset, _, override = item.partition(":")
+        if preset not in args.models or "=" not in override:
+            parser.error(f"--set {item}: expected PRESET:KEY=VALUE with PRESET one of --models ({' '.join(args.models)})")
+        overrides.setdefault(preset, []).append(override)
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # for both versions (train.py sets it on CPUs)
     import_revision(args.before, Path(tempfile.mkdtemp()))
@@ -118,11 +130,16 @@ def main() -> None:
         loader = iter(dm.train_dataloader())
         batches = [next(loader) for _ in range(args.steps)]
         for preset in args.models:
-            cfg = train_config(preset, args.data_dir)
+            cfg = train_config(preset, args.data_dir, overrides.get(preset, []))
             torch.manual_seed(0)
             model = build_model(cfg, dm.src_vocab.vocab_size, dm.tgt_vocab.vocab_size)
             dropped: list[str] = []
-            old_model = instantiate(OmegaConf.create(before_targets(OmegaConf.to_container(cfg.model, resolve=True), dropped)))
+            try:
+                old_model = instantiate(OmegaConf.create(before_targets(OmegaConf.to_container(cfg.model, resolve=True), dropped)))
+            except InstantiationException as error:
+                raise SystemExit(f"{preset}: {args.before} cannot build this preset as it is configured today "
+                                 f"({error.__cause__ or error}); compare an architecture both revisions have: "
+                                 f"--set {preset}:KEY=VALUE") from None
             if dropped:
                 print(f"{preset}: {args.before} takes no {', '.join(dropped)}; built without them")
             old_model.load_state_dict(model.state_dict())
