@@ -48,13 +48,27 @@ ENV_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 OTHER_CPU = "other CPU"  # the status of a per_cpu metric measured on another CPU than documented: shown, not judged
 
 
+ENTRY_FIELDS = {"name", "command", "output", "documented", "cost_minutes", "precision", "cpu", "cheap", "needs",
+                "tolerance", "metrics"}
+METRIC_FIELDS = {"metric", "file", "key", "documented", "tolerance", "scale", "column", "row", "section", "quote", "per_cpu"}
+
+
 def load_registry(path: Path) -> list[dict]:
-    """The entries of a registry file, each name once."""
+    """The entries of a registry file, each name once, with only the fields above; a ``{field:
+    value}`` part of a metric's key picks by one field."""
     entries = yaml.safe_load(path.read_text())["results"]
     names = [e["name"] for e in entries]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise SystemExit(f"{path}: names given twice: {', '.join(duplicates)}")
+    for entry in entries:
+        problems = [f"unknown field {k!r}" for k in entry if k not in ENTRY_FIELDS]
+        for metric in entry["metrics"]:
+            problems += [f"{metric['metric']}: unknown field {k!r}" for k in metric if k not in METRIC_FIELDS]
+            problems += [f"{metric['metric']}: the key part {part} picks by {len(part)} fields, not one"
+                         for part in metric["key"] if isinstance(part, dict) and len(part) != 1]
+        if problems:
+            raise SystemExit(f"{path}: {entry['name']}: {'; '.join(problems)}")
     return entries
 
 

@@ -133,6 +133,26 @@ def test_a_time_is_judged_only_on_the_cpu_it_was_documented_on(tmp_path):
     assert [row["status"] for row in reproduce.measure(entry, tmp_path)] == [other, "ok"]  # an older run: its summary's CPU
 
 
+def test_a_registry_field_or_key_that_would_be_misread_is_refused_naming_it(tmp_path):
+    entry = {"name": "bench", "command": "python scripts/benchmark.py", "cost_minutes": 1,
+             "documented": {"file": "README.md", "section": "First run"},
+             "metrics": [{"metric": "lstm share", "file": "benchmark.json", "documented": 40, "per_cpu": True,
+                          "key": ["models", {"model": "lstm", "per_cpu": True}, "train", "peak_fraction"]}]}
+    registry = tmp_path / "registry.yaml"
+    registry.write_text(yaml.safe_dump({"results": [entry]}))
+    with pytest.raises(SystemExit, match=r"bench: lstm share: the key part \{'model': 'lstm', 'per_cpu': True\} "
+                                         r"picks by 2 fields, not one$"):
+        reproduce.load_registry(registry)
+    entry["metrics"][0]["key"][1] = {"model": "lstm"}
+    entry["metrics"][0]["tolerence"] = 5
+    registry.write_text(yaml.safe_dump({"results": [entry]}))
+    with pytest.raises(SystemExit, match=r"bench: lstm share: unknown field 'tolerence'$"):
+        reproduce.load_registry(registry)
+    del entry["metrics"][0]["tolerence"]
+    registry.write_text(yaml.safe_dump({"results": [entry]}))
+    assert reproduce.load_registry(registry) == [entry]
+
+
 def entries() -> list[dict]:
     return yaml.safe_load((ROOT / "scripts" / "documented_results.yaml").read_text())["results"]
 
