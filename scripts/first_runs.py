@@ -24,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+from nmt.machine import cpu_name
 from nmt.runs.files import REPORT, SUMMARY, WALL, bucket_bleu, read, run_timed
 
 MODELS = ("lstm", "lstm_bahdanau", "lstm_luong", "transformer")
@@ -40,7 +41,8 @@ def run(model: str, out: Path, overrides: list[str], busy: bool = False) -> floa
     (out / model / COMPETITOR).unlink(missing_ok=True)
     competitor = subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) if busy else None
     try:
-        seconds = run_timed(command, out / model, out / f"{model}.log", " ".join(command[1:-1]), cwd=ROOT)
+        seconds = run_timed(command, out / model, out / f"{model}.log", " ".join(command[1:-1]), cwd=ROOT,
+                            facts={"cpu": cpu_name()})
     finally:
         if competitor is not None:
             competitor.kill()

@@ -41,6 +41,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
+from nmt.machine import cpu_name
 from nmt.runs.files import WALL, read, run_timed, value_at
 
 REGISTRY = Path(__file__).with_name("documented_results.yaml")
@@ -63,7 +64,7 @@ def load_registry(path: Path) -> list[dict]:
         raise SystemExit(f"{path}: names given twice: {', '.join(duplicates)}")
     for entry in entries:
         problems = [f"unknown field {k!r}" for k in entry if k not in ENTRY_FIELDS]
-        for metric in entry["metrics"]:
+        for metric in entry.get("metrics", []):
             problems += [f"{metric['metric']}: unknown field {k!r}" for k in metric if k not in METRIC_FIELDS]
             problems += [f"{metric['metric']}: the key part {part} picks by {len(part)} fields, not one"
                          for part in metric["key"] if isinstance(part, dict) and len(part) != 1]
@@ -286,7 +287,7 @@ def main() -> None:
             words, env = command_line(entry, run_dir)
             print(f"{entry['name']}: {entry['command']} (~{entry['cost_minutes']} min)", flush=True)
             try:
-                seconds = run_timed(words, run_dir, log, entry["command"], cwd=ROOT, env=env)
+                seconds = run_timed(words, run_dir, log, entry["command"], cwd=ROOT, env=env, facts={"cpu": cpu_name()})
                 print(f"{entry['name']}: {seconds:.0f} s", flush=True)
             except subprocess.CalledProcessError as error:
                 failed.append(entry["name"])

@@ -14,8 +14,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nmt.machine import cpu_name
-
 SUMMARY = "summary.json"
 REPORT_STEM = "bleu_by_length"  # the test report: <stem>.json, .png, .md, .csv
 REPORT = f"{REPORT_STEM}.json"
@@ -75,17 +73,18 @@ def value_at(data: Any, key: list) -> Any:
     return data
 
 
-def run_timed(command: list[str], run_dir: Path, log: Path, shown: str, cwd: Path, env: dict | None = None) -> float:
+def run_timed(command: list[str], run_dir: Path, log: Path, shown: str, cwd: Path, env: dict | None = None,
+              facts: dict | None = None) -> float:
     """Run ``command`` in ``cwd`` to its exit, its output into ``log``, and write
     ``run_dir/wall_seconds.json``: ``shown`` (the command as a user types it), the seconds from
-    start to exit, which it returns, and the CPU they were measured on (a time means little without
-    it). ``subprocess.CalledProcessError`` if the command fails."""
+    start to exit, which it returns, and ``facts`` about the machine (its CPU: a time means little
+    without it). ``subprocess.CalledProcessError`` if the command fails."""
     run_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with log.open("w") as out:
         subprocess.run(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, check=True)
     seconds = time.perf_counter() - start
-    (run_dir / WALL).write_text(json.dumps({"command": shown, "wall_seconds": round(seconds, 1), "cpu": cpu_name()}) + "\n")
+    (run_dir / WALL).write_text(json.dumps({"command": shown, "wall_seconds": round(seconds, 1), **(facts or {})}) + "\n")
     return seconds
 
 
