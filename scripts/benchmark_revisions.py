@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import InstantiationException
+from hydra.errors import HydraException, InstantiationException
 from hydra.utils import get_object, instantiate
 from omegaconf import OmegaConf, open_dict
 
@@ -73,8 +73,11 @@ def paired_ratio(ratios: list[float], resamples: int = 2000) -> tuple[float, flo
 
 
 def train_config(preset: str, data_dir: str, overrides: list[str] = ()):
-    cfg = compose("train", overrides=[f"model={preset}", "data=multi30k", f"paths.data_dir={data_dir}", *overrides],
-                  return_hydra_config=True)
+    try:
+        cfg = compose("train", overrides=[f"model={preset}", "data=multi30k", f"paths.data_dir={data_dir}", *overrides],
+                      return_hydra_config=True)
+    except HydraException as error:
+        raise SystemExit(f"--set {preset}: {error}") from None
     with open_dict(cfg):
         cfg.hydra.runtime.output_dir = tempfile.mkdtemp()
         cfg.hydra.job.num = 0
@@ -103,8 +106,9 @@ def main() -> None:
     overrides: dict[str, list[str]] = {}
     for item in args.set:
         preset, _, override = item.partition(":")
-        if preset not in args.models or "=" not in override:
-            parser.error(f"--set {item}: expected PRESET:KEY=VALUE with PRESET one of --models ({' '.join(args.models)})")
+        if preset not in args.models or "=" not in override or override.startswith(("=", "data.", "+data.")):
+            parser.error(f"--set {item}: expected PRESET:KEY=VALUE with PRESET one of --models ({' '.join(args.models)}) "
+                         "and a key outside data (the batches are shared)")
         overrides.setdefault(preset, []).append(override)
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # for both versions (train.py sets it on CPUs)
@@ -136,13 +140,13 @@ def main() -> None:
             dropped: list[str] = []
             try:
                 old_model = instantiate(OmegaConf.create(before_targets(OmegaConf.to_container(cfg.model, resolve=True), dropped)))
-            except InstantiationException as error:
+                old_model.load_state_dict(model.state_dict())
+            except (InstantiationException, ImportError, RuntimeError) as error:
                 raise SystemExit(f"{preset}: {args.before} cannot build this preset as it is configured today "
                                  f"({error.__cause__ or error}); compare an architecture both revisions have: "
                                  f"--set {preset}:KEY=VALUE") from None
             if dropped:
                 print(f"{preset}: {args.before} takes no {', '.join(dropped)}; built without them")
-            old_model.load_state_dict(model.state_dict())
             kwargs = {k: v for k, v in OmegaConf.to_container(cfg.module, resolve=True).items() if k != "_target_"}
             takes = inspect.signature(BeforeModule.__init__).parameters
             if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in takes.values()):

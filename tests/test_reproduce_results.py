@@ -131,10 +131,15 @@ def test_a_time_is_judged_only_on_the_cpu_it_was_documented_on(tmp_path):
     (tmp_path / "wall_seconds.json").write_text(json.dumps({"wall_seconds": 443, "steps": 10}))
     (tmp_path / "summary.json").write_text(json.dumps({"hardware": {"cpu": "AMD EPYC (family 25, model 17)"}}))
     assert [row["status"] for row in reproduce.measure(entry, tmp_path)] == [other, "ok"]  # an older run: its summary's CPU
+    # another precision is judged, on any CPU
+    (tmp_path / "summary.json").write_text(json.dumps({"hardware": {"cpu": "AMD EPYC (family 25, model 17)",
+                                                                    "precision": "32-true"}}))
+    rows = reproduce.measure({**entry, "precision": "bf16-mixed"}, tmp_path)
+    assert rows[0]["status"] == other + " (measured in 32-true, documented in bf16-mixed)" and rows[0]["judged"]
 
 
 def test_a_registry_field_or_key_that_would_be_misread_is_refused_naming_it(tmp_path):
-    entry = {"name": "bench", "command": "python scripts/benchmark.py", "cost_minutes": 1,
+    entry = {"name": "bench", "command": "python scripts/benchmark.py", "cost_minutes": 1, "cpu": "AMD EPYC",
              "documented": {"file": "README.md", "section": "First run"},
              "metrics": [{"metric": "lstm share", "file": "benchmark.json", "documented": 40, "per_cpu": True,
                           "key": ["models", {"model": "lstm", "per_cpu": True}, "train", "peak_fraction"]}]}
@@ -148,7 +153,16 @@ def test_a_registry_field_or_key_that_would_be_misread_is_refused_naming_it(tmp_
     registry.write_text(yaml.safe_dump({"results": [entry]}))
     with pytest.raises(SystemExit, match=r"bench: lstm share: unknown field 'tolerence'$"):
         reproduce.load_registry(registry)
-    del entry["metrics"][0]["tolerence"]
+    del entry["metrics"][0]["tolerence"], entry["cpu"]
+    registry.write_text(yaml.safe_dump({"results": [entry]}))
+    with pytest.raises(SystemExit, match=r"bench: lstm share: per_cpu, but the entry names no cpu$"):
+        reproduce.load_registry(registry)
+    entry["cpu"] = "AMD EPYC (family 26, model 2)"
+    entry["documented"]["per_cpu"] = True
+    registry.write_text(yaml.safe_dump({"results": [entry]}))
+    with pytest.raises(SystemExit, match=r"bench: documented: unknown field 'per_cpu'$"):
+        reproduce.load_registry(registry)
+    del entry["documented"]["per_cpu"]
     registry.write_text(yaml.safe_dump({"results": [entry]}))
     assert reproduce.load_registry(registry) == [entry]
 

@@ -84,7 +84,7 @@ def run_timed(command: list[str], run_dir: Path, log: Path, shown: str, cwd: Pat
     with log.open("w") as out:
         subprocess.run(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, check=True)
     seconds = time.perf_counter() - start
-    (run_dir / WALL).write_text(json.dumps({"command": shown, "wall_seconds": round(seconds, 1), **(facts or {})}) + "\n")
+    (run_dir / WALL).write_text(json.dumps({**(facts or {}), "command": shown, "wall_seconds": round(seconds, 1)}) + "\n")
     return seconds
 
 
