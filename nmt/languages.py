@@ -34,8 +34,9 @@ def split_tag(text: str) -> tuple[str | None, str]:
 
 
 def tag_languages(pieces: Iterable[str]) -> list[str]:
-    """The languages whose tags are pieces of a vocabulary, sorted (empty: not multilingual)."""
-    return sorted(found.group(1) for piece in pieces if (found := TAG.fullmatch(piece)))
+    """The languages whose tags are pieces of a vocabulary, sorted (empty: not multilingual); a tag
+    piece may start with a word boundary (``▁<2fra>``: an imported Marian model's, ``nmt.checkpoints.marian``)."""
+    return sorted(found.group(1) for piece in pieces if (found := TAG.fullmatch(piece.removeprefix("\u2581"))))
 
 
 def vocabulary_languages(sp: Any) -> list[str]:

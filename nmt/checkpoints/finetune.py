@@ -21,6 +21,8 @@ from nmt.runs.files import CHECKPOINTS
 # positions) or first drawn (init, replaced by the file's weights), not their shapes or what the
 # trained model computes. Every other model key must be the file's.
 MAY_DIFFER = ("dropout", "attention_dropout", "activation_dropout", "gradient_checkpointing", "position_shift", "init")
+# Model keys added since files were first written, with the value a file without them was trained with.
+ADDED = {"activation": "relu", "logits_bias": False}
 INIT_OPTIMIZER = ("fresh", "keep")  # init_optimizer: a new optimizer state, or the file's per-parameter state
 
 
@@ -72,6 +74,8 @@ def _first_difference(saved: Any, configured: Any, where: str) -> tuple[str, str
     nested = {k for k in keys if isinstance(saved.get(k), dict) or isinstance(configured.get(k), dict)}
     for key in sorted(keys, key=lambda k: (k in nested, k)):  # a level's own values before its sub-configs
         if key in MAY_DIFFER:
+            continue
+        if key in ADDED and saved.get(key, ADDED[key]) == configured.get(key, ADDED[key]):
             continue
         if key not in saved or key not in configured:
             return (f"{where}.{key}", _shown(saved[key]) if key in saved else "absent",

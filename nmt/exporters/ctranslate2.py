@@ -111,17 +111,22 @@ def _inputs(spec, module: nn.Module, vocab_size: int) -> None:
 def build_spec(model: nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer):
     """The ``ctranslate2.specs.TransformerSpec`` of ``model``, weights set, vocabularies registered."""
     from ctranslate2.specs import TransformerDecoderSpec, TransformerEncoderSpec, TransformerSpec
+    from ctranslate2.specs.common_spec import Activation
 
     enc, dec = model.encoder, model.decoder
+    acts = {nn.ReLU: Activation.RELU, nn.GELU: Activation.GELU, nn.SiLU: Activation.SWISH}  # the ff's activation
+    act = lambda stack: acts[type(stack.layers[0].ff[1])]  # noqa: E731
     src_size, tgt_size = src_vocab.vocab_size, tgt_vocab.vocab_size
     if (model.src_vocab_size, model.tgt_vocab_size) != (src_size, tgt_size):
         raise ValueError(f"the model's vocabulary sizes ({model.src_vocab_size}, {model.tgt_vocab_size}) differ "
                          f"from the tokenizers' ({src_size}, {tgt_size})")
     spec = TransformerSpec(
-        TransformerEncoderSpec(len(enc.layers), enc.layers[0].self_attn.num_heads, pre_norm=enc.layers[0].pre_norm),
+        TransformerEncoderSpec(len(enc.layers), enc.layers[0].self_attn.num_heads, pre_norm=enc.layers[0].pre_norm,
+                               activation=act(enc)),
         # attention returned (heat maps, alignments): the last layer's, averaged over all heads, as nmt's
         TransformerDecoderSpec(len(dec.layers), dec.layers[0].self_attn.num_heads, pre_norm=dec.layers[0].pre_norm,
-                               alignment_layer=-1, alignment_heads=dec.layers[0].cross_attn.num_heads),
+                               alignment_layer=-1, alignment_heads=dec.layers[0].cross_attn.num_heads,
+                               activation=act(dec)),
     )
     _inputs(spec.encoder, enc, src_size)
     for layer_spec, layer in zip(spec.encoder.layer, enc.layers):
@@ -138,7 +143,7 @@ def build_spec(model: nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer):
     if dec.layers[0].pre_norm:
         _norm(spec.decoder.layer_norm, dec.final_norm)
     spec.decoder.projection.weight = _w(dec.out.weight[:tgt_size])  # tied: CTranslate2 aliases equal weights
-    bias = torch.zeros(tgt_size)
+    bias = torch.zeros(tgt_size) if dec.out.bias is None else dec.out.bias[:tgt_size].detach().float().cpu().clone()
     bias[[PAD, BOS]] = float("-inf")  # never generated (nmt.decoding.search._log_probs)
     spec.decoder.projection.bias = bias
 

@@ -10,7 +10,8 @@ Two ``transformers`` classes compute exactly what ``nmt/models/transformer.py`` 
   final layer norm of each stack as ours does; it has one embedding for both sides, so the
   model must share its source and target embeddings (``model.share_src_tgt_embeddings``).
 
-Both scale embeddings by sqrt(H), use ReLU feed-forward layers with biases, layer norms with
+Both scale embeddings by sqrt(H), use feed-forward layers with biases (our ``activation``:
+ReLU, GELU or swish) and a logits bias (``final_logits_bias``, zero unless ``logits_bias``), layer norms with
 eps 1e-5 and the sinusoids of Vaswani et al. from position 0, which they recompute when loading
 (they are not stored). Their table holds every sine before every cosine, ours interleaves them: the
 hidden units are permuted (``perm``), which every weight reading or writing the residual stream
@@ -81,10 +82,22 @@ def model_class(model: nn.Module, run_config: dict) -> str:
     if enc.embed_tokens.max_len != dec.embed_tokens.max_len:
         _refuse(f"model.encoder.max_len={enc.embed_tokens.max_len}, model.decoder.max_len={dec.embed_tokens.max_len}",
                 "position tables of different lengths")
+    activation(model)
     if norms == {True} and enc.embed.weight is not dec.embed.weight:
         _refuse("model.share_src_tgt_embeddings=false", "a pre-norm model with separate source and target "
                 "embeddings (Pegasus has one embedding for both sides; MarianMT, which has two, is post-norm)")
     return "pegasus" if norms == {True} else "marian"
+
+
+ACTIVATIONS = {nn.ReLU: "relu", nn.GELU: "gelu", nn.SiLU: "swish"}  # ours -> transformers' activation_function
+
+
+def activation(model: nn.Module) -> str:
+    """The ``activation_function`` of the model's feed-forward layers (one for both stacks)."""
+    kinds = {type(layer.ff[1]) for stack in (model.encoder, model.decoder) for layer in stack.layers}
+    if len(kinds) > 1:
+        _refuse("model.encoder.activation, model.decoder.activation", "two feed-forward activations")
+    return ACTIVATIONS[kinds.pop()]
 
 
 def perm(size: int) -> Tensor:
@@ -139,7 +152,7 @@ def _config(kind: str, model: nn.Module, src_size: int, tgt_size: int, shared: b
     common = dict(
         d_model=enc.embed.embedding_dim, encoder_layers=len(enc.layers), decoder_layers=len(dec.layers),
         encoder_attention_heads=enc.layers[0].self_attn.num_heads, decoder_attention_heads=dec.num_heads,
-        encoder_ffn_dim=ff(enc.layers[0]), decoder_ffn_dim=ff(dec.layers[0]), activation_function="relu",
+        encoder_ffn_dim=ff(enc.layers[0]), decoder_ffn_dim=ff(dec.layers[0]), activation_function=activation(model),
         dropout=float(enc.embed_tokens.drop.p), attention_dropout=float(enc.layers[0].self_attn.dropout),
         activation_dropout=float(enc.layers[0].ff[2].p), max_position_embeddings=enc.embed_tokens.max_len,
         scale_embedding=True, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS, decoder_start_token_id=BOS,
@@ -199,6 +212,8 @@ def build_hf_model(model: nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer,
                 raise ValueError(f"{name}: shape {tuple(value.shape)} for {kind}'s {tuple(own[name].shape)}")
             own[name].copy_(value)
         own["final_logits_bias"].zero_()
+        if dec.out.bias is not None:
+            own["final_logits_bias"][0].copy_(dec.out.bias[:tgt_size])
     return hf
 
 

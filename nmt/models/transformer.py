@@ -12,7 +12,9 @@ the self-attention pattern (``full``, ``local``, ``local_global``, ``block_spars
 gradient checkpointing per layer. The decoder decodes incrementally: its
 ``state`` keeps each layer's self-attention keys/values, and the cross-attention keys/values are
 projected once per sentence in ``prepare_memory``. SDPA returns no weights, so attention plots
-take an eager path (``need_attn``).
+take an eager path (``need_attn``). ``activation`` is the feed-forward non-linearity (``relu``,
+``gelu``, ``swish``) and ``logits_bias`` gives the decoder's output layer a bias (both as Marian's
+models have them, ``nmt.checkpoints.marian``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from nmt.specials import PAD
 
 POSITIONS = ("sinusoidal", "learned", "rope")
 INITS = ("xavier", "torch")
+# The feed-forward activation: ReLU (Vaswani et al. 2017), GELU (Hendrycks & Gimpel 2016, the
+# exact erf form) or swish/SiLU (Ramachandran et al. 2017; Marian's OPUS-MT models).
+ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "swish": nn.SiLU}
 
 
 def sinusoids(length: int, size: int) -> Tensor:
@@ -114,8 +119,11 @@ class MultiHeadAttention(UsesKernels, nn.Module):
 
 
 class FeedForward(nn.Sequential):
-    def __init__(self, hidden_size: int, ff_size: int, dropout: float) -> None:
-        super().__init__(nn.Linear(hidden_size, ff_size), nn.ReLU(), Dropout(dropout), nn.Linear(ff_size, hidden_size))
+    def __init__(self, hidden_size: int, ff_size: int, dropout: float, activation: str = "relu") -> None:
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
+        super().__init__(nn.Linear(hidden_size, ff_size), ACTIVATIONS[activation](), Dropout(dropout),
+                         nn.Linear(ff_size, hidden_size))
 
 
 def init_weights(layers: nn.Module, init: str) -> None:
@@ -161,10 +169,10 @@ class _Block(nn.Module):
 
 class EncoderLayer(_Block):
     def __init__(self, hidden_size: int, num_heads: int, ff_size: int, dropout: float, norm: str, rotary: Rotary | None,
-                 attention_dropout: float = 0.0, activation_dropout: float = 0.0):
+                 attention_dropout: float = 0.0, activation_dropout: float = 0.0, activation: str = "relu"):
         super().__init__(hidden_size, dropout, norm, 2)
         self.self_attn = MultiHeadAttention(hidden_size, num_heads, attention_dropout)
-        self.ff = FeedForward(hidden_size, ff_size, activation_dropout)
+        self.ff = FeedForward(hidden_size, ff_size, activation_dropout, activation)
         self.rotary = rotary
 
     def _attend(self, x: Tensor, mask: Tensor) -> Tensor:
@@ -183,12 +191,12 @@ class EncoderLayer(_Block):
 class DecoderLayer(_Block):
     def __init__(
         self, hidden_size: int, num_heads: int, ff_size: int, dropout: float, norm: str, rotary: Rotary | None, memory_size: int,
-        attention_dropout: float = 0.0, activation_dropout: float = 0.0,
+        attention_dropout: float = 0.0, activation_dropout: float = 0.0, activation: str = "relu",
     ):
         super().__init__(hidden_size, dropout, norm, 3)
         self.self_attn = MultiHeadAttention(hidden_size, num_heads, attention_dropout)
         self.cross_attn = MultiHeadAttention(hidden_size, num_heads, attention_dropout, kv_size=memory_size)
-        self.ff = FeedForward(hidden_size, ff_size, activation_dropout)
+        self.ff = FeedForward(hidden_size, ff_size, activation_dropout, activation)
         self.rotary = rotary
 
     def _self(self, x: Tensor, cache: dict | None, offset: int) -> Tensor:
@@ -301,6 +309,7 @@ class TransformerEncoder(nn.Module):
         activation_dropout: float = 0.0,
         position_shift: int = 0,
         init: str = "xavier",
+        activation: str = "relu",
     ) -> None:
         super().__init__()
         if position_shift < 0:
@@ -310,7 +319,8 @@ class TransformerEncoder(nn.Module):
         self.embed = self.embed_tokens.embed  # for embedding tying
         self.position_shift = 0 if positions == "rope" else position_shift  # rotary positions are relative already
         self.layers = nn.ModuleList(
-            EncoderLayer(hidden_size, num_heads, ff_size, dropout, norm, rotary, attention_dropout, activation_dropout)
+            EncoderLayer(hidden_size, num_heads, ff_size, dropout, norm, rotary, attention_dropout, activation_dropout,
+                         activation)
             for _ in range(num_layers)
         )
         init_weights(self.layers, init)
@@ -355,6 +365,8 @@ class TransformerDecoder(nn.Module):
         attention_dropout: float = 0.0,
         activation_dropout: float = 0.0,
         init: str = "xavier",
+        activation: str = "relu",
+        logits_bias: bool = False,
     ) -> None:
         super().__init__()
         rotary = Rotary(hidden_size // num_heads, max_len) if positions == "rope" else None
@@ -362,12 +374,14 @@ class TransformerDecoder(nn.Module):
         self.embed = self.embed_tokens.embed
         self.layers = nn.ModuleList(
             DecoderLayer(hidden_size, num_heads, ff_size, dropout, norm, rotary, memory_size or hidden_size,
-                         attention_dropout, activation_dropout)
+                         attention_dropout, activation_dropout, activation)
             for _ in range(num_layers)
         )
         init_weights(self.layers, init)
         self.final_norm = nn.LayerNorm(hidden_size) if norm == "pre" else nn.Identity()
-        self.out = nn.Linear(hidden_size, vocab_size, bias=False)
+        self.out = nn.Linear(hidden_size, vocab_size, bias=logits_bias)
+        if logits_bias:  # a bias per output piece (Marian's output layer has one), starting at zero
+            nn.init.zeros_(self.out.bias)
         self.num_heads = num_heads
         self.attention = _patterns("decoder", self.layers, attention, max_len, {"window": window, "global_tokens": global_tokens})
         self.gradient_checkpointing = False
