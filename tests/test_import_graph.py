@@ -16,7 +16,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nmt"
 # layers, or of its own folder (nmt.inference.* among themselves, ...). The top level holds the
 # commands and the few modules every layer needs.
 BASE = ["nmt", "nmt.specials", "nmt.text_lines", "nmt.cli_io", "nmt.machine", "nmt.languages"]
-COMMANDS = ["nmt.train", "nmt.translate", "nmt.evaluate", "nmt.export", "nmt.average", "nmt.runs_table"]
+COMMANDS = ["nmt.train", "nmt.translate", "nmt.evaluate", "nmt.export", "nmt.average", "nmt.runs_table",
+            "nmt.import_model"]
 LAYERS = {
     0: [*BASE, "nmt.runs*", "nmt.kernels*"],
     1: ["nmt.data*", "nmt.models*"],

@@ -26,6 +26,7 @@ from nmt.languages import vocabulary_languages, with_target_language  # noqa: E4
 from tests.test_export_ctranslate2 import lines_of  # noqa: E402
 
 LANGUAGES = ("fra", "deu", "por_Latn")
+EOS_BIAS = 6.0
 
 
 def _spm(lines: list[str], folder: Path, name: str, size: int) -> Path:
@@ -72,6 +73,7 @@ def marian_folder(out: Path, *, activation: str = "swish", languages: tuple[str,
         for name, p in model.named_parameters():
             p.normal_(0.0, 0.3).add_(1.0 if "layer_norm.weight" in name else 0.0)
         model.final_logits_bias.normal_(0.0, 1.0)
+        model.final_logits_bias[0, 0] += EOS_BIAS  # outputs of every length below the cap, not only cut ones
     model.generation_config.update(bad_words_ids=[[pad]], num_beams=4, length_penalty=0.0, max_length=128,
                                    renormalize_logits=True, **(generation or {}))
     model.save_pretrained(out)
@@ -172,3 +174,161 @@ def test_decoded_text_equals_transformers(pair):
     labels = tokenizer(text_target=lines_of("test.tgt"))["input_ids"]
     assert labels == [order[torch.tensor(loaded.tgt_vocab.encode(line) + [EOS])].tolist() for line in lines_of("test.tgt")]
 
+
+
+def their_outputs(hf, tokenizer, lines: list[str], order: torch.Tensor, **generate) -> list[list[int]]:
+    """``generate()``'s tokens under the folder's generation config, in our ids, without the
+    decoder start and from EOS on."""
+    ours_of = {int(theirs): ours for ours, theirs in reversed(list(enumerate(order.tolist())))}
+    batch = tokenizer(lines, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = hf.generate(**batch, **generate)
+    outputs = []
+    for row in out[:, 1:].tolist():
+        ids = [ours_of[t] for t in row]
+        outputs.append(ids[: ids.index(EOS)] if EOS in ids else ids)
+    return outputs
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_greedy_and_beam_equal_generate(pair, search):
+    """Our greedy search gives ``generate()``'s tokens on the 40 test and validation sources at the
+    same cap; our beam search (beam 4, no length penalty: the folder's generation config) gives
+    them on every sentence whose output ends before the cap. At the cap the two score the forced
+    EOS differently (transformers gives it log-probability 0, ours its own), which can reorder
+    hypotheses that both searches cut there."""
+    hf, tokenizer, loaded, languages, folder = pair
+    theirs_lines, ours_lines = sources(languages)
+    order = order_of(folder, loaded)
+    src, src_mask = our_ids(loaded, ours_lines)
+    cap = 12
+    if search == "greedy":
+        ours = greedy_search(loaded.model, src, src_mask, max_len_a=0, max_len_b=cap).tokens
+        theirs = their_outputs(hf, tokenizer, theirs_lines, order, num_beams=1, max_new_tokens=cap)
+    else:
+        assert hf.generation_config.num_beams == 4 and hf.generation_config.length_penalty == 0.0
+        ours = beam_search(loaded.model, src, src_mask, beam_size=4, alpha=0.0, max_len_a=0, max_len_b=cap).tokens
+        theirs = their_outputs(hf, tokenizer, theirs_lines, order, max_new_tokens=cap)
+    ended = [len(o) < cap - 1 and len(t) < cap - 1 for o, t in zip(ours, theirs)]
+    same = sum(o == t for o, t in zip(ours, theirs))
+    print(f"{search}: {same}/{len(ours)} outputs equal, {sum(ended)} ended before the cap")
+    if search == "greedy":
+        assert same == len(ours)
+    else:
+        assert sum(ended) >= 30 and all(o == t for o, t, e in zip(ours, theirs, ended) if e)
+
+
+def test_import_export_import_gives_the_same_weights(pair, tmp_path):
+    """``nmt-export format=huggingface`` of the imported model, imported again: the same weights
+    (names, shapes, values) and the same vocabularies; the export keeps our id order."""
+    hf, tokenizer, loaded, languages, folder = pair
+    out = to_huggingface(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, tmp_path / "hf")
+    again = imported(out, tmp_path / "again.ckpt")
+    first, second = loaded.model.state_dict(), again.model.state_dict()
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+    for side in ("src_vocab", "tgt_vocab"):
+        sp, sp2 = getattr(loaded, side).sp, getattr(again, side).sp
+        assert [sp.id_to_piece(i) for i in range(sp.get_piece_size())] == [
+            sp2.id_to_piece(i) for i in range(sp2.get_piece_size())]
+    assert again.run_config["model"] == loaded.run_config["model"]
+
+
+def edited(folder: Path, tmp_path: Path, name: str, **changes) -> Path:
+    """A copy of ``folder`` with keys of its config.json changed (None: removed)."""
+    copy = tmp_path / name
+    shutil.copytree(folder, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config.update(changes)
+    (copy / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    return copy
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return marian_folder(tmp_path_factory.mktemp("refusals") / "hf", tied=False)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]},
+     "config.json: model_type=t5, architectures=['T5ForConditionalGeneration']: nmt imports MarianMTModel "
+     "(model_type=marian) only; T5, BART, mBART, M2M100/NLLB and the others compute what nmt's Transformer does not"),
+    ({"model_type": "m2m_100"}, "config.json: model_type=m2m_100, architectures=['MarianMTModel']: nmt imports"),
+    ({"normalize_before": True}, "config.json: normalize_before=True: nmt's post-norm Transformer has no such layer "
+                                 "norm or bias (a Marian variant nmt does not compute)"),
+    ({"scale_embedding": False}, "config.json: scale_embedding=False: nmt scales embeddings by sqrt(d_model), as "
+                                 "every OPUS-MT model does"),
+    ({"activation_function": "gelu_new"}, "config.json: activation_function=gelu_new: nmt computes relu, gelu, swish, silu"),
+    ({"d_model": 10**9}, "config.json: d_model=1000000000 is not a count from 1 to 8,192; refused before any weight is "
+                         "allocated"),
+    ({"vocab_size": 10**8}, "config.json: vocab_size=100000000 is not a count from 1 to 1,000,000; refused before"),
+    ({"encoder_layers": 10**6}, "config.json: encoder_layers=1000000 is not a count from 1 to 64"),
+    ({"max_position_embeddings": -1}, "config.json: max_position_embeddings=-1 is not a count from 1 to 65,536"),
+    ({"encoder_ffn_dim": 64}, "model.safetensors: model.encoder.layers.0.fc1.bias has shape (48,), config.json's model "
+                              "needs (64,)"),
+    ({"decoder_layers": 3}, "model.safetensors: model.decoder.layers.2.encoder_attn.k_proj.bias is missing"),
+    ({"encoder_layers": 1}, "model.safetensors: model.encoder.layers.1.fc1.bias is not a weight of the MarianMTModel "
+                            "config.json describes"),
+], ids=["t5", "m2m100", "pre_norm", "unscaled", "gelu_new", "width", "vocabulary", "layers", "positions", "ffn_shape",
+        "missing_layer", "extra_layer"])
+def test_what_does_not_import_is_refused_in_one_line(folder, tmp_path, changes, message):
+    copy = edited(folder, tmp_path, "copy", **changes)
+    with pytest.raises(ImportRefused) as refused:
+        import_marian(copy)
+    text = str(refused.value)
+    assert text.startswith(f"{copy}/{message.split(':')[0]}") and message in text and "\n" not in text, text
+
+
+def test_pickled_weights_are_refused_unless_allowed(folder, tmp_path):
+    """A folder with pytorch_model.bin and no model.safetensors: refused in one line; with
+    allow_pickle, read with weights_only=True into the same model."""
+    from safetensors.torch import load_file
+
+    copy = tmp_path / "pickled"
+    shutil.copytree(folder, copy)
+    torch.save(load_file(copy / "model.safetensors"), copy / "pytorch_model.bin")
+    (copy / "model.safetensors").unlink()
+    with pytest.raises(ImportRefused) as refused:
+        import_marian(copy)
+    assert str(refused.value) == (f"{copy}/pytorch_model.bin: refused, pickled weights can run code when loaded and "
+                                  "the folder has no model.safetensors; only if you trust it: allow_pickle=true (read "
+                                  "with weights_only=True)")
+    allowed = import_marian(copy, allow_pickle=True)["state_dict"]
+    safe = import_marian(folder)["state_dict"]
+    assert allowed.keys() == safe.keys() and all(torch.equal(allowed[k], safe[k]) for k in safe)
+    torch.save({"weights": load_file(folder / "model.safetensors"), "code": print}, copy / "pytorch_model.bin")
+    with pytest.raises(ImportRefused) as refused:
+        import_marian(copy, allow_pickle=True)
+    assert str(refused.value) == (f"{copy}/pytorch_model.bin: refused even with allow_pickle=true: it holds more than "
+                                  "tensors (it names print), which weights_only=True never loads")
+
+
+def test_a_missing_folder_or_offline_hub_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        import_marian(tmp_path / "nowhere" / "x" / "y")
+    with pytest.raises(ImportRefused, match=r"^src=Helsinki-NLP/opus-mt-xx-yy: not a local folder, and the hub "
+                                            r"download failed \("):
+        import_marian("Helsinki-NLP/opus-mt-xx-yy")
+
+
+def test_nmt_import_writes_a_release_file_every_command_takes(folder, tmp_path):
+    """The command writes a release file that nmt-translate reads, and refuses in one line."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "model.ckpt"
+    done = subprocess.run([sys.executable, "-m", "nmt.import_model", "format=huggingface", f"src={folder}",
+                           f"out={out}"], capture_output=True, text=True, timeout=300, env={**_env()})
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = load_checkpoint(out)
+    assert loaded.run_config["model"]["decoder"]["logits_bias"] is True
+    bad = subprocess.run([sys.executable, "-m", "nmt.import_model", f"src={edited(folder, tmp_path, 'bad', d_model=10**9)}",
+                          f"out={tmp_path / 'bad.ckpt'}"], capture_output=True, text=True, timeout=300, env={**_env()})
+    assert bad.returncode != 0 and bad.stderr.strip().count("\n") == 0 and "d_model=1000000000" in bad.stderr
+    assert not (tmp_path / "bad.ckpt").exists()
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}

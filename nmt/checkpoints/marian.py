@@ -33,6 +33,7 @@ file and key. A hub id (``Helsinki-NLP/opus-mt-en-de``) is fetched with ``huggin
 from __future__ import annotations
 
 import json
+import pickle
 import re
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nmt.checkpoints.files import FORMAT, CheckpointError, nonfinite
+from nmt.checkpoints.files import FORMAT, CheckpointError, _refused_global, nonfinite
 from nmt.data.tokenizer import Tokenizer
 from nmt.languages import LANGUAGE
 from nmt.specials import BOS, EOS, PAD, UNK
@@ -332,8 +333,11 @@ def read_weights(folder: Path, config: dict[str, Any], allow_pickle: bool = Fals
                                 "model.safetensors; only if you trust it: allow_pickle=true (read with weights_only=True)")
         try:
             raw = torch.load(pickled, map_location="cpu", weights_only=True, mmap=True)
-        except Exception as e:  # weights_only's UnpicklingError, a truncated file
-            raise ImportRefused(f"{pickled}: refused ({(str(e).strip().splitlines() or [''])[0][:200]})") from None
+        except pickle.UnpicklingError as e:  # weights_only refused what the file names
+            raise ImportRefused(f"{pickled}: refused even with allow_pickle=true: it holds more than tensors "
+                                f"({_refused_global(e)}), which weights_only=True never loads") from None
+        except (RuntimeError, EOFError, OSError) as e:
+            raise ImportRefused(f"{pickled}: truncated or not a torch file ({str(e).strip()[:120]})") from None
         if not isinstance(raw, dict) or not all(isinstance(k, str) and torch.is_tensor(t) for k, t in raw.items()):
             raise ImportRefused(f"{pickled}: not a mapping of names to tensors")
         _check_names(pickled, {k: tuple(t.shape) for k, t in raw.items()}, expected, tables, positions)

@@ -1,0 +1,66 @@
+"""Import a model trained elsewhere as an nmt release file:
+``nmt-import format=huggingface src=<MarianMTModel folder or hub id> out=model.ckpt``.
+
+The file is what ``nmt-export format=release`` writes (weights, run config, vocabularies), so
+``translate.py``, ``evaluate.py``, ``nmt-serve``, ``nmt-export`` and ``distill.py`` take it like any
+other, and ``train.py init_from=model.ckpt`` fine-tunes it. ``huggingface``: a ``MarianMTModel``
+folder (OPUS-MT), see ``nmt.checkpoints.marian``; weights from ``model.safetensors`` only unless
+``allow_pickle=true``. The file is written under a temporary name and read back with
+``load_checkpoint`` before the command ends.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from nmt import CONF_DIR, register_resolvers
+from nmt.checkpoints.files import atomic_save
+from nmt.checkpoints.loading import load_checkpoint
+from nmt.checkpoints.marian import import_marian
+from nmt.cli_io import ending_cleanly
+from nmt.languages import vocabulary_languages
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("huggingface",)
+
+
+def import_model(cfg: DictConfig) -> Path:
+    """Write the release file of ``cfg.src`` to ``cfg.out``; the path."""
+    if cfg.format not in FORMATS:
+        raise ValueError(f"format={cfg.format}: choose one of {', '.join(FORMATS)} (a MarianMTModel folder)")
+    if not cfg.get("src") or not cfg.get("out"):
+        raise ValueError("src=??? out=???: give the folder (or hub id) to import and the release file to write")
+    out = Path(str(cfg.out))
+    if out.is_dir():
+        raise ValueError(f"out={out}: is a folder; give the release file to write (model.ckpt)")
+    checkpoint = import_marian(str(cfg.src), allow_pickle=bool(cfg.allow_pickle), revision=cfg.get("revision"))
+    atomic_save(checkpoint, out)
+    loaded = load_checkpoint(out)  # what every command does with it
+    model = checkpoint["run_config"]["model"]
+    languages = vocabulary_languages(loaded.src_vocab.sp)
+    log.info("imported %s -> %s: %d+%d layers, width %d, %s, %d source / %d target pieces%s", cfg.src, out,
+             model["encoder"]["num_layers"], model["decoder"]["num_layers"], model["hidden_size"],
+             model["encoder"]["activation"], loaded.src_vocab.vocab_size, loaded.tgt_vocab.vocab_size,
+             f", target languages {', '.join(languages)} (tgt_lang=...)" if languages else "")
+    return out
+
+
+def main() -> None:
+    """``nmt-import``: the config resolvers, then Hydra composes and runs ``run``."""
+    register_resolvers()
+    run()
+
+
+@hydra.main(config_path=CONF_DIR, config_name="import_model", version_base="1.3")
+@ending_cleanly()  # a user's error: one line on stderr
+def run(cfg: DictConfig) -> None:
+    import_model(cfg)
+
+
+if __name__ == "__main__":
+    main()
