@@ -305,8 +305,8 @@ def test_a_small_file_declaring_huge_weights_through_views_is_refused_before_any
     for i, key in enumerate([k for k, v in checkpoint["state_dict"].items() if v.dim() == 1][:3]):
         checkpoint["state_dict"][key] = shared[i:i + 900]  # each dense, together 2,700 values in 1,000
     torch.save(checkpoint, tmp_path / "overlapping.ckpt")
-    with pytest.raises(CheckpointError, match=r"overlapping.ckpt: its tensors overlap in storage \([\d,]+ bytes of "
-                                              r"weights declared, [\d,]+ stored\)"):
+    with pytest.raises(CheckpointError, match=r"overlapping.ckpt: model\.\S+ and model\.\S+ overlap in one storage; "
+                                              r"refused: a checkpoint stores every value once"):
         read_checkpoint(tmp_path / "overlapping.ckpt")
 
     # A file whose tied weights are one tensor under two names is a plain nmt file.

@@ -14,6 +14,7 @@ trust, since unpickling runs whatever code the file names.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import pickle
 import re
@@ -90,38 +91,158 @@ def read_checkpoint(path: str | Path, allow_pickle: bool = False, what: str = "c
     if not isinstance(protos, dict) or not all(isinstance(protos.get(side), bytes) for side in ("src", "tgt")):
         raise CheckpointError(f"{path}: its tokenizers are not two SentencePiece models: it was not written by nmt")
     raw = checkpoint.get("current_model_state")
-    check_stored(path, [*state.items(), *(raw.items() if isinstance(raw, dict) else [])])
+    if raw is not None and not (isinstance(raw, dict) and all(isinstance(k, str) and torch.is_tensor(v)
+                                                              for k, v in raw.items())):
+        raise CheckpointError(f"{path}: its current_model_state is not a mapping of names to tensors: it was not "
+                              "written by nmt")
+    check_stored(path, file_tensors(checkpoint, path))
+    check_values(path, checkpoint)
     return checkpoint
 
 
-def check_stored(path: str | Path, tensors: list[tuple[str, Any]]) -> None:
-    """Refuse (``CheckpointError``) tensors a file declares but does not store: views that repeat
-    stored values (a zero stride, or more elements than their storage holds) and views that overlap
-    in one storage. A weight built from the file then costs no more memory than the file stores,
-    so a small crafted file cannot ask for gigabytes (every nmt file stores plain dense tensors;
-    tied weights are one tensor under several names)."""
-    storages: dict[int, int] = {}
-    views: set[tuple] = set()
-    declared = 0
-    for name, t in tensors:
+MAX_STEP = 1 << 53  # a step, epoch or counter beyond which a float no longer counts
+
+
+def is_count(value: Any, low: int = 0) -> bool:
+    """An int (not a bool) from ``low`` to ``MAX_STEP``."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= MAX_STEP
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_values(path: str | Path, checkpoint: dict[str, Any]) -> None:
+    """Refuse (``CheckpointError``) the values every reader of a file uses when they are not of
+    their type and range: ``kind``, ``global_step``, ``epoch`` and ``monitor`` (its validation score)."""
+    def refuse(key: str, value: Any, what: str) -> None:
+        shown = repr(value) if isinstance(value, (str, int, float, bool, type(None))) else f"a {type(value).__name__}"
+        raise CheckpointError(f"{path}: {key} is {shown[:60]}, not {what}; refused: it was not written by nmt")
+
+    if "kind" in checkpoint and checkpoint["kind"] not in KINDS:
+        refuse("kind", checkpoint["kind"], " or ".join(KINDS))
+    for key in ("global_step", "epoch"):
+        if checkpoint.get(key) is not None and not is_count(checkpoint[key]):
+            refuse(key, checkpoint[key], f"a count from 0 to {MAX_STEP}")
+    monitor = checkpoint.get("monitor")
+    if monitor is not None:
+        if not isinstance(monitor, dict):
+            refuse("monitor", monitor, "a mapping of the validation score's name, value and step")
+        if monitor.get("value") is not None and not is_number(monitor["value"]):
+            refuse("monitor.value", monitor["value"], "a finite number")
+        if monitor.get("step") is not None and not is_count(monitor["step"]):
+            refuse("monitor.step", monitor["step"], f"a count from 0 to {MAX_STEP}")
+        if monitor.get("name") is not None and not isinstance(monitor["name"], str):
+            refuse("monitor.name", monitor["name"], "a metric name")
+
+
+# What a tensor of an nmt file may be: plain dense, of one of these dtypes, stored contiguously.
+DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.uint8, torch.int8, torch.int16,
+                    torch.int32, torch.int64, torch.bool})
+STATE_DICTS = ("state_dict", "current_model_state")  # the weights: where a tensor may have several names
+MAX_NAMES = 8  # names of one stored tensor in a state dict: a tied Transformer embedding has 5 (its modules')
+MAX_DEPTH = 256  # levels of containers in a file (a training checkpoint has 9; its configs are held to 32 where read)
+
+
+def file_tensors(checkpoint: dict[str, Any], path: str | Path) -> list[tuple[str, Any, str]]:
+    """Every tensor of ``checkpoint``, wherever it is (weights, optimizer and scheduler state, RNG
+    states, callbacks, loops, counters): (its name, the tensor, the top-level key it is under). A
+    weight is named by its state-dict key, anything else by its place
+    (``optimizer_states[0].state[3].exp_avg``). Containers deeper than ``MAX_DEPTH`` are refused."""
+    found: list[tuple[str, Any, str]] = []
+    stack: list[tuple[str, Any, str, int]] = [(str(k), v, str(k), 1) for k, v in reversed(checkpoint.items())]
+    while stack:
+        where, node, section, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise CheckpointError(f"{path}: {where} is nested deeper than any nmt file ({MAX_DEPTH} levels); refused")
+        if torch.is_tensor(node):
+            found.append((where, node, section))
+        elif isinstance(node, dict):
+            for key, value in reversed(list(node.items())):
+                name = (str(key) if where in STATE_DICTS and section == "state_dict"
+                        else f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}")
+                stack.append((name, value, section, depth + 1))
+        elif isinstance(node, (list, tuple)):
+            stack.extend((f"{where}[{i}]", value, section, depth + 1) for i, value in reversed(list(enumerate(node))))
+    return found
+
+
+def _not_plain(t: torch.Tensor) -> str | None:
+    """What kind of tensor ``t`` is when it is not a plain dense one (None when it is)."""
+    if t.is_nested:
+        return "a nested"
+    if type(t) not in (torch.Tensor, torch.nn.Parameter):
+        return f"a {type(t).__name__}"
+    if t.layout != torch.strided:
+        return "a sparse"
+    if t.is_meta:
+        return "a meta"
+    if t.is_quantized:
+        return "a quantized"
+    return None
+
+
+def _sharing(section: str) -> str | None:
+    """Which tensors one tensor of ``section`` may share its storage with: the weights of both state
+    dicts (tied weights; an EMA run's two copies keep their ties), a callback's scores (Lightning's
+    ModelCheckpoint saves its best score under several names); nothing for the rest."""
+    return "weights" if section in STATE_DICTS else "callbacks" if section == "callbacks" else None
+
+
+def check_stored(path: str | Path, tensors: Iterable[tuple[str, Any] | tuple[str, Any, str]]) -> None:
+    """Refuse (``CheckpointError``, one line naming the file and the tensor) any tensor of a file
+    that is not what nmt writes: a nested, sparse, meta, quantized or subclassed tensor; a dtype
+    outside ``DTYPES``; a view that repeats stored values (a zero stride, more elements than its
+    storage holds) or is not stored contiguously; a tensor sharing its storage with another,
+    except one weight under several names (tied weights, at most ``MAX_NAMES``) or disjoint views
+    of one storage (flattened RNN weights) in the state dicts. A tensor read from the file then
+    costs no more than the bytes the file stores, a kernel that writes a tensor in place (a fused
+    optimizer's moments) writes only bytes of its own, and a small file cannot declare a huge model
+    by naming one tensor many times. ``tensors``: (name, tensor[, top-level key])."""
+    owners: dict[int, tuple[str, str]] = {}  # storage -> its first tensor's name and section
+    views: dict[int, dict[tuple, str]] = {}  # storage -> its distinct views (offset, shape, dtype) -> a name
+    names: dict[tuple[int, str], int] = {}  # (storage, state dict) -> how many names it has there
+    for name, t, *rest in tensors:
         if not torch.is_tensor(t):
             continue
-        kind = ("a sparse" if t.layout != torch.strided else "a meta" if t.is_meta else "a quantized" if t.is_quantized
-                else None)
-        if kind:
+        section = rest[0] if rest else "state_dict"
+        if kind := _not_plain(t):
             raise CheckpointError(f"{path}: {name} is {kind} tensor; refused: a checkpoint holds plain dense tensors")
+        if t.dtype not in DTYPES:
+            raise CheckpointError(f"{path}: {name} is a {str(t.dtype).removeprefix('torch.')} tensor; refused: a "
+                                  "checkpoint holds float, integer and bool tensors")
         storage, size = t.untyped_storage(), t.numel() * t.element_size()
-        if any(stride == 0 and n > 1 for stride, n in zip(t.stride(), t.shape)) or size > storage.nbytes():
+        start = t.storage_offset() * t.element_size()
+        if any(stride == 0 and n > 1 for stride, n in zip(t.stride(), t.shape)) or start + size > storage.nbytes():
             raise CheckpointError(f"{path}: {name} is not a plain dense tensor (it repeats {storage.nbytes():,} stored "
                                   f"bytes as a {tuple(t.shape)} tensor); refused: a checkpoint stores every value it holds")
-        view = (storage.data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
-        if view not in views:
-            views.add(view)
-            declared += size
-        storages[storage.data_ptr()] = storage.nbytes()
-    if declared > sum(storages.values()):
-        raise CheckpointError(f"{path}: its tensors overlap in storage ({declared:,} bytes of weights declared, "
-                              f"{sum(storages.values()):,} stored); refused: a checkpoint stores every value it holds")
+        if not t.is_contiguous():
+            raise CheckpointError(f"{path}: {name} is not a plain dense tensor (a {tuple(t.shape)} view of strides "
+                                  f"{t.stride()}); refused: a checkpoint stores every tensor contiguously")
+        if size == 0:
+            continue
+        key, view = storage.data_ptr(), (start, tuple(t.shape), t.dtype)
+        if key not in owners:
+            owners[key], views[key], names[key, section] = (name, section), {view: name}, 1
+            continue
+        first, first_section = owners[key]
+        if _sharing(section) is None or _sharing(section) != _sharing(first_section):
+            raise CheckpointError(f"{path}: {name} shares its storage with {first}; refused: every tensor of a "
+                                  "checkpoint has its own (only tied weights and a callback's scores are one tensor "
+                                  "under several names)")
+        names[key, section] = names.get((key, section), 0) + 1
+        if names[key, section] > MAX_NAMES and section in STATE_DICTS:
+            raise CheckpointError(f"{path}: {first} is stored once and named more than {MAX_NAMES} times (also as "
+                                  f"{name}); refused: a tied weight of an nmt model has at most {MAX_NAMES} names")
+        views[key].setdefault(view, name)
+    for found in views.values():
+        spans = sorted((start, start + math.prod(shape) * dtype.itemsize, name)
+                       for (start, shape, dtype), name in found.items())
+        for (_, end, a), (b_start, _, b) in zip(spans, spans[1:]):
+            if b_start < end:
+                raise CheckpointError(f"{path}: {a} and {b} overlap in one storage; refused: a checkpoint stores every "
+                                      "value once (tied weights are one tensor under several names)")
 
 
 def check_run_config(checkpoint: dict[str, Any], source: str | Path) -> None:

@@ -52,7 +52,12 @@ def check_vocabulary(sp: spm.SentencePieceProcessor, name: str) -> None:
     if ids != (PAD, UNK, BOS, EOS):
         raise ValueError(f"{name}: special ids (pad, unk, bos, eos) are {ids}, expected {(PAD, UNK, BOS, EOS)}")
     for i in range(sp.get_piece_size()):
-        if LINE_BREAKING.search(piece := sp.id_to_piece(i)):
+        try:
+            piece = sp.id_to_piece(i)
+        except UnicodeDecodeError as e:  # sentencepiece's text: the codec's, naming no model
+            raise ValueError(f"{name}: piece {i} is not valid UTF-8 ({e.object[:40]!r}); a SentencePiece model "
+                             "trained by nmt has none") from None
+        if LINE_BREAKING.search(piece):
             raise ValueError(f"{name}: piece {i} ({piece[:40]!r}) holds a control or line-breaking character; "
                              "a SentencePiece model trained by nmt has none")
 
