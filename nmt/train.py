@@ -45,7 +45,8 @@ from nmt.training.builders import (build_callbacks, build_datamodule, build_logg
                           build_trainer, count_parameters)
 from nmt.training.callbacks import LastCheckpoint, budget_timer, ended_by
 from nmt.cli_io import ending_cleanly
-from nmt.checkpoints.finetune import INIT_OPTIMIZER, check_architecture, check_init_vocabularies, init_origin, init_weights, read_init
+from nmt.checkpoints.finetune import (INIT_OPTIMIZER, check_architecture, check_init_vocabularies, imported_init,
+                                     init_origin, init_weights, read_init)
 from nmt.checkpoints.resume import check_resume
 from nmt.checkpoints.files import tokenizer_protos
 from nmt.evaluation.length_report import markdown_table
@@ -88,7 +89,12 @@ def read_init_from(cfg: DictConfig, ckpt_path: str | None) -> dict[str, Any] | N
         if optimizer == "keep":
             raise ValueError("init_optimizer=keep: there is no optimizer state to keep without init_from=<checkpoint>")
         return None
-    path = str(path)
+    path, imported_model = imported_init(str(path), cfg.paths.output_dir, cfg.get("allow_pickle", False))
+    if imported_model is not None:  # an imported model (nmt.checkpoints.marian): the run trains its architecture
+        log.info("init_from=%s: an imported model; model= is replaced by its architecture", cfg.init_from)
+        with open_dict(cfg):
+            cfg.init_from, cfg.model = path, OmegaConf.create(imported_model["model"])
+            cfg.data.tokenizer.joint = imported_model["joint"]
     if cfg.data.get("vocab_from") is None:
         with open_dict(cfg):
             cfg.data.vocab_from = path

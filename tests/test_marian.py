@@ -332,3 +332,27 @@ def _env() -> dict[str, str]:
     import os
 
     return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def test_init_from_a_folder_fine_tunes_the_imported_model(folder, tmp_path):
+    """``train.py init_from=<folder>``: the folder is imported into the run folder, the run trains
+    its architecture (not model=) with its vocabularies from the imported weights, and its
+    checkpoints load and record the origin."""
+    from nmt.train import train
+    from tests.conftest import compose_train
+
+    cfg = compose_train(tmp_path, [f"init_from={folder}", "trainer.max_epochs=-1", "trainer.max_steps=2",
+                                   "trainer.limit_val_batches=0", "test=false"], model="transformer")
+    before = import_marian(folder)["state_dict"]
+    train(cfg)
+    run_dir = Path(cfg.paths.output_dir)
+    assert (run_dir / "init_from.ckpt").is_file() and cfg.init_from == str(run_dir / "init_from.ckpt")
+    tuned = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    model_config = tuned.run_config["model"]
+    assert model_config["decoder"]["norm"] == "post" and model_config["decoder"]["activation"] == "swish"
+    assert model_config["decoder"]["logits_bias"] and not model_config["tie_embeddings"]
+    state = tuned.model.state_dict()
+    moved = [k for k in before if not torch.equal(before[k], state[k.removeprefix("model.")])]
+    assert "model.decoder.out.bias" in moved and len(moved) > len(before) // 2  # the bias trains too
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["init_from"]["path"] == str(run_dir / "init_from.ckpt")

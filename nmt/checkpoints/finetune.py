@@ -1,5 +1,7 @@
 """Fine-tuning: a new run that starts from a file's weights (``init_from``), of the same
-architecture and vocabularies, with a fresh optimizer state or the file's."""
+architecture and vocabularies, with a fresh optimizer state or the file's. A Hugging Face
+MarianMTModel folder (or hub id) is imported first (``nmt.checkpoints.marian``), and a run from an
+imported model trains the file's architecture (``imported_init``)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ from typing import Any
 import torch
 
 from nmt.checkpoints import file_config
-from nmt.checkpoints.files import (CheckpointError, check_run_config, check_weights, checkpoint_kind, model_state,
-                                   read_checkpoint, vocabulary_difference)
+from nmt.checkpoints.files import (CheckpointError, atomic_save, check_run_config, check_weights, checkpoint_kind,
+                                   model_state, read_checkpoint, vocabulary_difference)
+from nmt.checkpoints.marian import import_marian, is_model_source
 from nmt.data.tokenizer import Tokenizer
 from nmt.runs.files import CHECKPOINTS
 
@@ -24,6 +27,36 @@ MAY_DIFFER = ("dropout", "attention_dropout", "activation_dropout", "gradient_ch
 # Model keys added since files were first written, with the value a file without them was trained with.
 ADDED = {"activation": "relu", "logits_bias": False}
 INIT_OPTIMIZER = ("fresh", "keep")  # init_optimizer: a new optimizer state, or the file's per-parameter state
+
+
+IMPORTED = "init_from.ckpt"  # in the run folder: the release file of an init_from folder
+
+
+def imported_init(path: str, out_dir: str | Path, allow_pickle: bool = False) -> tuple[str, dict[str, Any] | None]:
+    """``init_from`` as a file, and what a run from it trains: a MarianMTModel folder or hub id is
+    imported once into ``out_dir/init_from.ckpt``; a release file ``nmt-import`` wrote stays as it
+    is. Both give their ``model`` config (the run trains the imported architecture, whatever
+    ``model=`` says) and whether one tokenizer serves both sides (``joint``, for
+    ``data.tokenizer.joint``); any other file gives None (the run's config must match it)."""
+    if is_model_source(path):
+        out = Path(out_dir) / IMPORTED
+        atomic_save(import_marian(path, allow_pickle=allow_pickle), out)
+        path = str(out)
+    elif not Path(path).is_file():
+        return path, None  # read_init names it
+    try:
+        checkpoint = read_checkpoint(path, what="init_from")
+    except CheckpointError as e:
+        raise CheckpointError(f"init_from={e}") from None
+    source = checkpoint.get("source")
+    if checkpoint_kind(checkpoint) == "release" and isinstance(source, dict) and source.get("format") == "huggingface":
+        try:
+            model = file_config.check(checkpoint["run_config"]["model"], "model", path)
+        except file_config.ConfigRefused as e:
+            raise CheckpointError(f"init_from={e}") from None
+        protos = checkpoint["tokenizers"]  # Marian's two SentencePiece models over one vocabulary: two tokenizers
+        return path, {"model": model, "joint": protos["src"] == protos["tgt"]}
+    return path, None
 
 
 def read_init(path: str | Path, keep_optimizer: bool = False, optimizer_target: str | None = None) -> dict[str, Any]:

@@ -69,6 +69,15 @@ class ImportRefused(CheckpointError):
     """A folder that does not import; the message names the file, the key and what to do."""
 
 
+def is_model_source(src: str | Path) -> bool:
+    """Whether ``src`` names a model folder (``config.json`` in it) or, not being a path that exists
+    or a ``.ckpt``, a hub id (``owner/name``)."""
+    path = Path(src)
+    if path.is_dir():
+        return (path / "config.json").is_file()
+    return not path.exists() and path.suffix != ".ckpt" and bool(re.fullmatch(r"[\w.-]+/[\w.-]+", str(src)))
+
+
 def resolve(src: str | Path, revision: str | None = None, allow_pickle: bool = False) -> Path:
     """The local folder of ``src``: a folder as it is, or a hub id (``owner/name``) downloaded with
     ``huggingface_hub`` (the files the import reads only)."""
