@@ -29,7 +29,7 @@ from nmt.evaluation import directions, reordering
 from nmt.evaluation.analyses import (Scored, by_frequency, by_reordering, reference_alignments, robustness,
                                      training_counts, translate_with_entropy)
 from nmt.evaluation.comparison import compare
-from nmt.evaluation.length_report import length_report, write_report
+from nmt.evaluation.length_report import data_unit, length_buckets, length_report, write_report
 from nmt.evaluation.significance import significance
 from nmt.inference.translator import Translator
 from nmt.runs.files import system_name
@@ -38,12 +38,12 @@ from nmt.text_lines import read_lines
 log = logging.getLogger(__name__)
 
 
-def load_test_split(data_cfg: DictConfig | dict, source: str | None = None) -> tuple[list[str], list[str], str]:
+def load_test_split(data_cfg: DictConfig | dict, source: str | None = None) -> tuple[list[str], list[str], Any]:
     """Raw sources and references of a data config's test split, and its length unit. A config read
     from the file ``source`` (a checkpoint's) is checked and built by ``nmt.checkpoints.file_config``."""
     datamodule = load_data(data_cfg, source)
     sources, refs = datamodule.raw("test")
-    return sources, refs, datamodule.src_words
+    return sources, refs, data_unit(datamodule)
 
 
 def load_data(data_cfg: DictConfig | dict, source: str | None = None, split: str = "test",
@@ -118,7 +118,10 @@ def evaluate(cfg: DictConfig) -> None:
             data_cfg = {**data_cfg, "cache_dir": str(cfg.paths.cache_dir)}
     word_frequency = bool(cfg.get("word_frequency", True))  # counts the training split's target words
     datamodule = load_data(data_cfg, data_source, split_name, train_text=word_frequency)
-    (tagged, refs), unit = datamodule.raw(split_name), datamodule.src_words
+    tagged, refs = datamodule.raw(split_name)
+    # the unit and tokenizer of the split's languages (auto: nmt.writing); directions resolve their own
+    options, by_direction = directions.report_options(datamodule, cfg.length_buckets, cfg.sacrebleu_tokenize)
+    unit, tokenize, edges = options["unit"], options["tokenize"], length_buckets(cfg.length_buckets, options["unit"])
     sources = directions.untagged(tagged)  # what the reports count and show; multilingual models read the tags
     inputs = {name: directions.model_inputs(t, name, tagged, sources, datamodule) for name, t in zip(names, loaded)}
     split = directions.plan(datamodule)  # before any translation: the language identifier
@@ -137,29 +140,28 @@ def evaluate(cfg: DictConfig) -> None:
             raise ValueError(f"{file}: {len(lines)} lines, but the {split_name} split has {len(refs)} references")
         hyps[str(name)] = lines
     baseline = str(cfg.baseline) if cfg.get("baseline") is not None else next(iter(hyps))
-    test = Scored(sources, tagged, refs, unit, hyps, baseline)
-    reports = {name: length_report(sources, h, refs, cfg.length_buckets, unit=unit, tokenize=cfg.sacrebleu_tokenize,
+    test = Scored(sources, tagged, refs, unit, hyps, baseline, edges, tokenize)
+    reports = {name: length_report(sources, h, refs, edges, unit=unit, tokenize=tokenize,
                                    n_bootstrap=cfg.n_bootstrap) for name, h in hyps.items()}
     if frequency is not None:
         by_frequency(cfg, test, frequency, reports)
     if cfg.get("reordering", True):
         by_reordering(cfg, test, reference_alignments(datamodule, dict(zip(names, loaded)), sources, refs, inputs), reports)
     for name, values in entropies.items():
-        reports[name]["attention_entropy"] = reordering.entropy_by_length(sources, values, cfg.length_buckets, unit)
+        reports[name]["attention_entropy"] = reordering.entropy_by_length(sources, values, edges, unit)
     if len(hyps) > 1:
-        for name, result in significance(hyps, sources, refs, baseline, cfg.length_buckets, unit=unit,
-                                         tokenize=cfg.sacrebleu_tokenize, **cfg.significance).items():
+        for name, result in significance(hyps, sources, refs, baseline, edges, unit=unit,
+                                         tokenize=tokenize, **cfg.significance).items():
             reports[name]["significance"] = result
     for name, report in reports.items():
         write_report(report, out_dir / name, name=name)
     if split is not None:
         directions.write_direction_reports(split, tagged, hyps, refs, out_dir, reports, per_direction=True,
-                                           edges=cfg.length_buckets, unit=unit, tokenize=cfg.sacrebleu_tokenize,
-                                           n_bootstrap=cfg.n_bootstrap)
+                                           **by_direction, n_bootstrap=cfg.n_bootstrap)
     paths = compare(reports, out_dir, title=cfg.get("title") or "")
     log.info("comparison -> %s\n%s", paths["md"], paths["md"].read_text())
     if variants:
-        robust = robustness(cfg, dict(zip(names, loaded)), variants, (sources, refs, unit, inputs), reports, out_dir)
+        robust = robustness(cfg, dict(zip(names, loaded)), variants, test, inputs, reports, out_dir)
         log.info("clean and augmented test sets -> %s\n%s", robust, robust.read_text())
 
 

@@ -72,19 +72,23 @@ def model_name(summary: dict) -> str:
     return Path(summary["decoder"]).suffix.lstrip(".")
 
 
-def heatmaps(ckpt: Path, sources: list[str], out_dir: Path, count: int) -> None:
-    """Attention of the ``count`` longest test sentences (models without attention: none)."""
+def heatmaps(ckpt: Path, sources: list[str], out_dir: Path, count: int, unit: str = "words") -> None:
+    """Attention of the ``count`` longest test sentences, by the report's length ``unit`` (models
+    without attention: none)."""
     from nmt.inference.translator import Translator  # torch and matplotlib: not for --help or a refused option
+    from nmt.evaluation.length_report import UNIT_NAMES, Tokens, source_lengths
     from nmt.evaluation.plots import plot_attention
 
     translator = Translator.load(ckpt, device="cpu", precision="32")
-    longest = sorted(range(len(sources)), key=lambda i: -len(sources[i].split()))[:count]
+    counted = Tokens(lambda text: len(translator.src_vocab.encode(text))) if unit == "tokens" else unit
+    lengths = source_lengths(sources, counted)
+    longest = sorted(range(len(sources)), key=lambda i: -lengths[i])[:count]
     translations = translator.translate([sources[i] for i in longest], attention=True)
     for j, translation in enumerate(translations):
         a = translation.attention
         if a is not None:
             plot_attention(a.weights, a.source, a.target, out_dir / f"test{longest[j] + 1:05d}.png",
-                           title=f"test line {longest[j] + 1} ({len(sources[longest[j]].split())} words)")
+                           title=f"test line {longest[j] + 1} ({lengths[longest[j]]} {UNIT_NAMES.get(unit, unit)})")
 
 
 def collect(sweep_dir: Path, num_heatmaps: int) -> Path:
@@ -105,7 +109,8 @@ def collect(sweep_dir: Path, num_heatmaps: int) -> Path:
         )
         if num_heatmaps and name != "lstm":
             sources = read_text_lines(run, TEST_TEXT.format("sources"))
-            heatmaps(Path(summary["best_checkpoint"]), sources, sweep_dir / "attention" / name, num_heatmaps)
+            heatmaps(Path(summary["best_checkpoint"]), sources, sweep_dir / "attention" / name, num_heatmaps,
+                     report.get("unit", "words"))
     from nmt.evaluation.comparison import compare
 
     paths = compare(reports, sweep_dir / "comparison", title="BLEU by source length")

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nmt"
 # Layers by folder: lower numbers are lower layers; a module may import only modules of lower
 # layers, or of its own folder (nmt.inference.* among themselves, ...). The top level holds the
 # commands and the few modules every layer needs.
-BASE = ["nmt", "nmt.specials", "nmt.text_lines", "nmt.cli_io", "nmt.machine", "nmt.languages"]
+BASE = ["nmt", "nmt.specials", "nmt.text_lines", "nmt.cli_io", "nmt.machine", "nmt.languages", "nmt.writing"]
 COMMANDS = ["nmt.train", "nmt.translate", "nmt.evaluate", "nmt.export", "nmt.average", "nmt.runs_table",
             "nmt.import_model"]
 LAYERS = {
@@ -106,7 +106,7 @@ def test_imports_go_down_the_layers():
 def test_data_code_reads_no_checkpoint():
     for name, targets in graph().items():
         if name.startswith("nmt.data"):
-            base = ("nmt", "nmt.specials", "nmt.languages", "nmt.machine", "nmt.text_lines", "nmt.cli_io")
+            base = ("nmt", "nmt.specials", "nmt.languages", "nmt.machine", "nmt.text_lines", "nmt.cli_io", "nmt.writing")
             assert not {t for t in targets if not t.startswith("nmt.data") and t not in base}, name
 
 

@@ -29,10 +29,11 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
+from nmt import writing
 from nmt.data.augment import AugmentedSplit, Augmentation
 from nmt.data.batching import TokenBatchSampler, TokenizedSplit, collate
 from nmt.data.multilingual import sampling_changes, temperature_items
-from nmt.data.prepare import SIDES, TextColumn, prepare, read_manifest, select_train
+from nmt.data.prepare import SIDES, TextColumn, prepare, read_manifest, select_train, source_sample
 from nmt.data.sources import SPLITS, DataError, plain
 from nmt.data.tokenizer import Tokenizer, options_with_defaults
 
@@ -111,7 +112,11 @@ class TranslationDataModule(L.LightningDataModule):
     tokenizer: SentencePiece options (`nmt.data.tokenizer.DEFAULTS`); the model is trained on
         `input_sentence_size` training sentences drawn across the whole corpus.
     max_src_len / max_tgt_len: subword limits without BOS/EOS; `too_long` drops or truncates
-        longer training pairs. src_words: "words" | "chars", how `text_lengths` counts source.
+        longer training pairs. src_words: how a source's length is counted (the reports' buckets,
+        `train_max_words`, `text_lengths`): "words", "chars", "tokens" (its source SentencePiece
+        pieces, in the reports; words or characters, as auto, in the prepared data) or "auto": the
+        source language's unit (`nmt.writing`: characters for Chinese, Japanese, Thai...), judged from
+        the test sources for a code it does not know. `src_words` holds the resolved words | chars.
     train_max_words: drop training pairs whose source (counted as `src_words`) or target has
         more words than this, before `train_pairs` draws its subset (Bahdanau et al. 2015 trained
         on sentences of at most 30 or 50 words); valid and test keep every length. None: no limit.
@@ -167,8 +172,8 @@ class TranslationDataModule(L.LightningDataModule):
                              "(a tokenizer is trained on the training split)")
         if too_long not in ("drop", "truncate"):
             raise ValueError(f"too_long must be 'drop' or 'truncate', got {too_long!r}")
-        if src_words not in ("words", "chars"):
-            raise ValueError(f"src_words must be 'words' or 'chars', got {src_words!r}")
+        if src_words not in writing.SETTINGS:
+            raise ValueError(f"data.src_words={src_words!r}: choose {', '.join(writing.SETTINGS)}")
         if isinstance(source, (dict, DictConfig)):  # Hydra builds the source (its _target_) before the module
             raise TypeError("source: a data source object, not a mapping; give the source config a _target_ "
                             "(nmt.data.sources.FileSource or SyntheticSource)")
@@ -194,7 +199,10 @@ class TranslationDataModule(L.LightningDataModule):
         self.max_tokens, self.batch_size = max_tokens, batch_size
         self.eval_max_tokens = eval_max_tokens or max_tokens
         self.max_src_len, self.max_tgt_len, self.too_long = max_src_len, max_tgt_len, too_long
-        self.src_words, self.num_workers = src_words, num_workers
+        self.src_words_setting, self.num_workers = src_words, num_workers
+        # how the prepared data count a source's length: words | chars, None until read from the text
+        self.src_words: str | None = src_words if src_words in ("words", "chars") else (
+            writing.length_unit(src_lang) if writing.writing(src_lang) else None)
         self.cache_dir, self.seed = Path(cache_dir), seed
         if train_pairs is not None and train_pairs < 1:
             raise ValueError(f"train_pairs must be a positive number of sentence pairs or null, got {train_pairs}")
@@ -241,6 +249,9 @@ class TranslationDataModule(L.LightningDataModule):
                 raise DataError(f"data.vocab_from={self.vocab_from}: its vocabulary has no piece for the "
                                 f"target-language tag(s) {', '.join(missing)} of data.source; a multilingual "
                                 "model continues from a model trained with those languages")
+        if self.src_words is None:  # a language code nmt.writing does not know: the text tells
+            split = "test" if "test" in self.splits else self.splits[0]
+            self.src_words = writing.length_unit(self.src_lang, source_sample(self.source, split))
         start = time.perf_counter()
         self.prepared_dir, self._prepared_now = prepare(
             self.source, self.cache_dir, self.tokenizer_options, vocab, self.src_words,

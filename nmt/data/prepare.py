@@ -200,6 +200,20 @@ def streaming(source: Any) -> Any:
     return source if hasattr(source, "pairs") and hasattr(source, "describe") else _Loaded(source)
 
 
+def source_sample(source: Any, split: str, size: int = 5000) -> list[str]:
+    """The first `size` source sentences of `split`, without a leading target-language tag: what
+    `nmt.writing.text_unit` reads when the source language's length unit is not known."""
+    tags, out, source = frozenset(getattr(source, "tags", ())), [], streaming(source)
+    source.describe()  # a source plans its reading there (a FileSource finds its files)
+    for src, *_ in source.pairs(split):
+        for t in src:
+            first, _, rest = t.partition(" ")
+            out.append(rest if tags and first in tags else t)
+        if len(out) >= size:
+            break
+    return out[:size]
+
+
 # -- the steps --------------------------------------------------------------------------------
 def _source_words(texts: list[str], chars: bool, tags: frozenset[str]) -> Iterator[int]:
     """Words (or, with `chars`, non-space characters) of each source sentence, a leading

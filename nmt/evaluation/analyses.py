@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from omegaconf import DictConfig
 
 from nmt.evaluation import reordering, word_frequency
-from nmt.evaluation.length_report import bleu_cell, length_report, write_report
+from nmt.evaluation.length_report import Unit, bleu_cell, length_report, write_report
 from nmt.evaluation.significance import significance
 from nmt.inference.translator import encode_sources
 from nmt.languages import split_tag, tag
@@ -22,14 +22,17 @@ from nmt.runs.files import json_text
 @dataclass
 class Scored:
     """What every analysis reads: the split's sources (untagged and as stored), references and
-    length unit, each system's hypotheses, and the system the others are tested against."""
+    length unit, each system's hypotheses, the system the others are tested against, the length
+    buckets' edges and sacreBLEU's tokenizer (resolved: no ``auto``)."""
 
     sources: list[str]
     tagged: list[str]
     refs: list[str]
-    unit: str
+    unit: Unit
     hyps: dict[str, list[str]]
     baseline: str
+    edges: Sequence[int]
+    tokenize: str | None
 
 
 def training_counts(datamodule: Any, chunk: int = 50_000) -> Counter[str]:
@@ -102,27 +105,26 @@ def by_reordering(cfg: DictConfig, test: Scored, aligned: tuple[str, list[Any]] 
                  for links, s, r in zip(aligned[1], test.sources, test.refs)]
     for name, h in test.hyps.items():
         reports[name]["reordering"] = reordering.bleu_by_reordering(h, test.refs, distances,
-                                                                    tokenize=cfg.sacrebleu_tokenize,
+                                                                    tokenize=test.tokenize,
                                                                     n_bootstrap=cfg.n_bootstrap)
         reports[name]["reordering_alignments"] = aligned[0]
     if len(test.hyps) > 1:
         buckets = list(zip(reordering.reordering_labels(), reordering.reordering_buckets(distances)))
-        tests = significance(test.hyps, test.sources, test.refs, test.baseline, cfg.length_buckets, unit=test.unit,
-                             tokenize=cfg.sacrebleu_tokenize, buckets=buckets, **cfg.significance)
+        tests = significance(test.hyps, test.sources, test.refs, test.baseline, test.edges, unit=test.unit,
+                             tokenize=test.tokenize, buckets=buckets, **cfg.significance)
         for name, result in tests.items():
             reports[name]["reordering_vs_baseline"] = result
 
 
-def robustness(cfg: DictConfig, translators: dict[str, Any], variants: list[str],
-               test: tuple[list[str], list[str], str, dict[str, list[str]]], reports: dict[str, dict[str, Any]],
-               out_dir: Path) -> Path:
+def robustness(cfg: DictConfig, translators: dict[str, Any], variants: list[str], test: Scored,
+               inputs: dict[str, list[str]], reports: dict[str, dict[str, Any]], out_dir: Path) -> Path:
     """Each checkpoint on augmented copies of the test set (``nmt.data.augment.augmented_copy``:
     ``upper`` in capitals, both sides; ``noise``: typing errors in the sources): a report per
     system and copy (``<name>.<variant>/``) and ``robustness.{json,md}``, BLEU beside the clean set's.
-    ``test``: (sources, references, length unit, each system's sources as it reads them: with its language tags)."""
+    ``inputs``: each system's sources as it reads them (with its language tags)."""
     from nmt.data.augment import augmented_copy
 
-    sources, refs, unit, inputs = test
+    sources, refs = test.sources, test.refs
     langs = {name: [split_tag(read)[0] for read in inputs[name]] for name in translators}  # each pair's tag, if any
     table = {name: {"clean": {"bleu": reports[name]["bleu"], "bleu_ci": reports[name]["bleu_ci"],
                               "chrf": reports[name]["chrf"]}} for name in translators}
@@ -132,8 +134,8 @@ def robustness(cfg: DictConfig, translators: dict[str, Any], variants: list[str]
             hyps = [t.text for t in translator.translate([s if lang is None else f"{tag(lang)} {s}"
                                                           for lang, s in zip(langs[name], copy_sources)])]
             (out_dir / f"{name}.{variant}.hyp.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-            report = length_report(copy_sources, hyps, copy_refs, cfg.length_buckets, unit=unit,
-                                   tokenize=cfg.sacrebleu_tokenize, n_bootstrap=cfg.n_bootstrap)
+            report = length_report(copy_sources, hyps, copy_refs, test.edges, unit=test.unit,
+                                   tokenize=test.tokenize, n_bootstrap=cfg.n_bootstrap)
             write_report(report, out_dir / f"{name}.{variant}", name=f"{name} ({variant})")
             table[name][variant] = {k: report[k] for k in ("bleu", "bleu_ci", "chrf")}
     (out_dir / "robustness.json").write_text(json_text(table))

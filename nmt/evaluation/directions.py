@@ -5,7 +5,9 @@ The test split of a multilingual source (`nmt.data.multilingual`) holds each pai
 BLEU-by-length report (`nmt.evaluation.length_report`, on the source without its tag) and its wrong-language
 rate: the share of non-empty translations that the language identifier (`nmt.evaluation.language_id`,
 restricted to the languages of the model's directions) does not put in the direction's target
-language. The same rate of the references is the identifier's own error on that data.
+language. The same rate of the references is the identifier's own error on that data. A length
+unit or BLEU tokenizer set to ``auto`` follows each direction's own languages (``nmt.writing``):
+a zh-en direction counts its sources in characters, an en-zh one scores BLEU with sacreBLEU's zh.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from typing import Any
 
 import numpy as np
 
+from nmt import writing
 from nmt.evaluation.language_id import identifier, identify
 from nmt.languages import split_tag
 from nmt.inference.requests import Naming, Request, RequestError
-from nmt.evaluation.length_report import length_report, write_report
+from nmt.evaluation.length_report import data_unit, length_report, write_report
 from nmt.runs.files import json_text
 
 log = logging.getLogger(__name__)
@@ -90,6 +93,25 @@ def wrong_language(texts: Sequence[str], expected: str, languages: Sequence[str]
             "empty": len(found) - len(said), "languages": dict(Counter(said).most_common())}
 
 
+def report_options(datamodule: Any, edges: Any, tokenize: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``length_report``'s options for a data module's split, from the ``length_buckets`` and
+    ``sacrebleu_tokenize`` settings: the whole split's (its unit; ``auto`` tokenizes for its target
+    language), and those its directions resolve each for themselves (``direction_options``)."""
+    unit = data_unit(datamodule)
+    whole = {"edges": edges, "unit": unit, "tokenize": writing.resolve_tokenize(tokenize, datamodule.tgt_lang)}
+    own = getattr(datamodule, "src_words_setting", None) == "auto"
+    return whole, {"edges": edges, "unit": "auto" if own else unit, "tokenize": tokenize}
+
+
+def direction_options(name: str, sources: Sequence[str], report: dict[str, Any]) -> dict[str, Any]:
+    """``report`` (``length_report``'s options) for the direction ``name`` ("zh-en") and its
+    untagged ``sources``: a unit or tokenizer given as ``auto`` follows its languages."""
+    src, tgt = name.split("-")
+    unit = report.get("unit", "words")
+    return {**report, "unit": writing.length_unit(src, sources) if unit == "auto" else unit,
+            "tokenize": writing.resolve_tokenize(report.get("tokenize"), tgt)}
+
+
 SCORES = ("unit", "count", "bleu", "chrf", "bleu_ci", "length_ratio", "buckets", "bleu_signature")
 
 
@@ -109,7 +131,8 @@ def direction_reports(plan: Plan, sources: Sequence[str], hyps: Sequence[str], r
         if plan.origins is None and whole is not None:
             result = {key: whole[key] for key in SCORES if key in whole}
         else:
-            result = length_report(untagged(pick(sources)), pick(hyps), pick(refs), **report)
+            own = untagged(pick(sources))
+            result = length_report(own, pick(hyps), pick(refs), **direction_options(name, own, report))
         result["kind"] = "zero-shot" if name in plan.zero_shot else "supervised"
         result["wrong_language"] = wrong_language(pick(hyps), target, languages) if plan.identify else None
         result["reference_wrong_language"] = wrong_language(pick(refs), target, languages) if plan.identify else None

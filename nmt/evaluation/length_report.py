@@ -1,7 +1,10 @@
 """BLEU and chrF by source-sentence length (Bahdanau et al. 2015, Fig. 2).
 
-Sentences are bucketed by the length of their *source* (words before subword segmentation, or
-characters for Chinese), so every system is scored on the same sentences in each bucket. Each
+Sentences are bucketed by the length of their *source* (words before subword segmentation;
+characters for a language written without spaces, such as Chinese or Thai; or the source's own
+SentencePiece tokens, ``Tokens``; ``nmt.writing`` says which language is counted how), so every
+system is scored on the same sentences in each bucket. ``length_buckets="auto"`` picks the edges
+of the unit (``EDGES``). Each
 bucket gets corpus BLEU/chrF over its sentences and a 95% bootstrap confidence interval of its
 BLEU, and the hypothesis/reference length ratio behind BLEU's brevity penalty (a system that
 stops long sentences early shows it there first); an empty bucket is reported as empty, never as
@@ -12,9 +15,10 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, Union
 
 import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
@@ -22,6 +26,45 @@ from sacrebleu.metrics import BLEU, CHRF
 from nmt.runs.files import json_text
 
 DEFAULT_EDGES = (10, 20, 30, 40, 50, 60)
+# The edges length_buckets=auto picks for each unit. A Chinese word is about 1.5 characters, and
+# corpora of short sentences (Tatoeba's Chinese: median 9 characters) need 5-character steps to
+# spread: finer edges where most sentences are, then 20-character steps to about the >60 words.
+FINE_EDGES = (5, 10, 15, 20, 30, 40, 60, 80, 100)
+EDGES = {"words": DEFAULT_EDGES, "chars": FINE_EDGES, "tokens": FINE_EDGES}
+UNIT_NAMES = {"words": "words", "chars": "characters", "tokens": "source SentencePiece tokens"}
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """The length unit ``tokens``: a source's pieces in its SentencePiece model (``count``: one
+    sentence -> its number of pieces), a length comparable across languages."""
+
+    count: Callable[[str], int]
+
+    def __str__(self) -> str:
+        return "tokens"
+
+
+Unit = Union[str, Tokens]  # words | chars | Tokens(...)
+
+
+def data_unit(datamodule: Any) -> Unit:
+    """The unit a data module's sources are counted in: its ``src_words`` (words | chars, resolved
+    from ``auto``), or for ``src_words=tokens`` their pieces in its source SentencePiece model."""
+    if getattr(datamodule, "src_words_setting", None) == "tokens":
+        vocab = datamodule.src_vocab
+        return Tokens(lambda text: len(vocab.encode(text)))
+    return getattr(datamodule, "src_words", None) or "words"
+
+
+def length_buckets(edges: Sequence[int] | str | None, unit: Unit = "words") -> tuple[int, ...]:
+    """The bucket edges of a ``length_buckets`` setting: ``auto`` (or None) -> ``EDGES`` of the
+    unit; a list as given."""
+    if edges is None or edges == "auto":
+        return EDGES[str(unit)]
+    if isinstance(edges, str):
+        raise ValueError(f"length_buckets={edges}: give auto or a list of increasing edges, e.g. [10, 20, 30]")
+    return tuple(int(e) for e in edges)
 
 
 @dataclass
@@ -39,6 +82,8 @@ class Bucket:
 
 def bucket_bounds(edges: Sequence[int]) -> list[tuple[str, int, int | None]]:
     """Edges (10, 20, ..., 60) -> [("1-10", 1, 10), ("11-20", 11, 20), ..., (">60", 61, None)]."""
+    if isinstance(edges, str):
+        raise ValueError(f"bucket edges: a list, not {edges!r} (resolve it with length_buckets)")
     edges = sorted(int(e) for e in edges)
     if not edges or edges[0] < 1 or len(set(edges)) != len(edges):
         raise ValueError(f"length buckets need increasing positive edges, got {list(edges)}")
@@ -50,20 +95,25 @@ def bucket_bounds(edges: Sequence[int]) -> list[tuple[str, int, int | None]]:
     return bounds
 
 
-def source_lengths(sources: Sequence[str], unit: str = "words") -> list[int]:
-    """Length of each source sentence in words (whitespace) or characters (spaces excluded)."""
+def source_lengths(sources: Sequence[str], unit: Unit = "words") -> list[int]:
+    """Length of each source sentence in words (whitespace), characters (spaces excluded) or
+    ``Tokens``."""
+    if isinstance(unit, Tokens):
+        return [unit.count(s) for s in sources]
     if unit == "words":
         return [len(s.split()) for s in sources]
     if unit == "chars":
         return [len("".join(s.split())) for s in sources]
-    raise ValueError(f"length unit must be 'words' or 'chars', got {unit!r}")
+    if unit == "tokens":
+        raise ValueError("length unit 'tokens' needs the source's SentencePiece model: pass Tokens(count)")
+    raise ValueError(f"length unit must be 'words', 'chars' or 'tokens', got {unit!r}")
 
 
-def bucket_indices(sources: Sequence[str], edges: Sequence[int], unit: str = "words") -> list[np.ndarray]:
+def bucket_indices(sources: Sequence[str], edges: Sequence[int] | str, unit: Unit = "words") -> list[np.ndarray]:
     """Indices of the sentences in each bucket of ``bucket_bounds(edges)``, by source length."""
     lengths = np.array(source_lengths(sources, unit))
     return [np.flatnonzero((lengths >= low) & (lengths <= (high if high is not None else np.inf)))
-            for _, low, high in bucket_bounds(edges)]
+            for _, low, high in bucket_bounds(length_buckets(edges, unit))]
 
 
 def sentence_stats(bleu: BLEU, hyps: Sequence[str], refs: Sequence[str]) -> np.ndarray:
@@ -105,13 +155,16 @@ def length_report(
     sources: Sequence[str],
     hyps: Sequence[str],
     refs: Sequence[str],
-    edges: Sequence[int] = DEFAULT_EDGES,
-    unit: str = "words",
+    edges: Sequence[int] | str = "auto",
+    unit: Unit = "words",
     tokenize: str | None = None,
     n_bootstrap: int = 1000,
     seed: int = 12345,
 ) -> dict[str, Any]:
-    """Overall and per-bucket scores as a JSON-ready dict."""
+    """Overall and per-bucket scores as a JSON-ready dict (``edges``: ``length_buckets``'s;
+    ``tokenize``: sacreBLEU's tokenizer, None for its default, 13a; resolve ``auto`` first,
+    ``nmt.writing.resolve_tokenize``)."""
+    edges = length_buckets(edges, unit)
     if not len(sources) == len(hyps) == len(refs):
         raise ValueError(f"{len(sources)} sources, {len(hyps)} hypotheses and {len(refs)} references differ in number")
     bleu = BLEU(tokenize=tokenize) if tokenize else BLEU()
@@ -133,7 +186,7 @@ def length_report(
             buckets.append(Bucket(label, low, high, len(index), *score(index)))
     overall = score(np.arange(len(hyps)))
     return {
-        "unit": unit,
+        "unit": str(unit),
         "count": len(hyps),
         "bleu": overall[0],
         "chrf": overall[1],
@@ -161,12 +214,20 @@ def _number(value: float | None) -> float:
     return np.nan if value is None else value
 
 
+def tokenizer_name(signature: str) -> str:
+    """The tokenizer of a sacreBLEU signature: ``nrefs:1|...|tok:zh|...`` -> ``zh``."""
+    return next((part[4:] for part in signature.split("|") if part.startswith("tok:")), "13a")
+
+
 def markdown_table(reports: dict[str, dict[str, Any]]) -> str:
     """One row per bucket, a BLEU [95% CI] column per system, and the counts."""
     names = list(reports)
     first = reports[names[0]]
     unit = first["unit"]
     lines = [
+        f"By source length in {UNIT_NAMES.get(unit, unit)}; BLEU on sacreBLEU's "
+        f"{tokenizer_name(first['bleu_signature'])} tokens (signature below).",
+        "",
         f"| source length ({unit}) | sentences | " + " | ".join(f"{n} BLEU [95% CI]" for n in names) + " |",
         "|---|---:|" + "---:|" * len(names),
     ]
@@ -197,7 +258,7 @@ def plot_bleu_by_length(reports: dict[str, dict[str, Any]], path: str | Path, ti
         hi = np.array([np.nan if b["bleu"] is None else _number(b["bleu_ci_high"]) - b["bleu"] for b in report["buckets"]])
         ax.errorbar(x, ys, yerr=[lo, hi], marker="o", capsize=3, label=f"{name} ({report['bleu']:.1f})")
     ax.set_xticks(x, labels, fontsize=8)
-    ax.set_xlabel(f"source sentence length ({first['unit']})")
+    ax.set_xlabel(f"source sentence length ({UNIT_NAMES.get(first['unit'], first['unit'])})")
     ax.set_ylabel("BLEU")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from sacrebleu.metrics import BLEU
 
-from nmt.evaluation.length_report import bootstrap_bleu, bucket_indices, bucket_bounds, sentence_stats
+from nmt.evaluation.length_report import Unit, bootstrap_bleu, bucket_indices, bucket_bounds, length_buckets, sentence_stats
 
 EDGES = (0.25, 0.5, 0.75, 1.0, 1.5)  # bucket upper edges, in words; 0 gets a bucket of its own
 
@@ -82,10 +82,10 @@ def sentence_entropy(weights: Sequence[Sequence[float]]) -> float:
     return float(np.mean(-(w * np.log(w)).sum(1))) if len(w) else 0.0
 
 
-def entropy_by_length(sources: Sequence[str], entropies: Sequence[float | None], edges: Sequence[int],
-                      unit: str = "words") -> list[dict[str, Any]]:
+def entropy_by_length(sources: Sequence[str], entropies: Sequence[float | None], edges: Sequence[int] | str,
+                      unit: Unit = "words") -> list[dict[str, Any]]:
     """Per source-length bucket: sentences with attention and their mean attention entropy."""
-    out = []
+    out, edges = [], length_buckets(edges, unit)
     for (label, _, _), index in zip(bucket_bounds(edges), bucket_indices(sources, edges, unit)):
         values = [entropies[i] for i in index if entropies[i] is not None]
         out.append({"bucket": label, "count": len(values), "entropy": float(np.mean(values)) if values else None})

@@ -27,7 +27,7 @@ import numpy as np
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 
-from nmt.evaluation.length_report import bleu_from_stats, bucket_bounds, bucket_indices, sentence_stats
+from nmt.evaluation.length_report import bleu_from_stats, bucket_bounds, bucket_indices, length_buckets, sentence_stats
 
 
 @contextlib.contextmanager
@@ -100,6 +100,7 @@ def significance(
     stats = {name: sentence_stats(bleu, h, refs) for name, h in hyps.items()}
     others = [name for name in hyps if name != baseline]
     if buckets is None:
+        edges = length_buckets(edges, unit)
         buckets = list(zip([label for label, _, _ in bucket_bounds(edges)], bucket_indices(sources, edges, unit)))
     labels = [label for label, _ in buckets] + ["all"]
     indices = [index for _, index in buckets] + [np.arange(len(refs))]

@@ -34,11 +34,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from nmt import writing
 from nmt.evaluation import directions
 from nmt.checkpoints.files import FORMAT, nonfinite
 from nmt.checkpoints.finetune import load_optimizer_state
 from nmt.data.tokenizer import PAD
-from nmt.evaluation.length_report import DEFAULT_EDGES, length_report, write_report
+from nmt.evaluation.length_report import length_report, write_report
 from nmt.evaluation.metrics import corpus_scores
 from nmt.runs.files import TEST_TEXT
 
@@ -56,8 +57,11 @@ class TranslationModule(L.LightningModule):
     num_samples: validation translations written to the log each epoch.
     report_dir: where the test run writes its hypotheses and BLEU-by-length report.
     report_name: the system's name in that report (the model preset; default: decoder class).
-    length_buckets: upper edges of the source-length buckets of that report.
-    sacrebleu_tokenize: sacreBLEU tokenizer for the target language (None = 13a; zh, ja-mecab...).
+    length_buckets: upper edges of the source-length buckets of that report; "auto": those of the
+        unit the source is counted in (``nmt.evaluation.length_report.EDGES``).
+    sacrebleu_tokenize: sacreBLEU tokenizer of the target language: "auto" (``nmt.writing``: zh for
+        Chinese, char for Thai, 13a for languages written with spaces), or one by name (13a, zh,
+        ja-mecab, char...; None = 13a).
     max_nonfinite_steps: consecutive steps with a NaN/inf loss (each skipped) that stop training.
     val_len_cap: (a, b): validation stops a hypothesis at a * reference length + b tokens, where
         that is below decoding's own cap, so a model that has not learned to end yet validates in
@@ -79,13 +83,17 @@ class TranslationModule(L.LightningModule):
         num_samples: int = 3,
         report_dir: str | None = None,
         report_name: str | None = None,
-        length_buckets: Sequence[int] = DEFAULT_EDGES,
-        sacrebleu_tokenize: str | None = None,
+        length_buckets: Sequence[int] | str = "auto",
+        sacrebleu_tokenize: str | None = "auto",
         max_nonfinite_steps: int = 10,
         val_len_cap: Sequence[float] | None = (1.5, 5),
     ) -> None:
         super().__init__()
-        length_buckets = [int(edge) for edge in length_buckets]  # a plain list, not Hydra's ListConfig
+        if isinstance(length_buckets, str):
+            if length_buckets != "auto":
+                raise ValueError(f"module.length_buckets={length_buckets}: give auto or a list of increasing edges")
+        else:
+            length_buckets = [int(edge) for edge in length_buckets]  # a plain list, not Hydra's ListConfig
         if val_len_cap is not None:
             if len(val_len_cap) != 2:
                 raise ValueError(f"module.val_len_cap must be [a, b] (a * reference length + b) or null, got {list(val_len_cap)}")
@@ -290,9 +298,13 @@ class TranslationModule(L.LightningModule):
             log.info("%s: scoring the %d of %d %s sentences decoded (the batches Lightning's limits let through)",
                      stage, len(ids), len(refs), split)
             sources, refs = [sources[i] for i in ids], [refs[i] for i in ids]
-        scores = corpus_scores(hyps, refs, tokenize=self.hparams.sacrebleu_tokenize)
+        scores = corpus_scores(hyps, refs, tokenize=self._tokenize())
         self.last_results[stage] = {"hyps": hyps, "refs": refs, "sources": sources, "ids": ids, **scores}
         return scores
+
+    def _tokenize(self) -> str | None:
+        """sacreBLEU's tokenizer of the data's target language (``sacrebleu_tokenize``; auto: ``nmt.writing``)."""
+        return writing.resolve_tokenize(self.hparams.sacrebleu_tokenize, getattr(self.trainer.datamodule, "tgt_lang", ""))
 
     def on_validation_epoch_end(self) -> None:
         if self.trainer.sanity_checking:
@@ -336,9 +348,9 @@ class TranslationModule(L.LightningModule):
         for name in ("hyps", "sources"):
             (out_dir / TEST_TEXT.format(name)).write_text("".join(h + "\n" for h in results[name]), encoding="utf-8")
         datamodule = self.trainer.datamodule
-        unit = getattr(datamodule, "src_words", "words")
         sources = directions.untagged(results["sources"])  # a multilingual split's tags are not words
-        options = {"edges": self.hparams.length_buckets, "unit": unit, "tokenize": self.hparams.sacrebleu_tokenize}
+        options, by_direction = directions.report_options(datamodule, self.hparams.length_buckets,
+                                                          self.hparams.sacrebleu_tokenize)
         report = length_report(sources, results["hyps"], results["refs"], **options)
         report["checkpoint"] = self.tested_checkpoint()
         name = self.hparams.report_name or type(self.model.decoder).__name__
@@ -349,7 +361,7 @@ class TranslationModule(L.LightningModule):
             split = directions.plan(datamodule)
             split.origins = split.origins[np.asarray(results["ids"], dtype=np.int64)]
             directions.write_direction_reports(split, results["sources"], {name: results["hyps"]}, results["refs"],
-                                               out_dir, **options)
+                                               out_dir, **by_direction)
 
     def tested_checkpoint(self) -> dict[str, Any]:
         """The checkpoint file the test decoded with, and its step (in-memory weights: no file)."""
