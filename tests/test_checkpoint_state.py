@@ -6,6 +6,7 @@ naming the file and the value, before any memory is spent on it or any kernel wr
 from __future__ import annotations
 
 import copy
+import re
 import os
 import stat
 import subprocess
@@ -317,3 +318,60 @@ def test_train_py_refuses_a_crafted_resume_in_one_line_without_crashing(trained,
     assert "Traceback" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: {'ckpt_path=' if case not in ('fused', 'nested') else ''}{path}: "), last
+
+
+def test_a_kept_optimizer_state_is_checked_as_a_resumed_one(trained, loaded, tmp_path):
+    """init_optimizer=keep: a one-value moment passed the shape check (it held tensors of one or
+    more dimensions to their parameter's shape), and the fused kernel wrote past it."""
+    from nmt.checkpoints.finetune import load_optimizer_state
+
+    saved = copy.deepcopy(torch.load(trained, map_location="cpu", weights_only=True)["optimizer_states"][0])
+    pid, state = param_state({"optimizer_states": [saved]}, 16)
+    state["exp_avg"] = torch.zeros(())
+    optimizer = torch.optim.Adam(loaded.model.parameters(), fused=True)
+    with pytest.raises(CheckpointError) as raised:
+        load_optimizer_state(optimizer, saved, f"init_from={trained}")
+    assert str(raised.value) == (
+        f"init_optimizer=keep: init_from={trained}: optimizer_states[0].state[{pid}].exp_avg is a float32 tensor of "
+        "shape (), not a float tensor of its parameter's shape (16,); refused: it was not written by nmt's train.py, "
+        "set init_optimizer=fresh")
+
+
+def ema_raw_repeated(c: dict) -> None:
+    c["current_model_state"] = {k: v.clone() for k, v in c["state_dict"].items()}
+    name = first_layer_weight(c)
+    c["current_model_state"][name] = torch.zeros(1).expand_as(c["state_dict"][name])
+
+
+# The same tricks where the review did not look: an EMA run's raw weights, the scheduler's state,
+# the record of a fine-tuning run's origin (written to summary.json), a callback's score.
+ELSEWHERE = {
+    "EMA raw weights repeated": (ema_raw_repeated, "is not a plain dense tensor (it repeats 4 stored bytes"),
+    "scheduler rates as a repeated tensor": (
+        lambda c: c["lr_schedulers"][0].__setitem__("base_lrs", torch.zeros(1).expand(2**20)),
+        "lr_schedulers[0].base_lrs is not a plain dense tensor"),
+    "a callback score as a nested tensor": (
+        lambda c: next(v for k, v in c["callbacks"].items() if "ModelCheckpoint" in k).__setitem__(
+            "kth_value", torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])), "kth_value is a nested tensor"),
+    "a tensor sharing a weight's storage in the loops": (
+        lambda c: c["loops"].__setitem__("x", next(iter(c["state_dict"].values()))), "loops.x shares its storage with"),
+}
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+@pytest.mark.parametrize("case", ELSEWHERE)
+def test_the_same_tricks_elsewhere_in_a_file_are_refused(trained, tmp_path, case):
+    edit, message = ELSEWHERE[case]
+    path = crafted(trained, tmp_path, edit)
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        read_checkpoint(path)
+
+
+@pytest.mark.parametrize("origin, shown", [({"path": torch.zeros(3)}, "a dict"), ("x", "'x'")])
+def test_a_fine_tuning_origin_that_is_not_plain_is_refused_before_resuming(trained, loaded, tmp_path, origin, shown):
+    path = crafted(trained, tmp_path, lambda c: c.__setitem__("init_from", origin))
+    with pytest.raises(CheckpointError) as raised:
+        check_resume(path, loaded.model, loaded.src_vocab, loaded.tgt_vocab)
+    assert str(raised.value) == (
+        f"ckpt_path={path}: init_from is {shown}, not a mapping of names to plain values (the file a fine-tuning run "
+        "started from); refused: it was not written by nmt's train.py, resume from another checkpoint")

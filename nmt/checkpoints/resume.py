@@ -27,11 +27,12 @@ SCHEDULER_KEYS = {  # what LambdaLR (WarmupCosine, inverse_sqrt) and ReduceLROnP
 MAX_LIST = 1 << 16  # entries of a list or mapping of the training state (rates, loaders, ranks)
 
 
-class _Refuse:
-    """Raises the one-line error about a value of the checkpoint ``path``."""
+class Refuse:
+    """Raises the one-line error about a value of a checkpoint: ``prefix`` names the file (and the
+    key that gave it), ``hint`` what to do instead."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = path
+    def __init__(self, prefix: str, hint: str = "resume from another checkpoint") -> None:
+        self.prefix, self.hint = prefix, hint
 
     def __call__(self, where: str, value: Any, what: str) -> None:
         if torch.is_tensor(value):
@@ -40,8 +41,8 @@ class _Refuse:
             shown = repr(value)[:60]
         else:
             shown = f"a {type(value).__name__}"
-        raise CheckpointError(f"ckpt_path={self.path}: {where} is {shown}, not {what}; refused: it was not written by "
-                              "nmt's train.py, resume from another checkpoint")
+        raise CheckpointError(f"{self.prefix}: {where} is {shown}, not {what}; refused: it was not written by "
+                              f"nmt's train.py, {self.hint}")
 
 
 def check_resume(path: str | Path, model: torch.nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer,
@@ -79,8 +80,8 @@ def check_training_state(checkpoint: dict[str, Any], path: str | Path, model: to
     the learning-rate schedule (its keys become the scheduler's attributes), the RNG states (of
     their generators' exact sizes), the counters, the loops' progress and the callbacks' values.
     ``read_checkpoint`` has checked every tensor of the file already (dense, contiguous, stored)."""
-    refuse = _Refuse(path)
-    _check_optimizer(checkpoint.get("optimizer_states"), list(model.parameters()), refuse)
+    refuse = Refuse(f"ckpt_path={path}")
+    check_optimizer(checkpoint.get("optimizer_states"), list(model.parameters()), refuse)
     schedulers = checkpoint.get("lr_schedulers", [])
     if not isinstance(schedulers, list) or len(schedulers) > 1:
         refuse("lr_schedulers", schedulers, "a list of at most one scheduler state")
@@ -100,8 +101,10 @@ def check_training_state(checkpoint: dict[str, Any], path: str | Path, model: to
     best = checkpoint.get("best_bleu")
     if best is not None and not (isinstance(best, (int, float)) and not isinstance(best, bool) and not math.isnan(best)):
         refuse("best_bleu", best, "a score")
-    if checkpoint.get("init_from") is not None and not isinstance(checkpoint["init_from"], dict):
-        refuse("init_from", checkpoint["init_from"], "a mapping naming the file a fine-tuning run started from")
+    origin = checkpoint.get("init_from")  # written to summary.json as it is
+    if origin is not None and not (isinstance(origin, dict) and len(origin) <= MAX_LIST and all(
+            isinstance(k, str) and (v is None or isinstance(v, (str, bool)) or is_number(v)) for k, v in origin.items())):
+        refuse("init_from", origin, "a mapping of names to plain values (the file a fine-tuning run started from)")
     rng = checkpoint.get("rng")
     if rng is not None:
         _check_rng(rng, refuse)
@@ -117,7 +120,7 @@ def check_training_state(checkpoint: dict[str, Any], path: str | Path, model: to
         refuse("averaging_state", averaging, "{n_averaged: a count} (an EMA's state beside its weights)")
 
 
-def _check_checkpoint_paths(state: Any, where: str, refuse: _Refuse) -> None:
+def _check_checkpoint_paths(state: Any, where: str, refuse: Refuse) -> None:
     """Lightning's ModelCheckpoint restores its top-k files from a checkpoint of its own folder
     (``dirpath``) and later deletes the worst of them: every file it names must be a ``.ckpt`` in
     that folder, so a crafted file cannot have another file deleted."""
@@ -133,7 +136,7 @@ def _check_checkpoint_paths(state: Any, where: str, refuse: _Refuse) -> None:
             refuse(at, value, f"a .ckpt file in its dirpath {folder}")
 
 
-def _check_optimizer(states: Any, params: list[torch.nn.Parameter], refuse: _Refuse) -> None:
+def check_optimizer(states: Any, params: list[torch.nn.Parameter], refuse: Refuse) -> None:
     """One torch optimizer state for ``params`` (the module's parameters, in the order the
     optimizer was given them): its parameter ids, its groups' options and every parameter's state."""
     if not isinstance(states, list) or len(states) != 1 or not isinstance(states[0], dict):
@@ -210,7 +213,7 @@ SCHEDULER_VALUES = {  # a kind of SCHEDULER_KEYS: the test, what it must be
 }
 
 
-def _check_scheduler(state: Any, where: str, refuse: _Refuse) -> None:
+def _check_scheduler(state: Any, where: str, refuse: Refuse) -> None:
     """A scheduler state of the keys ``SCHEDULER_KEYS`` allows, each of its kind: LambdaLR sets
     every key it loads as an attribute of the scheduler."""
     if not isinstance(state, dict):
@@ -224,7 +227,7 @@ def _check_scheduler(state: Any, where: str, refuse: _Refuse) -> None:
             refuse(f"{where}.{key}", value, what)
 
 
-def _check_rng(rng: Any, refuse: _Refuse) -> None:
+def _check_rng(rng: Any, refuse: Refuse) -> None:
     """Python's, NumPy's and torch's generator states as ``TranslationModule.on_save_checkpoint``
     saves them, of their exact sizes."""
     if not isinstance(rng, dict):
@@ -268,7 +271,7 @@ def _check_rng(rng: Any, refuse: _Refuse) -> None:
 CUDA_STATE_BYTES = 16  # a CUDA generator's state: its seed and Philox offset, 8 bytes each
 
 
-def _check_plain(node: Any, where: str, refuse: _Refuse, scores: bool) -> None:
+def _check_plain(node: Any, where: str, refuse: Refuse, scores: bool) -> None:
     """Lightning's loop progress (counts from 0, flags, names) or callback states (also scores:
     finite or infinite numbers, one-value tensors), within ``MAX_LIST`` entries a level."""
     stack = [(where, node)]
