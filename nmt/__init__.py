@@ -2,8 +2,6 @@
 
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 # The Hydra config tree, shipped inside the package (nmt/conf/).
 CONF_DIR = str(Path(__file__).resolve().parent / "conf")
 
@@ -15,5 +13,8 @@ def pad_to(n: int, multiple: int) -> int:
 
 def register_resolvers() -> None:
     """Make ``${pad_to:n,multiple}`` resolvable. Each entry point calls
-    this before Hydra composes (and tests/conftest.py does); importing ``nmt`` registers nothing."""
+    this before Hydra composes (and tests/conftest.py does); importing ``nmt`` registers nothing
+    (and imports nothing heavy: ``nmt.cli_io.hold_stop_signals`` runs before the rest loads)."""
+    from omegaconf import OmegaConf
+
     OmegaConf.register_new_resolver("pad_to", pad_to, replace=True)

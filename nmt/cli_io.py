@@ -183,13 +183,43 @@ class Stopped(BaseException):
         self.note = ""  # what was written, for the message
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_held: list[int] = []  # the stop signals received while only ``hold_stop_signals``'s handler was set
+
+
+def _hold(signum: int, frame: object) -> None:
+    _held.append(signum)
+
+
+def hold_stop_signals() -> None:
+    """From here until ``StopSignals`` takes over, a SIGINT or SIGTERM is kept instead of lost: a
+    command calls this first thing, before its imports, Hydra and the model (seconds in which a
+    signal inherited as ignored, ``translate.py ... &`` from a shell without job control, was
+    dropped); ``StopSignals`` stops at its start for a kept one, and ``stop_if_held`` at the end."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, _hold)
+
+
+def stop_if_held() -> None:
+    """Exit 128 + signal for a stop signal kept by ``hold_stop_signals`` (one that came after the
+    run's own handlers were gone)."""
+    if _held:
+        _say(f"stopped by {signal.Signals(_held[0]).name}")
+        raise SystemExit(128 + _held[0])
+
+
 class StopSignals:
     """SIGINT and SIGTERM handlers for the block (in the main thread): they raise ``Stopped`` at
     once, or after ``defer()`` only at the next ``check()``.
 
     They are installed even where the signal was inherited as ignored: a shell without job
     control starts its background commands with SIGINT ignored, and ``kill -INT <pid>`` (or a
-    Ctrl-C reaching the script's process group) must still stop the run with its lines in place."""
+    Ctrl-C reaching the script's process group) must still stop the run with its lines in place.
+    No signal is lost: one kept by ``hold_stop_signals`` before the block stops it as it starts;
+    every signal is recorded before anything is raised, so a ``Stopped`` that lands where it is
+    swallowed (a finalizer, a library's ``except BaseException``) is raised again by the next
+    ``check()``, by ``defer()``, or as the block ends."""
 
     def __init__(self) -> None:
         self.pending: int | None = None
@@ -198,22 +228,35 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
+            for signum in STOP_SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
+            if _held:  # a signal during start-up: stop before any work
+                self.pending = _held.pop(0)
+                self._restore()
+                raise Stopped(self.pending)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def _restore(self) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
+        self._previous = {}
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self._restore()
+        if exc_type is None and self.pending is not None:  # a stop that was swallowed on its way out
+            raise Stopped(self.pending)
 
     def _handle(self, signum: int, frame: object) -> None:
-        if self.deferred and self.pending is None:
+        first = self.pending is None
+        if first:
             self.pending = signum
+        if self.deferred and first:
             return
         raise Stopped(signum)
 
     def defer(self) -> None:
         """From now on, a first signal stops the run only at ``check()``."""
+        self.check()
         self.deferred = True
 
     def check(self) -> None:

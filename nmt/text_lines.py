@@ -36,6 +36,7 @@ HEAD = 1 << 16  # bytes read first to recognise CR-only line endings and UTF-16/
 ERRORS = ("strict", "replace")
 REPLACE = "run with errors=replace"  # the commands' option for text that is not all UTF-8
 MAX_LINE_BYTES = 1 << 20  # a sentence longer than this (1 MiB) is an error, or cut (translate input)
+MAX_SKIPPED_BYTES = 64 << 20  # the rest of a cut line read past to its end; more, and the input is no text
 
 
 class InputError(ValueError):
@@ -91,6 +92,13 @@ class _Reader:
     def fail(self, line: int, what: str) -> None:
         raise self.error(f"{self.name}, line {line}: {what}")
 
+    def nul(self, line: int) -> None:
+        """Raise the error for a NUL byte in ``line``."""
+        wide = wide_encoding(self.head)
+        what = (f"it looks like {wide[0]}; convert it: {convert_command(self.path, wide[1])}" if wide else
+                "a text file holds none: is it binary, or in another encoding?")
+        self.fail(line, f"a NUL byte (0x00); {what}")
+
     def check_head(self, head: bytes) -> None:
         self.head = head
         if b"\r" in head and b"\n" not in head:
@@ -141,10 +149,7 @@ class _Reader:
                 self.fail(self.done + data.count(b"\n", 0, e.start) + 1,
                            f"invalid UTF-8 (byte 0x{data[e.start]:02x} at byte column {e.start - start + 1}); {hint}{also}")
         if "\0" in text:
-            wide = wide_encoding(self.head)
-            what = (f"it looks like {wide[0]}; convert it: {convert_command(self.path, wide[1])}" if wide else
-                    "a text file holds none: is it binary, or in another encoding?")
-            self.fail(self.done + text.count("\n", 0, text.index("\0")) + 1, f"a NUL byte (0x00); {what}")
+            self.nul(self.done + text.count("\n", 0, text.index("\0")) + 1)
         self.utf8_before = self.utf8_before or not text.isascii()
         lines = (text.removeprefix("\ufeff") if self.done == 0 else text).split("\n")
         if lines[-1] == "":
@@ -195,8 +200,16 @@ def _raw_lines(stream: BinaryIO, count: int, reader: _Reader, max_bytes: int, lo
             if long_lines == "error":
                 reader.fail(number, f"longer than {max_bytes:,} bytes; a sentence is one line (is the file line-aligned "
                                     "text?)")
-            while (rest := stream.readline(1 << 20)) and not rest.endswith(b"\n"):
-                pass
+            skipped = 0
+            while rest := stream.readline(1 << 20):  # the rest of the line, a MiB at a time, to its end
+                if b"\0" in line or b"\0" in rest:  # /dev/zero: a NUL is an error in any line, cut or not
+                    reader.nul(number)
+                skipped += len(rest)
+                if rest.endswith(b"\n"):
+                    break
+                if skipped > MAX_SKIPPED_BYTES:
+                    reader.fail(number, f"no line end in its first {MAX_SKIPPED_BYTES + max_bytes:,} bytes; a sentence "
+                                        "is one line (is the input text?)")
             line = whole_characters(line[:max_bytes]) + b"\n"
             if cut is not None:
                 cut.append(number)

@@ -39,9 +39,15 @@ rows are written by ``nmt.inference.translations``.
 
 from __future__ import annotations
 
+import sys
+
+from nmt.cli_io import hold_stop_signals
+
+if __name__ == "__main__" or sys.argv and sys.argv[0].endswith(("nmt-translate", "translate.py")):
+    hold_stop_signals()  # the program itself: a stop signal during the imports below is kept, not lost
+
 import logging
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -52,7 +58,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nmt import CONF_DIR, register_resolvers
 from nmt.inference.backends import backend_of, model_file, open_translator, search_settings
-from nmt.cli_io import OutputFile, StopSignals, Stopped, check_paths, ending_cleanly
+from nmt.cli_io import OutputFile, StopSignals, Stopped, check_paths, ending_cleanly, stop_if_held
 from nmt.inference.requests import GUIDES, Naming, Request
 from nmt.inference.line_streams import OrderedWriter, Progress, chunked, count_lines, read_pairs
 from nmt.text_lines import iter_lines, read_lines, report_replaced
@@ -219,11 +225,13 @@ def check_options(cfg: DictConfig) -> None:
 
 def main() -> None:
     """``nmt-translate``, ``python translate.py``: the config resolvers, then Hydra composes and runs ``run``."""
+    hold_stop_signals()
     register_resolvers()
     try:
         run()
     except KeyboardInterrupt:  # Ctrl-C while Hydra composes, before run's own handlers
         raise SystemExit(128 + signal.SIGINT) from None
+    stop_if_held()  # a signal after the run's handlers were gone (its lines are all written)
 
 
 @hydra.main(config_path=CONF_DIR, config_name="translate", version_base="1.3")

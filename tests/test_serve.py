@@ -248,20 +248,24 @@ def test_the_load_test_script_checks_every_response_against_translate_py(ckpt, t
 
 
 def test_a_request_over_its_decoding_work_budget_is_a_413_and_one_within_it_is_answered(ckpt):
-    """Work: source tokens x beam size x (1 + constraints), summed over the sentences."""
-    cfg = serve_cfg(ckpt, "decoding=greedy", "batching.process=false", "limits.max_work=60")
+    """Work: source tokens x beam size x (1 + constraints), plus nbest x the target cap (1.5 x
+    source tokens + 10), summed over the sentences."""
+    cfg = serve_cfg(ckpt, "decoding=greedy", "batching.process=false", "limits.max_work=120")
     translator = load(cfg)
     one = translator.count_tokens([LINES[0]])
+    cap = int(1.5 * one) + 10
     with TestClient(create_app(translator, cfg)) as client:
         over = client.post("/translate", json={"text": [LINES[0]] * 2, "beam_size": 4,
                                                "constraints": [[LINES[0].split()[0]], []]})
-        fits = client.post("/translate", json={"text": [LINES[0]], "beam_size": 60 // one})
-    work = one * 4 * 2 + one * 4
+        beam = (120 - cap) // one
+        fits = client.post("/translate", json={"text": [LINES[0]], "beam_size": beam})
+    work = one * 4 * 2 + one * 4 + 2 * cap
     assert over.status_code == 413 and over.json() == {
-        "error": f"the request asks for {work:,} units of decoding work (source tokens x beam size x (1 + constraints), "
-                 "summed over its sentences); the limit is max_work=60: send fewer or shorter sentences, a smaller "
-                 "beam or fewer constraints", "limit": "max_work", "value": 60}
-    assert work > 60 >= one * (60 // one) and fits.status_code == 200, fits.text
+        "error": f"the request asks for {work:,} units of work (source tokens x beam size x (1 + constraints), n-best "
+                 "tokens, attention and alignment weights / 16, summed over its sentences); the limit is "
+                 "max_work=120: send fewer or shorter sentences, a smaller beam or n-best list, fewer constraints, "
+                 "or leave out attention and alignments", "limit": "max_work", "value": 120}
+    assert work > 120 >= one * beam + cap and beam >= 1 and fits.status_code == 200, fits.text
 
 
 def test_a_request_whose_client_left_is_not_decoded_and_one_that_waited_too_long_gets_a_503():

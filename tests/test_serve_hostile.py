@@ -36,7 +36,7 @@ from nmt.serve.app import STATIC, create_app, load, parse_request  # noqa: E402
 from tests.conftest import ROOT, serve_cfg  # noqa: E402
 
 SMALL = ("decoding=greedy", "limits.max_sentences=8", "limits.max_chars=200", "batching.process=false")
-MAX_BODY = 8 * (200 * 6 + 8) + 1024  # create_app's limit for SMALL: 10,688 bytes
+MAX_BODY = 8 * (3 * 200 * 12 + 4 * 12 + 8) + 1024  # create_app's limit for SMALL: 59,072 bytes
 JSON = {"Content-Type": "application/json"}
 KEY = "s3cret-key"
 
@@ -105,6 +105,61 @@ def test_a_stalled_body_is_a_408(make_app):
     status, headers, body, taken = post_asgi(app, {**JSON, "Content-Length": "100"}, [b'{"text": ["a'], stall=True)
     assert status == 408 and body["limit"] == "read_timeout_s" and taken == 1
     assert headers["connection"] == "close"
+
+
+def test_sentences_of_characters_outside_the_bmp_within_max_chars_are_not_a_413(client):
+    """A character outside the BMP is 12 bytes of JSON (two \\uXXXX escapes): 8 sentences of 200
+    of them, with a prefix each as long, fit the body limit."""
+    texts = ["\U0001F600" * 200] * 8
+    body = json.dumps({"text": texts, "prefix": [""] * 8})  # ensure_ascii: every character escaped
+    assert len(body) > 8 * 200 * 12
+    response = client.post("/translate", content=body.encode(), headers=JSON)
+    assert response.status_code in (200, 400), response.text  # 400: characters the vocabulary lacks, named
+    assert response.status_code == 200 or "max_request_bytes" not in response.text
+
+
+def test_max_work_counts_nbest_attention_and_alignments(make_app, translator):
+    """A request within source tokens x beam size is refused when its n-best lists, attention or
+    alignments make it heavy: each weight the search keeps, aligns or sends counts 1/16 of a unit."""
+    from nmt.serve.app import decoding_work, target_cap
+
+    text = "ein mann schläft auf einer bank ."
+    n = translator.count_tokens([text])
+    t = target_cap(translator, n)
+    assert t == int(1.5 * n) + 10
+    assert decoding_work([n], 4) == n * 4 + t
+    assert decoding_work([n], 4, nbest=3, attention=True, alignments=True) == n * 4 + 3 * t + -(-(4 * t * n + 3 * t * n) // 16)
+    limit = n * 4 * 8 + 8 * t  # 8 sentences at beam 4 fit...
+    with TestClient(make_app(f"limits.max_work={limit}"), raise_server_exceptions=False) as client:
+        plain = client.post("/translate", json={"text": [text] * 8, "beam_size": 4})
+        heavy = client.post("/translate", json={"text": [text] * 8, "beam_size": 4, "nbest": 4, "attention": True,
+                                                "alignments": True})
+    assert plain.status_code == 200, plain.text
+    work = 8 * decoding_work([n], 4, nbest=4, attention=True, alignments=True)
+    assert heavy.status_code == 413 and heavy.json()["error"].startswith(f"the request asks for {work:,} units of work")
+
+
+def test_one_failing_request_fails_no_other_of_its_batch():
+    """Six requests gathered into one batch, one of which the decoder cannot take: the batch is
+    decoded again request by request, five get their translations, the bad one its own error."""
+    from nmt.serve.batching import Batcher
+
+    def decode(texts, options):
+        if "bad" in texts:
+            raise IndexError("index out of range in self")
+        return [t.upper() for t in texts]
+
+    async def scenario():
+        batcher = Batcher(decode, max_wait_ms=200, max_gather_ms=1000)
+        jobs = [asyncio.ensure_future(batcher.submit([text], "same", 1)) for text in ("a", "b", "bad", "c", "d", "e")]
+        results = await asyncio.gather(*jobs, return_exceptions=True)
+        stats = dict(batcher.stats)
+        await batcher.stop()
+        return results, stats
+
+    results, stats = asyncio.run(scenario())
+    assert results[:2] == [["A"], ["B"]] and results[3:] == [["C"], ["D"], ["E"]]
+    assert isinstance(results[2], IndexError) and stats["requests"] == 5
 
 
 # --- what is parsed -------------------------------------------------------------------------------

@@ -131,3 +131,36 @@ def test_a_line_over_the_cap_is_an_error_for_corpora_and_cut_for_translation(tmp
         lines = list(iter_lines(str(path)))
     assert lines == ["short", "\u00e9" * 32, "after"]
     assert f"{path}, line 2: cut to its first 64 bytes" in caplog.text
+
+
+class Endless(io.RawIOBase):
+    """A stream of one byte forever (``/dev/zero``, ``yes | tr -d '\\n'``), counting what is read."""
+
+    def __init__(self, byte: bytes) -> None:
+        self.byte, self.read_bytes = byte, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        buffer[:] = self.byte * len(buffer)
+        self.read_bytes += len(buffer)
+        return len(buffer)
+
+
+@pytest.mark.parametrize("byte, error", [(b"\0", "<stdin>, line 1: a NUL byte (0x00); a text file holds none: is it "
+                                                 "binary, or in another encoding?"),
+                                         (b"a", "<stdin>, line 1: no line end in its first 1,088 bytes; a sentence is "
+                                                "one line (is the input text?)")], ids=["dev-zero", "no-line-end"])
+def test_an_endless_line_on_stdin_ends_in_one_error(monkeypatch, byte, error):
+    """``translate.py < /dev/zero`` read a line to cut forever (the NUL check came after its end);
+    now the part of a line read past is checked for NUL as it comes, and bounded."""
+    import nmt.text_lines as text_lines
+
+    monkeypatch.setattr(text_lines, "MAX_LINE_BYTES", 64)
+    monkeypatch.setattr(text_lines, "MAX_SKIPPED_BYTES", 1024)
+    stream = Endless(byte)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(stream, 4096)))
+    with pytest.raises(InputError) as raised:
+        list(iter_lines(None))
+    assert str(raised.value) == error and stream.read_bytes < 8 << 20

@@ -240,6 +240,65 @@ def test_a_signal_stops_the_run_with_whole_translated_lines_and_no_traceback(ckp
 
 
 @pytest.mark.slow  # end to end in processes of its own: the slow tier
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_sigint_at_any_moment_of_a_background_run_stops_it(tmp_path, workers):
+    """``translate.py ... &`` from a shell without job control (SIGINT inherited as ignored), the
+    SIGINT sent at moments from the imports through Hydra, the model's load and the first lines:
+    every run ends 130 with whole lines (one in the imports was lost: the run went on to its end)."""
+    src, saved = long_input(tmp_path), ROOT / "tests" / "data" / "saved" / "lstm_luong.release.ckpt"
+    for k, delay in enumerate((0.3, 0.8, 1.5, 3.0)):
+        out = tmp_path / f"out{k}.txt"
+        with open(tmp_path / "stderr.txt", "w") as stderr:
+            proc = subprocess.Popen(command(saved, f"input={src}", f"output={out}", "chunk_lines=8", f"workers={workers}"),
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, cwd=tmp_path,
+                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+            try:
+                time.sleep(delay)
+                proc.send_signal(signal.SIGINT)
+                status = proc.wait(timeout=600)
+            finally:
+                proc.kill()
+        errors = (tmp_path / "stderr.txt").read_text()
+        assert status == 130 and "Traceback" not in errors and "stopped by SIGINT" in errors, (delay, errors[-2000:])
+        text = out.read_text(encoding="utf-8") if out.exists() else ""
+        assert text == "" or text.endswith("\n")
+
+
+def test_a_stop_signal_is_never_lost_between_the_handlers():
+    """Kept before ``StopSignals`` (``hold_stop_signals``): the block stops as it starts. Raised
+    where it is swallowed: ``check()``, ``defer()`` and the block's end raise it again."""
+    from nmt import cli_io
+    from nmt.cli_io import StopSignals, Stopped, hold_stop_signals
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        hold_stop_signals()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        with pytest.raises(Stopped) as stopped:
+            with StopSignals():
+                raise AssertionError("the block ran after a kept signal")
+        assert stopped.value.signum == signal.SIGTERM and cli_io._held == []
+        with pytest.raises(Stopped):
+            with StopSignals() as signals:
+                try:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(0.05)
+                except BaseException:  # noqa: BLE001  a library that swallows everything
+                    pass
+                signals.defer()
+        with pytest.raises(Stopped):
+            with StopSignals() as signals:
+                signals.defer()
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)  # the run ends without another check(): the block's end stops it
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        cli_io._held.clear()
+
+
+@pytest.mark.slow  # end to end in processes of its own: the slow tier
 def test_a_closed_stdout_ends_the_run_quietly(ckpt, tmp_path):
     """``translate.py ... | head -3``: the reader goes away after three lines."""
     src = long_input(tmp_path)

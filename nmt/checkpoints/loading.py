@@ -47,12 +47,34 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", allow_
     if bad := nonfinite(model.state_dict().items()):
         raise CheckpointError(f"{path}: weights hold NaN or infinity ({', '.join(bad[:5])}); the file is damaged or "
                               "its training diverged: use another checkpoint")
-    model.to(device).eval()
     protos = checkpoint["tokenizers"]
+    src_vocab, tgt_vocab = tokenizer_from_proto(protos["src"], "src", path), tokenizer_from_proto(protos["tgt"], "tgt", path)
+    check_vocabulary_sizes(model, src_vocab.vocab_size, tgt_vocab.vocab_size, path)
+    model.to(device).eval()
     log.info("loaded %s (%s, step %s)", path, checkpoint_kind(checkpoint), checkpoint.get("global_step"))
-    return Loaded(model, tokenizer_from_proto(protos["src"], "src", path), tokenizer_from_proto(protos["tgt"], "tgt", path),
-                  run_config,
-                  checkpoint.get("global_step"), run_report(checkpoint, path))
+    return Loaded(model, src_vocab, tgt_vocab, run_config, checkpoint.get("global_step"), run_report(checkpoint, path))
+
+
+def check_vocabulary_sizes(model: torch.nn.Module, src_size: int, tgt_size: int, path: str | Path) -> None:
+    """The model and its two tokenizers agree: each tokenizer has as many pieces as the model's
+    config says (``src_vocab_size``, ``tgt_vocab_size``), and every embedding and output layer has
+    a row for each piece; else a one-line CheckpointError naming the file. A source piece without
+    a row fails inside the embedding; a target row without a piece, inside ``decode``."""
+    sides = (("src", src_size, "src_vocab_size", (("the source embedding", model.encoder.embed),)),
+             ("tgt", tgt_size, "tgt_vocab_size", (("the target embedding", model.decoder.embed),
+                                                   ("the output layer", model.decoder.out))))
+    for side, size, key, layers in sides:
+        declared = getattr(model, key, None)
+        if declared != size:
+            raise CheckpointError(f"{path}: its {side} tokenizer has {size:,} pieces but the model was built for "
+                                  f"model.{key}={declared}; the file's vocabulary and weights do not belong together: "
+                                  "use a checkpoint written by nmt as it was saved")
+        for what, layer in layers:
+            rows = int(layer.weight.shape[0])
+            if rows < size:
+                raise CheckpointError(f"{path}: its {side} tokenizer has {size:,} pieces but {what} has {rows:,} rows; "
+                                      "the file's vocabulary and weights do not belong together: use a checkpoint "
+                                      "written by nmt as it was saved")
 
 
 MAX_REPORT_BYTES = {"json": 4 << 20, "png": 16 << 20}

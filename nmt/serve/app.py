@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import hydra
@@ -40,7 +41,7 @@ from nmt.inference.backends import open_translator
 from nmt.inference.requests import Naming, Request as TranslationRequest
 from nmt.serve.batching import Batcher, ClientGone, QueueFull, QueueTimeout
 from nmt.serve.guard import (AmbiguousLengthMiddleware, ApiKeyMiddleware, HeaderTimeoutH11Protocol, content_type_error,
-                             error, parse_request, read_body)
+                             error, max_body_bytes, parse_request, read_body)
 from nmt.inference.translations import response_item
 
 log = logging.getLogger(__name__)
@@ -76,12 +77,34 @@ def answer(translator: Any, texts: list[str], options: tuple[Any, ...]) -> list[
     return [response_item(t, nbest, attention) for t in translations]
 
 
-def decoding_work(lengths: list[int], beam_size: int, constraints: list[int] | None = None) -> int:
-    """What decoding a request costs, in units the server bounds (``limits.max_work``): each
-    sentence's source tokens times the beam size, times one plus its constraints (constrained
-    search keeps a bank of hypotheses per constraint met), summed. Its time grows with this."""
+WEIGHTS_PER_UNIT = 16  # attention weights (kept by the search, aligned, sent) that cost one unit of decoding work
+
+
+def decoding_work(lengths: list[int], beam_size: int, constraints: list[int] | None = None, nbest: int = 1,
+                  attention: bool = False, alignments: bool = False,
+                  target_cap: Callable[[int], int] | None = None) -> int:
+    """What a request costs, in units the server bounds (``limits.max_work``), summed over its
+    sentences of ``n`` source tokens and at most ``t = target_cap(n)`` target tokens: the search,
+    ``n`` x beam size x (1 + constraints) (constrained search keeps a bank of hypotheses per
+    constraint met); the n-best texts, nbest x ``t``; with ``attention``, the search keeps every
+    beam's weights and the reply carries the best one's, beam x ``t`` x ``n`` weights; with
+    ``alignments``, each of the nbest hypotheses is scored again and aligned from its own
+    ``t`` x ``n`` weights. Weights count ``WEIGHTS_PER_UNIT`` to the unit. Time, memory and
+    reply bytes grow with this."""
     counts = constraints or [0] * len(lengths)
-    return sum(n * int(beam_size) * (1 + c) for n, c in zip(lengths, counts))
+    cap = target_cap or (lambda n: int(1.5 * n) + 10)
+    work = 0
+    for n, c in zip(lengths, counts):
+        t = cap(n)
+        weights = (int(beam_size) * t * n if attention else 0) + (int(nbest) * t * n if alignments else 0)
+        work += n * int(beam_size) * (1 + c) + int(nbest) * t + -(-weights // WEIGHTS_PER_UNIT)
+    return work
+
+
+def target_cap(translator: Any, source_tokens: int) -> int:
+    """The most target tokens (EOS included) the translator decodes for a source of ``source_tokens``."""
+    s = translator.settings
+    return max(1, min(int(s.max_len_a * source_tokens) + int(s.max_len_b), int(translator.max_tgt_len)))
 
 
 def describe(translator: Any) -> dict[str, Any]:
@@ -182,7 +205,7 @@ def create_app(translator: Any, cfg: DictConfig) -> FastAPI:
     if cfg.cors_origins:  # added last, so it runs first: preflights and 401s carry its headers
         app.add_middleware(CORSMiddleware, allow_origins=list(cfg.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "X-API-Key"])
-    max_body = limits.max_sentences * (limits.max_chars * 6 + 8) + 1024  # JSON escapes: at most 6 bytes a character
+    max_body = max_body_bytes(limits)
 
     @app.post("/translate")
     async def translate(request: Request):
@@ -204,12 +227,15 @@ def create_app(translator: Any, cfg: DictConfig) -> FastAPI:
                                     (tuple(c) for c in asked.constraints or [()] * len(texts)))))
         options = (*options, guide)
         lengths = [translator.count_tokens([t]) for t in texts]
-        work = decoding_work(lengths, options[0], [len(c) for c in asked.constraints] if asked.constraints else None)
+        work = decoding_work(lengths, options[0], [len(c) for c in asked.constraints] if asked.constraints else None,
+                             nbest=options[1], attention=options[2], alignments=options[3],
+                             target_cap=functools.partial(target_cap, translator))
         if limits.get("max_work") is not None and work > limits.max_work:
-            return error(413, f"the request asks for {work:,} units of decoding work (source tokens x beam size x "
-                              f"(1 + constraints), summed over its sentences); the limit is max_work={limits.max_work:,}: "
-                              "send fewer or shorter sentences, a smaller beam or fewer constraints", "max_work",
-                         limits.max_work)
+            return error(413, f"the request asks for {work:,} units of work (source tokens x beam size x (1 + "
+                              f"constraints), n-best tokens, attention and alignment weights / {WEIGHTS_PER_UNIT}, "
+                              f"summed over its sentences); the limit is max_work={limits.max_work:,}: send fewer or "
+                              "shorter sentences, a smaller beam or n-best list, fewer constraints, or leave out "
+                              "attention and alignments", "max_work", limits.max_work)
         try:
             results = await batcher.submit(texts, options, sum(lengths), gone=request.is_disconnected)
         except QueueFull:
@@ -220,6 +246,8 @@ def create_app(translator: Any, cfg: DictConfig) -> FastAPI:
                               "retry later", "max_queue_s", e.limit)
         except ClientGone:
             return Response(status_code=499)  # nobody reads it: the client closed the connection
+        except Exception as e:  # noqa: BLE001  this request's own failure: the others of its batch were answered
+            return error(500, f"decoding this request failed ({type(e).__name__}); the server's log has the details")
         return {"translations": results}
 
     @app.get("/health")

@@ -154,11 +154,16 @@ class Batcher:
                 start = time.perf_counter()
                 try:
                     results = await loop.run_in_executor(self.executor, self.decode, texts, options)
-                except Exception as e:  # noqa: BLE001  every waiting request gets the error, the worker lives on
-                    log.exception("decoding a batch of %d sentences failed", len(texts))
-                    for job in group:
-                        if not job.future.done():
-                            job.future.set_exception(e)
+                except Exception as e:  # noqa: BLE001  the worker lives on
+                    if len(group) > 1:  # one bad request fails no other: each is decoded again on its own
+                        log.warning("decoding a batch of %d requests failed (%s); decoding them one by one",
+                                    len(group), type(e).__name__)
+                        for job in group:
+                            await self._decode_alone(job, options)
+                        continue
+                    log.exception("decoding a request of %d sentences failed", len(texts))
+                    if not group[0].future.done():
+                        group[0].future.set_exception(e)
                     continue
                 self.stats["batches"] += 1
                 self.stats["requests"] += len(group)
@@ -169,3 +174,20 @@ class Batcher:
                     if not job.future.done():
                         job.future.set_result(results[offset: offset + len(job.texts)])
                     offset += len(job.texts)
+
+    async def _decode_alone(self, job: Job, options: Hashable) -> None:
+        """``job`` decoded in a call of its own: its results, or the error that is its own."""
+        if job.future.done():
+            return
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(self.executor, self.decode, job.texts, options)
+        except Exception as e:  # noqa: BLE001
+            log.exception("decoding a request of %d sentences failed", len(job.texts))
+            if not job.future.done():
+                job.future.set_exception(e)
+            return
+        self.stats["batches"] += 1
+        self.stats["requests"] += 1
+        self.stats["sentences"] += len(job.texts)
+        if not job.future.done():
+            job.future.set_result(results)

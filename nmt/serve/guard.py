@@ -38,6 +38,17 @@ MAX_DIGITS = 20  # an integer literal longer than this is refused before int() r
 OPEN_PATHS = ("/health", "/")  # and /static/...: the page loads without a key, then asks for one
 
 
+ESCAPED_BYTES = 12  # the most bytes one character takes in JSON: a character outside the BMP as two \\uXXXX escapes
+
+
+def max_body_bytes(limits: DictConfig) -> int:
+    """The largest body a request within the limits can have: per sentence its text, its prefix
+    and its constraints (each up to ``max_chars`` characters, every one escaped at
+    ``ESCAPED_BYTES``), with their quotes and separators, plus 1 KiB for the rest."""
+    per_sentence = 3 * (int(limits.max_chars) * ESCAPED_BYTES) + 4 * (MAX_CONSTRAINTS + 2) + 8
+    return int(limits.max_sentences) * per_sentence + 1024
+
+
 def error(status: int, message: str, limit: str | None = None, value: Any = None, close: bool = False) -> JSONResponse:
     """The JSON error response; ``close``: end the connection after it."""
     body: dict[str, Any] = {"error": message}
