@@ -155,3 +155,20 @@ def test_the_distilled_folder_layout_is_what_file_source_reads(tmp_path):
     assert [p for chunk in source.pairs("train") for p in zip(chunk[0], chunk[1])] == list(
         zip(read_lines(folder / "train.src"), read_lines(folder / "train.tgt")))
     assert distillation.FORMAT == json.loads((folder / "manifest.json").read_text())["format"]
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x85"])
+def test_training_sentences_holding_unicode_line_separators_are_distilled(tmp_path, separator):
+    """The teacher's rows are JSON lines written with ensure_ascii=False: read back with
+    splitlines(), a sentence holding U+2028, U+2029 or U+0085 broke its row in two
+    (JSONDecodeError after the whole teacher pass). train.py reads such a corpus as it is."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("train.src", "train.tgt", "valid.src", "valid.tgt", "test.src", "test.tgt"):
+        lines = (TINY / name).read_text(encoding="utf-8").splitlines()
+        if name == "train.src":
+            lines[3] = lines[3].replace(" ", f" {separator} ", 1)
+        (corpus / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    folder = distil(config(tmp_path, f"data.source.path={corpus}"))
+    sources = read_lines(folder / "train.src")
+    assert len(sources) == 100 and separator in sources[3] and len(read_lines(folder / "train.tgt")) == 100

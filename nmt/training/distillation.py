@@ -170,7 +170,8 @@ def distil(cfg: DictConfig) -> Path:
             open(work / f"train.{tgt_lang}.tmp", "w", encoding="utf-8") as ft, \
             open(work / "train.score.tmp", "w", encoding="utf-8") as fc:
         for part in sorted(work.glob("train.*.jsonl")):
-            for line in part.read_text(encoding="utf-8").splitlines():
+            # JSON lines end in LF alone: splitlines() would also cut at U+2028, U+2029 or U+0085 inside a sentence
+            for line in part.read_text(encoding="utf-8").split("\n")[:-1]:
                 row = json.loads(line)
                 fs.write(row["src"] + "\n")
                 ft.write(row["hyp"] + "\n")
