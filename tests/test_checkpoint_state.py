@@ -194,6 +194,10 @@ RESUME_CASES = {
         "differentiable", True), "optimizer_states[0].param_groups[0].differentiable is True, not false (nmt never "
                                  "trains with it)"),
     "world_size 0": (lambda c: c.__setitem__("world_size", 0), "world_size is 0, not a number of processes from 1"),
+    "a CUDA state of 17 bytes": (lambda c: c["rng"].__setitem__("cuda", [torch.zeros(17, dtype=torch.uint8)]),
+                                 "rng.cuda is a list, not a list of CUDA generator states (16 or 816 bytes each) or null"),
+    "a loss scale 'x'": (lambda c: c.__setitem__("MixedPrecision", {"scale": "x", "_growth_tracker": 0}),
+                         "MixedPrecision.scale is 'x', not a finite number above 0"),
 }
 
 

@@ -24,6 +24,8 @@ SCHEDULER_KEYS = {  # what LambdaLR (WarmupCosine, inverse_sqrt) and ReduceLROnP
     "factor": "number", "default_min_lr": "number", "eps": "number", "threshold": "number", "patience": "count",
     "cooldown": "count", "cooldown_counter": "count", "num_bad_epochs": "count", "mode": ("min", "max"),
     "threshold_mode": ("rel", "abs"), "best": "score", "mode_worse": "score"}
+SCALER_KEYS = {"scale": None, "growth_factor": None, "backoff_factor": None, "growth_interval": 1,
+               "_growth_tracker": 0}  # None: a finite number above 0; an int: a count from it
 MAX_LIST = 1 << 16  # entries of a list or mapping of the training state (rates, loaders, ranks)
 
 
@@ -114,6 +116,15 @@ def check_training_state(checkpoint: dict[str, Any], path: str | Path, model: to
         _check_checkpoint_paths(state, f"callbacks.{name}", refuse)
     if checkpoint.get("current_model_state") is not None:  # an EMA run's raw weights, which a resumed run trains
         check_weights(model, model_state(checkpoint, "raw"), f"{path} (current_model_state)")
+    scaler = checkpoint.get("MixedPrecision")  # 16-mixed: Lightning saves the GradScaler's state under this key
+    if scaler is not None:
+        if not isinstance(scaler, dict) or not set(scaler) <= set(SCALER_KEYS):
+            refuse("MixedPrecision", scaler, f"a GradScaler state ({', '.join(SCALER_KEYS)})")
+        for key, value in scaler.items():
+            low = SCALER_KEYS[key]
+            if not ((is_count(value, low) if isinstance(low, int) else is_number(value) and value > 0)):
+                refuse(f"MixedPrecision.{key}", value, f"a count from {low}" if isinstance(low, int) else
+                       "a finite number above 0")
     averaging = checkpoint.get("averaging_state")
     if averaging is not None and not (isinstance(averaging, dict) and set(averaging) <= {"n_averaged"}
                                       and all(_scalar(v) and not v.is_floating_point() for v in averaging.values())):
@@ -264,11 +275,12 @@ def _check_rng(rng: Any, refuse: Refuse) -> None:
             refuse(f"{where}.torch", value, f"torch's CPU generator state ({size} bytes)")
         cuda = states.get("cuda")
         if cuda is not None and not (isinstance(cuda, list) and len(cuda) <= MAX_LIST and all(
-                torch.is_tensor(c) and c.dtype == torch.uint8 and c.shape == (CUDA_STATE_BYTES,) for c in cuda)):
-            refuse(f"{where}.cuda", cuda, f"a list of CUDA generator states ({CUDA_STATE_BYTES} bytes each) or null")
+                torch.is_tensor(c) and c.dtype == torch.uint8 and c.dim() == 1 and len(c) in CUDA_STATE_BYTES for c in cuda)):
+            refuse(f"{where}.cuda", cuda, "a list of CUDA generator states (16 or 816 bytes each) or null")
 
 
-CUDA_STATE_BYTES = 16  # a CUDA generator's state: its seed and Philox offset, 8 bytes each
+# A CUDA generator's state: its seed and Philox offset, 8 bytes each, after 800 unused bytes before torch 2.1.
+CUDA_STATE_BYTES = (16, 816)
 
 
 def _check_plain(node: Any, where: str, refuse: Refuse, scores: bool) -> None:
