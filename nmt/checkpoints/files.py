@@ -6,9 +6,11 @@ opening a checkpoint never runs code stored in it. A checkpoint holds (``FORMAT`
 as plain dicts and lists), ``tokenizers`` (the SentencePiece models as bytes), ``global_step``,
 ``nmt_format`` and ``kind``: ``training`` (written by ``train.py``: optimizer, loops, callbacks and
 RNG states too; resumable) or ``release`` (``nmt-export format=release`` and ``nmt-average``:
-weights, config and vocabularies only; for translating and evaluating). Checkpoints written before
-format 2 hold pickled Python objects: they load only with ``allow_pickle=True``, for files you
-trust, since unpickling runs whatever code the file names.
+weights, config and vocabularies only; for translating and evaluating). Every tensor a file holds,
+wherever it is, and the values every reader uses are checked on reading (``check_stored``,
+``check_values``); what resuming restores is checked by ``nmt.checkpoints.resume``. Checkpoints
+written before format 2 hold pickled Python objects: they load only with ``allow_pickle=True``,
+for files you trust, since unpickling runs whatever code the file names.
 """
 
 from __future__ import annotations
