@@ -91,7 +91,7 @@ EXPERIMENTS = {
                            "optimizer.lr": 0.001, "trainer.max_steps": 300, "test_ckpt": "last"},
     "opus_like_general": {"model": "transformer", "data": "synthetic", "data.source.max_len": 15,
                           "model.encoder.activation": "swish", "model.decoder.norm": "post",
-                          "model.decoder.logits_bias": True, "trainer.max_steps": 600, "test_ckpt": "last"},
+                          "model.decoder.logits_bias": True, "trainer.max_steps": 1200, "test_ckpt": "last"},
     "opus_like_student": {"model": "transformer", "data": "synthetic", "model.hidden_size": 64,
                           "model.decoder.num_layers": 1, "trainer.max_steps": 600, "test_ckpt": "last"},
     "rnnsearch": {"model": "lstm_bahdanau", "model.emb_size": 620, "model.hidden_size": 2000, "model.dropout": 0.0,

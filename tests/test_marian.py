@@ -313,6 +313,21 @@ def test_a_missing_folder_or_offline_hub_is_one_line(tmp_path, monkeypatch):
         import_marian("Helsinki-NLP/opus-mt-xx-yy")
 
 
+def test_import_model_writes_a_release_file(folder, tmp_path):
+    """``nmt-import``'s body: the release file, read back; a folder as ``out`` refused."""
+    from nmt.import_model import import_model
+
+    cfg = {"format": "huggingface", "src": str(folder), "out": str(tmp_path / "model.ckpt"), "allow_pickle": False,
+           "revision": None}
+    import_model(OmegaConf.create(cfg))
+    assert load_checkpoint(tmp_path / "model.ckpt").run_config["model"]["decoder"]["activation"] == "swish"
+    with pytest.raises(ValueError, match=r"^out=.*: is a folder; give the release file to write \(model.ckpt\)$"):
+        import_model(OmegaConf.create({**cfg, "out": str(tmp_path)}))
+    with pytest.raises(ValueError, match=r"^format=fairseq: choose one of huggingface"):
+        import_model(OmegaConf.create({**cfg, "format": "fairseq"}))
+
+
+@pytest.mark.slow
 def test_nmt_import_writes_a_release_file_every_command_takes(folder, tmp_path):
     """The command writes a release file that nmt-translate reads, and refuses in one line."""
     import subprocess
@@ -431,3 +446,24 @@ def test_the_training_loss_adds_the_logits_bias(pair):
     logits = loaded.model(src, src_mask, batch["tgt_in"])
     assert loaded.model.decoder.out.bias.abs().max() > 0.1
     torch.testing.assert_close(loss, F.cross_entropy(logits.flatten(0, 1), batch["tgt_out"].flatten(), ignore_index=PAD))
+
+
+def test_a_hub_id_goes_through_huggingface_hub(folder, monkeypatch):
+    """A hub id is fetched with ``huggingface_hub.snapshot_download`` (here answering with a local
+    folder): the files the import reads only, pickled weights only with allow_pickle."""
+    import huggingface_hub
+
+    calls = []
+
+    def snapshot_download(repo_id, revision=None, allow_patterns=None):
+        calls.append((repo_id, revision, allow_patterns))
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    state = import_marian("Helsinki-NLP/opus-mt-aa-bb", revision="main")["state_dict"]
+    assert state.keys() == import_marian(folder)["state_dict"].keys()
+    repo, revision, patterns = calls[0]
+    assert (repo, revision) == ("Helsinki-NLP/opus-mt-aa-bb", "main") and "model.safetensors" in patterns
+    assert "pytorch_model.bin" not in patterns
+    import_marian("Helsinki-NLP/opus-mt-aa-bb", allow_pickle=True)
+    assert "pytorch_model.bin" in calls[1][2]
