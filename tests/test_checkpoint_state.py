@@ -187,7 +187,9 @@ RESUME_CASES = {
     "a scheduler attribute": (lambda c: c["lr_schedulers"][0].__setitem__("warmup_steps", "x"),
                               "lr_schedulers[0].warmup_steps is 'x', not a key of a torch scheduler's state"),
     "a negative loop count": (lambda c: c["loops"]["fit_loop"]["epoch_progress"]["total"].__setitem__("ready", -5),
-                              "loops.fit_loop.epoch_progress.total.ready is -5, not a count from 0, a flag or a name"),
+                              "loops.fit_loop.epoch_progress.total.ready is -5, not a count from 0 or a flag"),
+    "a data position 'x'": (lambda c: c["loops"]["fit_loop"]["state_dict"]["combined_loader"][0].__setitem__("epoch", "x"),
+                            "loops.fit_loop.state_dict.combined_loader[0].epoch is 'x', not a count from 0 or a flag"),
     "a top-k file outside the run": (lambda c: next(v for k, v in c["callbacks"].items() if "ModelCheckpoint" in k)
                                      .__setitem__("best_k_models", {"/etc/hosts": torch.tensor(9.0)}), None),
     "fused with differentiable": (lambda c: c["optimizer_states"][0]["param_groups"][0].__setitem__(

@@ -284,8 +284,9 @@ CUDA_STATE_BYTES = (16, 816)
 
 
 def _check_plain(node: Any, where: str, refuse: Refuse, scores: bool) -> None:
-    """Lightning's loop progress (counts from 0, flags, names) or callback states (also scores:
-    finite or infinite numbers, one-value tensors), within ``MAX_LIST`` entries a level."""
+    """Lightning's loop progress and the data position (counts from 0, flags) or callback states
+    (also names and scores: finite or infinite numbers, one-value tensors), within ``MAX_LIST``
+    entries a level."""
     stack = [(where, node)]
     while stack:
         at, value = stack.pop()
@@ -303,5 +304,5 @@ def _check_plain(node: Any, where: str, refuse: Refuse, scores: bool) -> None:
         elif isinstance(value, float):
             if not scores or math.isnan(value):
                 refuse(at, value, "a count" if not scores else "a score")
-        elif not (value is None or isinstance(value, (bool, str)) or is_count(value)):
-            refuse(at, value, "a count from 0, a flag or a name")
+        elif not (value is None or isinstance(value, bool) or is_count(value) or (scores and isinstance(value, str))):
+            refuse(at, value, "a count from 0, a flag or a name" if scores else "a count from 0 or a flag")
