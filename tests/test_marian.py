@@ -467,3 +467,34 @@ def test_a_hub_id_goes_through_huggingface_hub(folder, monkeypatch):
     assert "pytorch_model.bin" not in patterns
     import_marian("Helsinki-NLP/opus-mt-aa-bb", allow_pickle=True)
     assert "pytorch_model.bin" in calls[1][2]
+
+
+@pytest.mark.parametrize("separate", [False, True], ids=["joint", "separate_vocabularies"])
+def test_our_export_imports_back_to_the_same_model(tmp_path, separate):
+    """Our post-norm swish model with a logits bias, exported (``nmt-export format=huggingface``,
+    our id order; with separate vocabularies ``target_vocab.json``) and imported: the same logits."""
+    from tests.test_export_huggingface import build_sized
+
+    joint = train_sentencepiece(lines_of("train.src", "train.tgt"), tmp_path / "joint", {"vocab_size": 100, "hard_vocab_limit": False})
+    src_vocab = tgt_vocab = joint
+    overrides = ["model.encoder.norm=post", "model.decoder.norm=post", "model.encoder.activation=swish",
+                 "model.decoder.activation=swish", "model.decoder.logits_bias=true"]
+    if separate:
+        src_vocab = train_sentencepiece(lines_of("train.src"), tmp_path / "src", {"vocab_size": 80, "hard_vocab_limit": False})
+        tgt_vocab = train_sentencepiece(lines_of("train.tgt"), tmp_path / "tgt", {"vocab_size": 90, "hard_vocab_limit": False})
+        overrides += ["model.share_src_tgt_embeddings=false", "data.tokenizer.joint=false"]
+    model, run_config = build_sized(overrides, src_vocab.vocab_size, tgt_vocab.vocab_size)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    folder = to_huggingface(model, src_vocab, tgt_vocab, run_config, tmp_path / "hf")
+    assert (folder / "target_vocab.json").is_file() == separate
+    loaded = imported(folder, tmp_path / "model.ckpt")
+    lines = lines_of("test.src")
+    src, src_mask = our_ids(loaded, lines)
+    assert src.tolist() == our_ids(type("L", (), {"src_vocab": src_vocab})(), lines)[0].tolist()
+    tgt_in = torch.tensor([[BOS, *tgt_vocab.encode(line)[:6]][:5] for line in lines_of("test.tgt")])
+    with torch.no_grad():
+        ours = model(src, src_mask, tgt_in)[..., : tgt_vocab.vocab_size]
+        theirs = loaded.model(src, src_mask, tgt_in)
+    torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=1e-4)
