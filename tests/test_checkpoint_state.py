@@ -18,6 +18,7 @@ import torch
 from omegaconf import OmegaConf
 
 from nmt.average import run_average
+from nmt.cli_io import EXIT_ERROR
 from nmt.checkpoints.files import MAX_NAMES, CheckpointError, read_checkpoint
 from nmt.checkpoints.finetune import read_init
 from nmt.checkpoints.loading import load_checkpoint
@@ -232,7 +233,7 @@ def test_every_entry_point_refuses_a_crafted_file_in_one_line(trained, tmp_path,
     source = ROOT / "tests" / "data" / "tiny" / "test.src"
     for result in (translate_here(capsys, f"ckpt={nested}", f"input={source}"),
                    evaluate_here(capsys, tmp_path / "eval", f"ckpts=[{nested}]")):
-        assert result.returncode == 1 and "Traceback" not in result.stderr
+        assert result.returncode == EXIT_ERROR and "Traceback" not in result.stderr
         assert result.stderr.strip().splitlines()[-1] == f"error: {message}"
     with pytest.raises(CheckpointError) as raised:
         serve_load(serve_cfg(nested))
@@ -320,7 +321,7 @@ def test_train_py_refuses_a_crafted_resume_in_one_line_without_crashing(trained,
     command = [*resume_command(path, tmp_path / "run"), f"paths.cache_dir={trained.parents[3] / 'nmt-cache'}"]
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
-    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.returncode == EXIT_ERROR, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: {'ckpt_path=' if case not in ('fused', 'nested') else ''}{path}: "), last
