@@ -156,9 +156,8 @@ def read_config(folder: Path) -> dict[str, Any]:
     act = config.get("activation_function")
     if act not in ACTIVATIONS:
         raise ImportRefused(f"{where}: activation_function={str(act)[:40]}: nmt computes {', '.join(ACTIVATIONS)}")
-    sizes = {key: _count(config, key, where) for key in LIMITS if key != "decoder_vocab_size"}
-    sizes["decoder_vocab_size"] = _count({**config, "decoder_vocab_size": config.get("decoder_vocab_size")
-                                          or sizes["vocab_size"]}, "decoder_vocab_size", where)
+    config = {**config, "decoder_vocab_size": config.get("decoder_vocab_size") or config.get("vocab_size")}
+    sizes = {key: _count(config, key, where) for key in LIMITS}
     if sizes["d_model"] % 2:
         raise ImportRefused(f"{where}: d_model={sizes['d_model']}: an odd width (the sinusoid tables differ)")
     for part in ("encoder", "decoder"):
@@ -221,6 +220,9 @@ class Vocabulary:
     ids past theirs read their unk row), ``pieces`` our piece names."""
 
     def __init__(self, vocab: dict[str, int], ids: dict[str, int], protos: list[Any], where: Path) -> None:
+        import sentencepiece.sentencepiece_model_pb2 as pb
+
+        kind = pb.ModelProto.SentencePiece
         by_id = {i: p for p, i in vocab.items()}
         pad, eos, start, unk = ids["pad"], ids["eos"], ids["start"], ids["unk"]
         for name, i in (("pad", pad), ("eos", eos), ("unk", unk), ("decoder start", start)):
@@ -236,7 +238,8 @@ class Vocabulary:
             if tag:
                 self.tags.append(name)
         known = set(vocab)
-        spm_only = [p.piece for proto in protos for p in proto.pieces if p.type in (1, 4, 6) and p.piece not in known]
+        produced = (kind.NORMAL, kind.USER_DEFINED, kind.BYTE)  # what encoding may give
+        spm_only = [p.piece for proto in protos for p in proto.pieces if p.type in produced and p.piece not in known]
         self.extra = list(dict.fromkeys(spm_only))  # their <unk>, ours an id each
         self.pieces += self.extra
         self.order += [unk] * len(self.extra)
@@ -277,7 +280,7 @@ def read_vocabularies(folder: Path, config: dict[str, Any]) -> tuple[Vocabulary,
     unk_piece = unk_piece.get("content") if isinstance(unk_piece, dict) else unk_piece
     src_proto, tgt_proto = _spm(folder, "source.spm"), _spm(folder, "target.spm")
     src_vocab = _vocab(folder, "vocab.json", config["vocab_size"])
-    separate = bool(tokenizer_config.get("separate_vocabs")) or not config["shared"]
+    separate = bool(tokenizer_config.get("separate_vocabs"))  # else one vocabulary (its embeddings may be two)
     tgt_vocab = _vocab(folder, "target_vocab.json", config["decoder_vocab_size"]) if separate else src_vocab
     sides = []
     for name, vocab in (("vocab.json", src_vocab), ("target_vocab.json" if separate else "vocab.json", tgt_vocab)):
@@ -457,7 +460,7 @@ def model_config(config: dict[str, Any], src_size: int, tgt_size: int, shared: b
             "tie_embeddings": tied, "share_src_tgt_embeddings": shared, "gradient_checkpointing": False}
 
 
-def test_decoding(folder: Path, config: dict[str, Any]) -> dict[str, Any]:
+def decoding_of(folder: Path) -> dict[str, Any]:
     """Our beam settings of generation_config.json: its beam size; no length penalty when it has
     none (transformers divides by the length, our beam search uses GNMT's penalty)."""
     generation = _json(folder, "generation_config.json", required=False)
@@ -484,7 +487,7 @@ def import_marian(src: str | Path, allow_pickle: bool = False, revision: str | N
             raise ImportRefused(str(e)) from None
     model = model_config(config, src_size, tgt_size, shared, tied)
     return {"nmt_format": FORMAT, "kind": "release", "state_dict": {f"model.{k}": v for k, v in state.items()},
-            "run_config": {"model": model, "test_decoding": test_decoding(folder, config)},
+            "run_config": {"model": model, "test_decoding": decoding_of(folder)},
             "tokenizers": {"src": src_proto, "tgt": src_proto if src_proto == tgt_proto else tgt_proto},
             "global_step": None, "epoch": None, "monitor": None, "report": None,
             "source": {"path": str(src), "format": "huggingface", "folder": str(folder),
