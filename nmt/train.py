@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import numpy as np
 import pytorch_lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
@@ -42,7 +43,10 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from nmt import CONF_DIR, register_resolvers
 from nmt.training.builders import (build_callbacks, build_datamodule, build_loggers, build_model, build_module,
-                          build_trainer, count_parameters)
+                          build_trainer, compile_plan, count_parameters)
+from nmt.training.batch_probe import CPU_TOKENS, START, probe_max_tokens, training_step_of
+from nmt.training.compiling import allow_recompiles, compile_counters, compile_summary
+from nmt.data.shapes import bucket, resolve_shapes
 from nmt.training.callbacks import LastCheckpoint, budget_timer, ended_by
 from nmt.cli_io import ending_cleanly
 from nmt.checkpoints.finetune import (INIT_OPTIMIZER, check_architecture, check_init_vocabularies, imported_init,
@@ -54,6 +58,7 @@ from nmt import kernels
 from nmt.kernels.malloc import bound_onednn_cache, keep_freed_memory, release_freed_memory
 from nmt.training.cpu_threads import CpuThreads
 from nmt.machine import cpu_name, resolve_precision, training_device, usable_cores
+from hydra.utils import instantiate
 from nmt.runs.files import CHECKPOINTS, SUMMARY, json_text
 
 log = logging.getLogger(__name__)
@@ -145,6 +150,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """Fit and test one model; returns the metrics logged last (``val/bleu``, ``test/bleu``, ...)."""
     L.seed_everything(cfg.seed, workers=True)
     resolve_precision(cfg)
+    probe = resolve_batches(cfg)
+    plan = compile_plan(cfg)
+    if plan is not None:
+        allow_recompiles()
+    compiled_before = compile_counters() if plan is not None else None
     ckpt_path = resolve_ckpt_path(cfg)
     init = read_init_from(cfg, ckpt_path)
     weights_only = not cfg.get("allow_pickle", False)
@@ -159,6 +169,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if ckpt_path:
         check_resume(ckpt_path, model, datamodule.src_vocab, datamodule.tgt_vocab, not weights_only)
     module = build_module(cfg, model)
+    batch_probe = fit_batch_to_device(cfg, model, module, datamodule) if probe else None
+    accumulate_to_tokens(cfg)
     if init is not None:
         start_from(cfg, init, model, module, datamodule)
         del init  # the weights are copied into the model; the module holds a kept optimizer state until fit
@@ -204,14 +216,81 @@ def train(cfg: DictConfig) -> dict[str, float]:
         log.info("tested %s (step %s)", tested["path"] or "the in-memory weights", tested["step"])
     log.info("metrics: %s", {k: round(v, 4) for k, v in sorted(metrics.items())})
     if trainer.is_global_zero:
+        sampler = getattr(datamodule, "_train_sampler", None)
+        shapes = len(np.unique(sampler.shapes_of_epoch(0), axis=0)) if sampler is not None else None
+        device_use = {"compile": compile_summary(plan, compiled_before, shapes) if compiled_before else None,
+                      "shapes": cfg.data.get("shapes"), "batch_probe": batch_probe}
         write_summary(cfg, module, metrics, seconds, params, trainer, resumed_from=ckpt_path, tested=tested,
-                      ended_by=end)
+                      ended_by=end, device_use=device_use)
         log.info("%s", run_summary(cfg, module, trainer, tested))
     if any(type(logger).__name__ == "WandbLogger" for logger in loggers):
         import wandb
 
         wandb.finish()  # flush, and let the next run of a sweep start its own
     return metrics
+
+
+def resolve_batches(cfg: DictConfig) -> bool:
+    """``data.shapes`` and ``data.max_tokens=auto`` for the training device: shape buckets on a GPU
+    (exact shapes elsewhere); for ``auto``, the probe's starting batch on a GPU (True: probe it,
+    ``fit_batch_to_device``), ``CPU_TOKENS`` on a CPU."""
+    device = training_device(cfg)
+    with open_dict(cfg):
+        cfg.data.shapes = resolve_shapes(str(cfg.data.get("shapes", "exact")), device)
+        if str(cfg.data.get("max_tokens")) != "auto":
+            return False
+        if device != "cuda":
+            log.info("data.max_tokens=auto on a %s: %d tokens a batch (the memory probe runs on GPUs)", device, CPU_TOKENS)
+            cfg.data.max_tokens = CPU_TOKENS
+            return False
+        devices, nodes = str(cfg.trainer.get("devices", 1)), str(cfg.trainer.get("num_nodes", 1))
+        if nodes != "1" or devices not in ("1", "auto", "[0]") or (devices == "auto" and torch.cuda.device_count() > 1):
+            raise ValueError("data.max_tokens=auto probes one GPU, and each process of a multi-GPU run would find its "
+                             "own size: run it once with trainer.devices=1 and set data.max_tokens to the size it logs")
+        cfg.data.max_tokens = START
+        return True
+
+
+def fit_batch_to_device(cfg: DictConfig, model: torch.nn.Module, module: L.LightningModule,
+                        datamodule: L.LightningDataModule) -> dict[str, Any]:
+    """``data.max_tokens=auto`` on a GPU: the largest batch of the longest training pair that a
+    training step fits in memory (``nmt.training.batch_probe``), logged; the training batches are
+    then cut to it. What was found, for the summary."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    lengths = datamodule.datasets["train"].lengths().max(0).astype(int)  # the longest pair, EOS/BOS included
+    widths = (int(bucket(int(lengths[0]))), int(bucket(int(lengths[1])))) if cfg.data.shapes == "buckets" \
+        else (int(lengths[0]), int(lengths[1]))
+    model.to(device).train()
+    step = training_step_of(model, instantiate(cfg.optimizer), lambda batch: module.loss(batch)[0], widths,
+                            (model.src_vocab_size, model.tgt_vocab_size), device, str(cfg.trainer.precision))
+    found = probe_max_tokens(step, device)
+    log.info("data.max_tokens=auto: %d tokens a batch (the largest that fit: %d, at %d x %d tokens the longest "
+             "pair; tries %s)", found["max_tokens"], found["largest_fitting"], *widths,
+             ", ".join(f"{t}{'' if ok else ' (out of memory)'}" for t, ok in found["tries"]))
+    datamodule.set_max_tokens(found["max_tokens"])
+    with open_dict(cfg):
+        cfg.data.max_tokens = found["max_tokens"]
+    return {**found, "widths": list(widths)}
+
+
+def accumulate_to_tokens(cfg: DictConfig) -> None:
+    """``tokens_per_update``: accumulate enough batches of ``data.max_tokens`` (on every process) for
+    an optimizer step to see about that many tokens, as the Transformer's recipe counts its ~25k
+    (Vaswani et al. 2017, sec. 5.1); sets ``trainer.accumulate_grad_batches``, logged."""
+    target = cfg.get("tokens_per_update")
+    if target is None:
+        return
+    devices = cfg.trainer.get("devices", 1)
+    world = int(cfg.trainer.get("num_nodes", 1)) * (int(devices) if str(devices).isdigit() else 1)
+    if isinstance(target, bool) or not isinstance(target, int) or target < 1:
+        raise ValueError(f"tokens_per_update={target}: a positive number of tokens per optimizer step, or null")
+    if cfg.data.get("max_tokens") is None:
+        raise ValueError("tokens_per_update needs batches of data.max_tokens tokens (data.batch_size counts sentences)")
+    steps = max(1, round(target / (int(cfg.data.max_tokens) * world)))
+    with open_dict(cfg):
+        cfg.trainer.accumulate_grad_batches = steps
+    log.info("tokens_per_update=%d: %d batch(es) of %d tokens on %d process(es) per optimizer step (%d tokens)",
+             target, steps, int(cfg.data.max_tokens), world, steps * int(cfg.data.max_tokens) * world)
 
 
 def fit(cfg: DictConfig, trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule,
@@ -287,7 +366,8 @@ def train_wall_seconds(trainer: L.Trainer, fit_seconds: float) -> float:
 
 def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: tuple[float, float], params: int, trainer,
                   resumed_from: str | None = None, stopped_by: str | None = None,
-                  tested: dict[str, Any] | None = None, ended_by: str | None = None) -> None:
+                  tested: dict[str, Any] | None = None, ended_by: str | None = None,
+                  device_use: dict[str, Any] | None = None) -> None:
     """``<run>/summary.json``: what a study or sweep table needs from a run; ``seconds``: this
     call's ``fit`` time and the run's training time (``train_wall_seconds``)."""
     fit_seconds, train_seconds = seconds
@@ -323,6 +403,8 @@ def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: t
         # time on each thread count where other programs shared the CPU (nmt.training.cpu_threads)
         "cpu_threads": next((cb.summary() for cb in trainer.callbacks if isinstance(cb, CpuThreads)), None),
         "metrics": metrics,
+        # data.shapes, what compiling cost (compile) and the batch data.max_tokens=auto found (batch_probe)
+        "device_use": device_use,
     }
     path = Path(cfg.paths.output_dir) / SUMMARY
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -339,8 +421,11 @@ def set_up_process(cfg: DictConfig) -> None:
     """The process-wide settings a training run wants (also ``nmt-distill``'s)."""
     register_resolvers()  # again: a launcher (submitit) may run this in a process of its own
     bound_onednn_cache()
-    if kernels.on_cpu(cfg.kernels, training_device(cfg)):
+    device = training_device(cfg)
+    if kernels.on_cpu(cfg.kernels, device):
         keep_freed_memory()  # the CPU kernels' allocator setting, for the whole process
+    if device == "cuda":  # TF32 matmuls for fp32 (torch's default is full fp32 for matmuls)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(cfg.get("tf32", True))
 
 
 @hydra.main(config_path=CONF_DIR, config_name="train", version_base="1.3")

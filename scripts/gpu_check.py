@@ -9,15 +9,19 @@ whole run:
 
 1. ``env``: GPU, memory, torch/CUDA/cuDNN/Lightning versions; matmul peak FLOP/s in bf16 and fp16
    (``nmt.bench.measure.matmul_peak``), measured in this run.
-2. ``presets``: the four model presets, ``bf16-mixed`` and ``16-mixed`` (loss scaling by
-   Lightning's precision plugin), 200 optimizer steps each on the synthetic data through
-   ``nmt.train.train`` (``trainer=gpu``, no validation, test, logger or checkpoints). A callback
-   (``StepRecorder``) times the batches (CUDA synchronized) and keeps their lengths: steady-state
-   target tokens/s after ``warmup`` batches, model FLOP/s (``nmt.bench.flops.training_flops``
-   on the real batches) against the matmul peak of the same dtype, peak CUDA memory, the final
-   loss, and for ``16-mixed`` the GradScaler's scale at the start and end and the steps it skipped.
-3. ``base``: ``experiment=transformer_base`` in ``bf16-mixed`` the same way (target >= 40% of the
-   peak; the attention LSTMs' target is >= 25%).
+2. ``presets``: the four model presets in ``bf16-mixed``, each eager on exact shapes (the path
+   before the GPU levers: ``compile=false data.shapes=exact``) and compiled on shape buckets
+   (``compile=auto data.shapes=auto``, a GPU run's defaults), the Transformer also with CUDA graphs
+   (``compile=cudagraphs``) and eager in ``32-true`` (what mixed precision saves in memory), 200
+   optimizer steps each on the synthetic data through ``nmt.train.train`` (``trainer=gpu``, no
+   validation, test, logger or checkpoints). A callback (``StepRecorder``) times the batches (CUDA
+   synchronized) and keeps their lengths: steady-state target tokens/s after ``warmup`` batches,
+   model FLOP/s (``nmt.bench.flops.training_flops`` on the real tokens of the batches) against the
+   matmul peak of the same dtype, peak CUDA memory, the final loss, the graphs compiled and the
+   seconds compiling took, the batch shapes of an epoch; and each variant's speed against eager.
+3. ``base``: ``experiment=transformer_base`` in ``bf16-mixed`` the same way, eager, compiled and
+   compiled at the batch ``data.max_tokens=auto`` finds (target >= 30% of the peak; the attention
+   LSTMs' target is >= 25%).
 4. ``sdpa``: a Transformer forward/backward with ``sdpa_kernel`` restricted to one backend at a
    time, SDPA alone per kind of call (padding mask, causal, none), and the attention kernels the
    torch profiler saw in one training step.
@@ -41,9 +45,8 @@ A failing part is recorded (its exception) and the others still run; the report 
 after every part, so a run cut short keeps what it measured.
 
 ``--dry-run`` runs the same code on the CPU, tiny: 16-wide models, 4 steps, a 2,000-pair synthetic
-corpus, results in a temporary folder (or ``--out``). Lightning's ``Trainer(precision='16-mixed')``
-is bf16 on a CPU, so there ``16-mixed`` is Lightning's ``MixedPrecision('16-mixed', 'cpu')``
-plugin: fp16 autocast and a GradScaler do run. On the CPU ``kernels=auto`` means the CPU kernels,
+corpus, results in a temporary folder (or ``--out``); its compiled variants trace the graphs
+(``compile=trace``) instead of generating code. On the CPU ``kernels=auto`` means the CPU kernels,
 so the parity part compares them with the reference path. ``--dry-run --device cuda`` is the tiny
 run on a GPU: a one-minute smoke test of every CUDA call.
 

@@ -104,7 +104,7 @@ EXPERIMENTS = {
                          "model.encoder.num_layers": 6, "model.decoder.num_heads": 8, "model.encoder.ff_size": 2048,
                          "model.encoder.norm": "post", "module.label_smoothing": 0.1, "optimizer.lr": 0.0007,
                          "optimizer.betas": [0.9, 0.98], "scheduler.warmup_steps": 4000, "data.max_tokens": 8192,
-                         "trainer.max_epochs": 100, "trainer.max_steps": -1, "trainer.accumulate_grad_batches": 3},
+                         "trainer.max_epochs": 100, "trainer.max_steps": -1, "tokens_per_update": 25000},
 }
 
 

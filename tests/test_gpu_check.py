@@ -62,17 +62,24 @@ def check_report(report: dict, md: str) -> None:
         assert report["parts"]["env"]["result"][key] > 0
 
     runs = report["parts"]["presets"]["result"]["runs"]
-    assert {(r["model"], r["precision"]) for r in runs} == {
-        (m, p) for m in ("lstm", "lstm_bahdanau", "lstm_luong", "transformer") for p in ("bf16-mixed", "16-mixed")}
-    for r in [*runs, *report["parts"]["base"]["result"]["runs"]]:
+    assert {(r["model"], r["precision"], r["variant"]) for r in runs} == {
+        (m, "bf16-mixed", v) for m in ("lstm", "lstm_bahdanau", "lstm_luong", "transformer") for v in ("eager", "compiled")
+    } | {("transformer", "bf16-mixed", "cudagraphs"), ("transformer", "32-true", "eager")}
+    base_runs = report["parts"]["base"]["result"]["runs"]
+    assert [r["variant"] for r in base_runs] == ["eager", "compiled", "auto batch"]
+    for r in [*runs, *base_runs]:
         assert r["steps"] == report["mode"]["steps"] and r["timed_batches"] >= 1, r
         assert r["tgt_tokens_per_s"] > 0 and r["flops_per_s"] > 0 and 0 < r["peak_fraction"] and r["loss_finite"], r
-        if r["precision"] == "16-mixed" and r["ran_as"] == "16-mixed":
-            assert r["loss_scale"]["end"] > 0 and r["loss_scale"]["skipped_steps"] >= 0, r
+        if r["variant"] == "eager":  # today's path: eager, each batch its own shape
+            assert r["compile"] is None and r["shapes"] == "exact", r
+        else:  # compiled (a dry run traces) on shape buckets: a few graphs for many batches
+            assert r["shapes"] == "buckets" and 1 <= r["compile"]["graphs"] <= 4, r
+            assert 1 <= r["compile"]["batch_shapes_per_epoch"] <= 40, r
     presets, base = table(md, "| model | precision |"), table(md[md.index("## 3."):], "| model | precision |")
-    assert len(presets) == 8 and [row["model"] for row in base] == ["transformer_base"]
+    assert len(presets) == 10 and [row["model"] for row in base] == ["transformer_base"] * 3
     for row in presets + base:
         assert number(row["target tok/s"]) > 0 and number(row["% of peak"]) > 0 and math.isfinite(number(row["final loss"]))
+    assert "Target tokens/s against eager bf16: lstm compiled" in md
 
     sdpa = report["parts"]["sdpa"]["result"]
     assert sdpa["model_forward_backward"]["MATH"] == "ok" and sdpa["backends_ran"]
@@ -114,5 +121,6 @@ def test_tiny_run_on_cuda(tmp_path):
     assert report["parts"]["env"]["result"]["gpu"]
     for r in report["parts"]["presets"]["result"]["runs"]:
         assert r["ran_as"] == r["precision"]
-        assert ("loss_scale" in r) == (r["precision"] == "16-mixed"), r  # the GradScaler of Lightning's plugin
+    probe = report["parts"]["base"]["result"]["runs"][2]["batch_probe"]
+    assert probe["max_tokens"] >= 1024 and probe["tries"], probe
     assert report["parts"]["sdpa"]["result"]["profiled_kernels"], "the profiler saw no attention kernel"

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from nmt.data.shapes import ShapeBuckets, bucket
 from nmt.data.tokenizer import BOS, EOS, PAD
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,9 @@ class TokenBatchSampler(Sampler[list[int]]):
     items_of_epoch: in training mode, a function giving the examples of an epoch (indices, an
         example may repeat) where they change from epoch to epoch (pairs sampled by direction,
         `nmt.data.multilingual.temperature_items`); None: every example once.
+    shapes: batches cut for `collate`'s shape buckets (`nmt.data.shapes`): a batch's width (both
+        sides) is its longest example's length bucket, so a full batch holds `max_tokens // bucket`
+        sentences and the full batches of one bucket share one shape. None: exact widths.
     """
 
     def __init__(self, lengths: Sequence[int] | np.ndarray, max_tokens: int | None = 4096,
@@ -142,7 +146,8 @@ class TokenBatchSampler(Sampler[list[int]]):
                  num_replicas: int = 1, rank: int = 0, drop_last: bool = False,
                  share: Path | None = None,
                  lengths_of_epoch: Callable[[int], np.ndarray] | None = None,
-                 items_of_epoch: Callable[[int], np.ndarray] | None = None) -> None:
+                 items_of_epoch: Callable[[int], np.ndarray] | None = None,
+                 shapes: ShapeBuckets | None = None) -> None:
         if max_tokens is None and batch_size is None:
             raise ValueError("set max_tokens or batch_size")
         if not 0 <= rank < num_replicas:
@@ -160,6 +165,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         self.share = share
         self.lengths_of_epoch = lengths_of_epoch if shuffle else None
         self.items_of_epoch = items_of_epoch if shuffle else None
+        self.shapes = shapes
 
     def replica(self, num_replicas: int, rank: int) -> TokenBatchSampler:
         """This sampler for one DDP rank, sharing the epochs already built."""
@@ -182,7 +188,10 @@ class TokenBatchSampler(Sampler[list[int]]):
                 lengths = lengths if items is None else lengths[items]
                 ties = rng.random(len(lengths)) if self.shuffle else None  # by length, random ties
                 order = length_order(lengths, ties)
-                bounds = batch_bounds(lengths.max(1)[order], self.max_tokens, self.batch_size)
+                widths = lengths.max(1)[order]
+                if self.shapes is not None:  # a batch is as wide as its longest example's bucket
+                    widths = bucket(widths.astype(np.int64))
+                bounds = batch_bounds(widths, self.max_tokens, self.batch_size)
                 order = order if items is None else items[order].astype(order.dtype)
                 ids = rng.permutation(len(bounds) - 1) if self.shuffle else np.arange(len(bounds) - 1)
                 arrays = self._save(epoch, (order, bounds, ids))
@@ -249,14 +258,31 @@ class TokenBatchSampler(Sampler[list[int]]):
         return [order[bounds[i] : bounds[i + 1]].tolist() for i in self.rank_ids(epoch).tolist()]
 
     def padding(self) -> float:
-        """Padded fraction of an epoch's batches, each side padded to its own longest."""
-        order, bounds, _ = self.epoch_arrays()
-        real = padded = 0
-        for side in range(self.lengths.shape[1]):
-            lens = self.lengths[order, side].astype(np.int64)
-            real += int(lens.sum())
-            padded += int((np.maximum.reduceat(lens, bounds[:-1]) * np.diff(bounds)).sum()) if len(lens) else 0
+        """Padded fraction of an epoch's batches, each side padded to its own longest (or, with
+        `shapes`, to its bucket, and the rows to theirs)."""
+        real, padded = self.token_counts()
         return 1.0 - real / padded if padded else 0.0
+
+    def token_counts(self, epoch: int | None = None) -> tuple[int, int]:
+        """(real, padded) tokens of `epoch`'s batches, both sides together."""
+        order = self.epoch_arrays(epoch)[0]
+        shapes = self.shapes_of_epoch(epoch)
+        return int(self.lengths[order].astype(np.int64).sum()), int((shapes[:, :1] * shapes[:, 1:]).sum())
+
+    def shapes_of_epoch(self, epoch: int | None = None) -> np.ndarray:
+        """(B, S[, T]) of every batch of `epoch` as collate pads it: (batches, sides + 1)."""
+        order, bounds, _ = self.epoch_arrays(epoch)
+        if not len(order):
+            return np.zeros((0, 1 + self.lengths.shape[1]), dtype=np.int64)
+        rows = np.diff(bounds)
+        maxima = [np.maximum.reduceat(self.lengths[order, side].astype(np.int64), bounds[:-1])
+                  for side in range(self.lengths.shape[1])]
+        if self.shapes is not None and len(maxima) == 2:
+            width = bucket(np.maximum(*maxima))
+            maxima = [width, width]
+            cap = rows if self.shapes.max_tokens is None else np.maximum(rows, self.shapes.max_tokens // width)
+            rows = np.minimum(bucket(rows), cap)
+        return np.stack([rows, *maxima], axis=1)
 
     def __len__(self) -> int:
         # the same every epoch (ties only swap equal lengths), unless lengths_of_epoch changes them
@@ -384,10 +410,12 @@ class TokenizedSplit(Dataset):
         return np.stack(sides, axis=1) if len({a.dtype for a in sides}) == 1 else np.stack(sides, axis=1).astype(np.int64)
 
 
-def _pad(rows: list[np.ndarray], first: int | None, last: int | None) -> tuple[torch.Tensor, int]:
-    """(B, L) int64 of rows with an optional first/last id, padded with PAD; and the token count."""
+def _pad(rows: list[np.ndarray], first: int | None, last: int | None,
+         width: int | None = None) -> tuple[torch.Tensor, int]:
+    """(B, L) int64 of rows with an optional first/last id, padded with PAD to their longest (or
+    to ``width``); and the token count."""
     lens = [len(r) + (first is not None) + (last is not None) for r in rows]
-    out = np.full((len(rows), max(lens)), PAD, dtype=np.int64)
+    out = np.full((len(rows), max(lens) if width is None else width), PAD, dtype=np.int64)
     shift = int(first is not None)
     for b, r in enumerate(rows):
         if first is not None:
@@ -398,16 +426,31 @@ def _pad(rows: list[np.ndarray], first: int | None, last: int | None) -> tuple[t
     return torch.from_numpy(out), sum(lens)
 
 
-def collate(items: list[tuple[int, np.ndarray, np.ndarray | None]]) -> dict[str, Any]:
+FILLER = np.zeros(0, dtype=np.int64)  # a filler row's sentence: EOS alone (source), BOS then padding (target)
+
+
+def collate(items: list[tuple[int, np.ndarray, np.ndarray | None]], shapes: ShapeBuckets | None = None) -> dict[str, Any]:
     """A batch dict: src (B, S) ids+EOS, src_mask (B, S), tgt_in (B, T) BOS+ids,
-    tgt_out (B, T) ids+EOS, ids (B,), num_src_tokens, num_tgt_tokens; no tgt keys without targets."""
-    src, num_src = _pad([s for _, s, _ in items], None, EOS)
-    batch: dict[str, Any] = {"src": src, "src_mask": src != PAD,
-                             "ids": torch.tensor([i for i, _, _ in items], dtype=torch.long),
-                             "num_src_tokens": num_src}
-    if items and items[0][2] is not None:
-        tgts = [t for _, _, t in items]
-        batch["tgt_in"], num_tgt = _pad(tgts, BOS, None)
-        batch["tgt_out"], _ = _pad(tgts, None, EOS)
-        batch["num_tgt_tokens"] = num_tgt
+    tgt_out (B, T) ids+EOS, ids (B,), num_src_tokens, num_tgt_tokens; no tgt keys without targets.
+
+    ``shapes`` (training batches with targets): S and T padded to one length, the bucket of the
+    longer, and B to its row bucket with filler rows (id -1, ``tgt_out`` all PAD: no target the loss counts);
+    ``num_*_tokens`` count the real sentences' tokens only."""
+    srcs = [s for _, s, _ in items]
+    ids = [i for i, _, _ in items]
+    tgts = [t for _, _, t in items] if items and items[0][2] is not None else None
+    src_width = tgt_width = None
+    if shapes is not None and tgts is not None:  # both sides to one length: few shapes, each its rows
+        src_width = tgt_width = shapes.length(max(max(len(s) for s in srcs), max(len(t) for t in tgts)) + 1)
+        fill = shapes.rows(len(items), src_width) - len(items)
+        srcs, tgts, ids = srcs + [FILLER] * fill, tgts + [FILLER] * fill, ids + [-1] * fill
+    src, num_src = _pad(srcs, None, EOS, src_width)
+    batch: dict[str, Any] = {"src": src, "src_mask": src != PAD, "ids": torch.tensor(ids, dtype=torch.long),
+                             "num_src_tokens": num_src - (len(srcs) - len(items))}
+    if tgts is not None:
+        batch["tgt_in"], num_tgt = _pad(tgts, BOS, None, tgt_width)
+        batch["tgt_out"], _ = _pad(tgts, None, EOS, tgt_width)
+        filler = torch.arange(len(tgts)) >= len(items)
+        batch["tgt_out"][filler] = PAD
+        batch["num_tgt_tokens"] = num_tgt - (len(tgts) - len(items))
     return batch

@@ -34,8 +34,10 @@ from nmt.data.augment import AugmentedSplit, Augmentation
 from nmt.data.batching import TokenBatchSampler, TokenizedSplit, collate
 from nmt.data.multilingual import sampling_changes, temperature_items
 from nmt.data.prepare import SIDES, TextColumn, prepare, read_manifest, select_train, source_sample
+from nmt.data.shapes import SHAPES, ShapeBuckets
 from nmt.data.sources import SPLITS, DataError, plain
 from nmt.data.tokenizer import Tokenizer, options_with_defaults
+from nmt.machine import usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -149,18 +151,21 @@ class TranslationDataModule(L.LightningDataModule):
         pairs it never reads. Training needs all three. train_text: without "train" in `splits`,
         read the training text too, without encoding it (`train_rows` and `raw("train")` then
         give the pairs the config selects by `train_max_words` and `train_pairs`).
+    shapes: training batches padded exactly (`exact`) or to a bounded set of shapes (`buckets`,
+        `nmt.data.shapes`) that compiled graphs reuse; `auto` is resolved by `nmt.train` for the
+        training device (buckets on a GPU), and read as `exact` where nothing resolved it.
     """
 
     def __init__(self, source: Any, tokenizer: dict | DictConfig | None, src_lang: str,
                  tgt_lang: str, max_tokens: int | None = 4096, batch_size: int | None = None,
                  max_src_len: int = 256, max_tgt_len: int = 256, too_long: str = "drop",
-                 src_words: str = "words", num_workers: int = 0, cache_dir: str = ".cache",
+                 src_words: str = "words", num_workers: int | str = 0, cache_dir: str = ".cache",
                  seed: int = 0, eval_max_tokens: int | None = None, train_pairs: int | None = None,
                  train_max_words: int | None = None, vocab_from: str | None = None,
                  vocab_loader: Callable[[str], tuple[Tokenizer, Tokenizer]] | None = None,
                  augment: list | None = None, temperature: float | None = None,
                  val_sample: int | None = None, splits: list[str] | tuple[str, ...] | None = None,
-                 train_text: bool = False) -> None:
+                 train_text: bool = False, shapes: str = "exact") -> None:
         super().__init__()
         self.splits = SPLITS if splits is None else tuple(splits)
         self.text_only = ("train",) if train_text and "train" not in self.splits else ()
@@ -174,6 +179,11 @@ class TranslationDataModule(L.LightningDataModule):
             raise ValueError(f"too_long must be 'drop' or 'truncate', got {too_long!r}")
         if src_words not in writing.SETTINGS:
             raise ValueError(f"data.src_words={src_words!r}: choose {', '.join(writing.SETTINGS)}")
+        if num_workers != "auto" and (isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0):
+            raise ValueError(f"data.num_workers={num_workers!r}: a number of processes (0: none) or auto")
+        if shapes not in SHAPES:
+            raise ValueError(f"data.shapes={shapes}: choose {', '.join(SHAPES)}")
+        self.shapes = shapes  # auto: train() resolves it for the training device; unresolved, exact
         if isinstance(source, (dict, DictConfig)):  # Hydra builds the source (its _target_) before the module
             raise TypeError("source: a data source object, not a mapping; give the source config a _target_ "
                             "(nmt.data.sources.FileSource or SyntheticSource)")
@@ -329,22 +339,45 @@ class TranslationDataModule(L.LightningDataModule):
                    "max_len": [self.max_src_len, self.max_tgt_len], "too_long": self.too_long,
                    "train_max_words": self.train_max_words, "train_pairs": self.train_pairs,
                    **({"augment": self.augmentation.describe()} if self.augmentation else {}),
-                   **({"temperature": self.temperature} if self._sampled() else {})}
+                   **({"temperature": self.temperature} if self._sampled() else {}),
+                   **({"shapes": "buckets"} if self.shapes == "buckets" else {})}
         share = folder / "epochs" / hashlib.blake2b(json.dumps(options).encode(), digest_size=8).hexdigest()
         self._train_items = train if not self.augmentation else AugmentedSplit(
             train, (TextColumn(folder, "train.src"), TextColumn(folder, "train.tgt")),
             (self.src_vocab, self.tgt_vocab), self.augmentation)
+        self._build_train_sampler(share)
+        self.prepare_seconds = time.perf_counter() - start
+        log.info("data ready in %.1fs: %s; training batches %d, padding %.1f%%",
+                 self.prepare_seconds, ", ".join(f"{s} {len(d)}" for s, d in self.datasets.items()),
+                 len(self._train_sampler), 100 * self.train_padding)
+
+    def _build_train_sampler(self, share: Path) -> None:
+        train = self.datasets["train"]
         self._train_sampler = TokenBatchSampler(train.lengths(), self.max_tokens, self.batch_size, seed=self.seed,
                                                 share=share,  # DDP ranks map the epochs rank 0 built
                                                 lengths_of_epoch=getattr(self._train_items, "lengths_of_epoch", None),
                                                 items_of_epoch=functools.partial(
                                                     temperature_items, self.origins["train"], self.temperature,
-                                                    self.seed) if self._sampled() else None)
+                                                    self.seed) if self._sampled() else None,
+                                                shapes=self._shape_buckets())
         self.train_padding = self._train_sampler.padding()  # builds epoch 0, which training reuses
-        self.prepare_seconds = time.perf_counter() - start
-        log.info("data ready in %.1fs: %s; training batches %d, padding %.1f%%",
-                 self.prepare_seconds, ", ".join(f"{s} {len(d)}" for s, d in self.datasets.items()),
+
+    def set_max_tokens(self, max_tokens: int) -> None:
+        """Cut the training batches to ``max_tokens`` from now on (``data.max_tokens=auto``'s probe,
+        before training starts); validation and test keep theirs."""
+        self.setup()
+        assert self._train_sampler is not None, "set_max_tokens needs the training split"
+        self.max_tokens = max_tokens
+        share = self._train_sampler.share
+        if share is not None:  # the epochs of another batch size are others
+            share = share.with_name(f"{share.name}-{max_tokens}")
+        self._build_train_sampler(share)
+        log.info("training batches of at most %d tokens: %d batches, padding %.1f%%", max_tokens,
                  len(self._train_sampler), 100 * self.train_padding)
+
+    def _shape_buckets(self) -> ShapeBuckets | None:
+        """How training batches are padded: to shape buckets (``data.shapes=buckets``), or exactly."""
+        return ShapeBuckets(self.max_tokens) if self.shapes == "buckets" else None
 
     def _sample_valid(self) -> None:
         """The ``valid_sample`` split: ``val_sample`` pairs of valid drawn with the seed (a stream of
@@ -452,14 +485,25 @@ class TranslationDataModule(L.LightningDataModule):
         """Page-locked batches when training on a GPU (copies overlap with compute)."""
         return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
 
+    def _workers(self) -> int:
+        """DataLoader worker processes: ``num_workers``, or for ``auto`` none on a CPU (the cores
+        train) and, on a GPU, up to 4 of this process's share of the cores (one left for it)."""
+        if self.num_workers != "auto":
+            return int(self.num_workers)
+        if not self._pin_memory():
+            return 0
+        per_process = usable_cores() // max(1, self.trainer.num_devices)
+        return max(0, min(4, per_process - 1))
+
     def _generator(self, rank: int) -> torch.Generator:
         """A DataLoader's own generator, seeded from (seed, rank): its iterators draw from it, not from
         the global torch RNG (with batch samplers of their own, nothing else does)."""
         return torch.Generator().manual_seed(int(np.random.SeedSequence([self.seed, rank]).generate_state(1)[0]))
 
     def _loader(self, dataset: TokenizedSplit, sampler: TokenBatchSampler, rank: int) -> DataLoader:
+        workers = self._workers()
         return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate,
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
+                          num_workers=workers, persistent_workers=workers > 0,
                           pin_memory=self._pin_memory(), generator=self._generator(rank))
 
     def train_dataloader(self) -> DataLoader:
@@ -477,8 +521,9 @@ class TranslationDataModule(L.LightningDataModule):
             sampler.shuffle = False  # epoch 0's batches again in every epoch: the same few to overfit
         if self.trainer is not None:
             sampler.set_epoch(self.trainer.current_epoch)
-        return ResumableLoader(dataset, batch_sampler=sampler, collate_fn=collate,
-                               num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
+        workers = self._workers()
+        return ResumableLoader(dataset, batch_sampler=sampler, collate_fn=functools.partial(collate, shapes=sampler.shapes),
+                               num_workers=workers, persistent_workers=workers > 0,
                                pin_memory=self._pin_memory(), generator=self._generator(rank),
                                position=self._position if self.trainer is not None else None,
                                recount=self._recount if self.trainer is not None else None)

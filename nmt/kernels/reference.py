@@ -31,10 +31,19 @@ def lstm_step(x: Tensor, h: Tensor, c: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih:
 class LSTMSteps:
     """An ``nn.LSTM`` stepped one position at a time on its own weights, as the equations read
     (a decoder with a feed, and decoding). ``inputs`` turns the embeddings (B, T, E) into each
-    step's input, ``step`` advances every layer's state by one position."""
+    step's input, ``step`` advances every layer's state by one position. ``of_weights`` builds
+    one from the weights alone (what a compiled step receives: ``torch.compile`` does not trace
+    ``nn.LSTM`` modules)."""
 
     def __init__(self, rnn: nn.LSTM) -> None:
-        self.rnn = rnn
+        self.layers = lstm_weights(rnn)
+        self.dropout, self.training = rnn.dropout, rnn.training
+
+    @classmethod
+    def of_weights(cls, layers: tuple[tuple[Tensor, ...], ...], dropout: float, training: bool) -> "LSTMSteps":
+        steps = cls.__new__(cls)
+        steps.layers, steps.dropout, steps.training = layers, dropout, training
+        return steps
 
     def inputs(self, emb: Tensor) -> tuple[Any, ...]:
         """The embeddings (B, T, E) as T step inputs (unbind: one backward node, no per-step zeros)."""
@@ -44,14 +53,18 @@ class LSTMSteps:
         """One step through every layer, updating the per-layer states ``h``/``c`` (lists of
         (B, H)) in place; the first layer reads ``[x; feed]``. Dropout between layers as in
         ``nn.LSTM``."""
-        rnn = self.rnn
         x = x if feed is None else torch.cat([x, feed], dim=-1)
-        for layer in range(rnn.num_layers):
+        for layer, params in enumerate(self.layers):
             if layer > 0:
-                x = F.dropout(x, rnn.dropout, rnn.training)
-            params = (getattr(rnn, f"{name}_l{layer}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+                x = F.dropout(x, self.dropout, self.training)
             h[layer], c[layer] = lstm_step(x, h[layer], c[layer], *params)
             x = h[layer]
+
+
+def lstm_weights(rnn: nn.LSTM) -> tuple[tuple[Tensor, ...], ...]:
+    """Per layer, ``rnn``'s (weight_ih, weight_hh, bias_ih, bias_hh)."""
+    return tuple(tuple(getattr(rnn, f"{name}_l{layer}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+                 for layer in range(rnn.num_layers))
 
 
 def lstm_call(rnn: nn.LSTM, x: Any, hx: tuple[Tensor, Tensor] | None = None) -> tuple[Any, tuple[Tensor, Tensor]]:

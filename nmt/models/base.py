@@ -175,14 +175,24 @@ class Seq2Seq(nn.Module):
 
     def features(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced decoder states (B, T, H) before the output layer ``decoder.out``: the
-        loss applies that layer to the real target positions only."""
-        return self.decoder.features(tgt_in, self.encode(src, src_mask))
+        loss applies that layer to the real target positions only. In training, the compiled pass
+        where ``compile_features`` made one."""
+        compiled = self.__dict__.get("_compiled_features")
+        if compiled is not None and self.training and torch.is_grad_enabled():
+            return compiled(self, src, src_mask, tgt_in)
+        return teacher_forced(self, src, src_mask, tgt_in)
 
-    def compile_features(self) -> None:
-        """``torch.compile`` the teacher-forced pass (``features``, what the training loss runs),
-        with dynamic shapes since batch and sentence lengths vary; decoding stays eager. Worth it
-        for Transformers; an LSTM's loop over time steps unrolls into a graph per length."""
-        self.features = torch.compile(self.features, dynamic=True)
+    def compile_features(self, dynamic: bool = True, mode: str | None = None, backend: str = "inductor") -> None:
+        """``torch.compile`` the teacher-forced training pass (what the training loss runs);
+        validation and decoding stay eager. ``dynamic=False``: one graph per batch shape (bounded
+        by ``data.shapes=buckets``); ``mode``: torch.compile's (``reduce-overhead``: CUDA graphs);
+        ``backend``: torch.compile's (the tests trace with ``aot_eager``, which generates no code).
+        A decoder with ``compile_step`` (an RNN whose recurrence reads its attention) compiles that
+        step instead: one small graph for every target length rather than a loop unrolled per length."""
+        compile_step = getattr(self.decoder, "compile_step", None)
+        if compile_step is not None and compile_step(dynamic, mode, backend):
+            return
+        self._compiled_features = torch.compile(teacher_forced, dynamic=dynamic, mode=mode, backend=backend)
 
     def alignment_attention(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, layer: int = -1) -> Tensor | None:
         """(B, T, S) attention of each target position over the source, the one word alignments
@@ -201,3 +211,9 @@ class Seq2Seq(nn.Module):
         attention."""
         memory = self.encode(src, src_mask)
         return self.decoder.cross_attention(tgt_in, memory)
+
+
+def teacher_forced(model: Seq2Seq, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
+    """The teacher-forced pass (B, T, H) of ``model``: encode, then run the decoder over ``tgt_in``
+    (a function of the model, so that a compiled copy serves any copy of the model)."""
+    return model.decoder.features(tgt_in, model.encode(src, src_mask))

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.kernels import UsesKernels
+from nmt.kernels.reference import LSTMSteps, lstm_weights
 from nmt.models.dropout import Dropout
 from nmt.specials import PAD
 
@@ -137,6 +138,7 @@ class RNNDecoder(UsesKernels, nn.Module):
             dropout=dropout if num_layers > 1 else 0.0,
             batch_first=True,
         )
+        self.rnn_dropout = self.rnn.dropout  # between layers, as nn.LSTM applies it (the compiled step reads it here)
         self.attention = attention(query_size=hidden_size, key_size=memory_size) if attention else None
         self.fixed_context = attention is None and input_feeding == "context"  # Cho et al. 2014
         with_context = attention is not None or self.fixed_context
@@ -227,12 +229,49 @@ class RNNDecoder(UsesKernels, nn.Module):
             return self._output(h, context), attn
         lstm = self._lstm(memory)
         state = {"h": list(state["h"].unbind(1)), "c": list(state["c"].unbind(1)), "feed": state.get("feed")}
+        compiled = self.__dict__.get("_compiled_step")
+        if compiled is not None and self.training and torch.is_grad_enabled():
+            return self._run_compiled(compiled, emb, memory, state)
         tops, contexts, attns = [], [], []
         for y in lstm.inputs(emb):
             h_top, context, attn = self._step(y, lstm, memory, state)
             # Luong: the output is the feed, computed in the step; Bahdanau: it does not feed
             # back, so the output layer runs once over all steps below.
             tops.append(state["feed"] if self.input_feeding == "attentional" else h_top)
+            contexts.append(context)
+            attns.append(attn)
+        attn = torch.stack(attns, 1)  # (B, T, S)
+        if self.input_feeding == "attentional":
+            return torch.stack(tops, 1), attn
+        return self._output(torch.stack(tops, 1), torch.stack(contexts, 1)), attn
+
+    def compile_step(self, dynamic: bool, mode: str | None, backend: str = "inductor") -> bool:
+        """``torch.compile`` the teacher-forced step of a decoder whose recurrence reads its
+        attention (``Seq2Seq.compile_features``): the step's graph depends on the batch and source
+        shapes only, not on the target length. False (nothing compiled) for a decoder that runs
+        ``nn.LSTM`` over the whole sequence, whose pass compiles whole."""
+        if self.attention is None or self.input_feeding == "none":
+            return False
+        self._compiled_step = torch.compile(_feed_step, dynamic=dynamic, mode=mode, backend=backend)
+        return True
+
+    def _run_compiled(self, compiled: Callable[..., Any], emb: Tensor, memory: dict[str, Any],
+                      state: dict[str, Any]) -> tuple[Tensor, Tensor]:
+        """``_run``'s loop over the target positions of ``emb`` (B, T, E), a compiled step each (the
+        LSTM as the reference equations read, on ``self.rnn``'s weights)."""
+        h, c = (tuple(t.contiguous() for t in state[k]) for k in ("h", "c"))  # every step's states alike
+        feed, weights = state["feed"], lstm_weights(self.rnn)
+        if feed is not None:  # Luong's first feed (zeros) as every later one (dtype, gradient): one graph for all steps
+            device = feed.device.type
+            dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else feed.dtype
+            feed = feed.detach().to(dtype).requires_grad_()
+        tops, contexts, attns = [], [], []
+        for y in emb.unbind(1):
+            top, context, attn, h, c, feed = compiled(self, weights, y, h, c, feed, memory["keys"], memory["enc_out"],
+                                                      memory["src_mask"])
+            if self.input_feeding == "context":  # Bahdanau's step computes its feed (the context) first
+                feed = None
+            tops.append(top)
             contexts.append(context)
             attns.append(attn)
         attn = torch.stack(attns, 1)  # (B, T, S)
@@ -250,3 +289,18 @@ class RNNDecoder(UsesKernels, nn.Module):
     def cross_attention(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> Tensor | None:
         attn = self._run(tgt_in, memory)[1]
         return None if attn is None else attn[:, None, None]  # (B, 1, 1, T, S)
+
+
+def _feed_step(decoder: RNNDecoder, weights: tuple[tuple[Tensor, ...], ...], y: Tensor, h: tuple[Tensor, ...],
+               c: tuple[Tensor, ...], feed: Tensor | None, keys: Tensor, values: Tensor,
+               src_mask: Tensor) -> tuple[Any, ...]:
+    """``RNNDecoder._step`` on tensors (what ``torch.compile`` traces once per shape): the LSTM's
+    per-layer weights, the previous word's embedding y (B, E), per-layer states (B, H), the feed
+    and the attention memory -> the step's output (the feed for Luong, the top state for
+    Bahdanau), context, attention, new states and feed."""
+    memory = {"keys": keys, "enc_out": values, "src_mask": src_mask}
+    lstm = LSTMSteps.of_weights(weights, decoder.rnn_dropout, decoder.training)
+    state = {"h": list(h), "c": list(c), "feed": feed}
+    h_top, context, attn = decoder._step(y, lstm, memory, state)
+    top = state["feed"] if decoder.input_feeding == "attentional" else h_top
+    return top, context, attn, tuple(state["h"]), tuple(state["c"]), state["feed"]

@@ -22,6 +22,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint, ProgressBar
 
 from nmt.training.callbacks import ScheduleHorizon
+from nmt.training.compiling import CompilePlan, resolve_compile
+from nmt.machine import training_device
 from nmt.checkpoints.files import saved_vocabularies
 from nmt.decoding.search import search_of
 from nmt.decoding.settings import SearchSettings
@@ -49,9 +51,15 @@ def build_model(cfg: DictConfig, src_vocab_size: int, tgt_vocab_size: int) -> to
         cfg.model.src_vocab_size = src_vocab_size
         cfg.model.tgt_vocab_size = tgt_vocab_size
     model = instantiate(cfg.model).set_kernels(cfg.get("kernels", "auto"))
-    if cfg.get("compile"):
-        model.compile_features()
+    plan = compile_plan(cfg)
+    if plan is not None:
+        model.compile_features(plan.dynamic, plan.mode, plan.backend)
     return model
+
+
+def compile_plan(cfg: DictConfig) -> CompilePlan | None:
+    """How ``cfg.compile`` compiles the training pass on the run's device and batch shapes."""
+    return resolve_compile(cfg.get("compile", "false"), training_device(cfg), cfg.data.get("shapes", "exact"))
 
 
 def build_module(cfg: DictConfig, model: torch.nn.Module) -> L.LightningModule:

@@ -36,24 +36,34 @@ def _status(report: dict[str, Any], key: str) -> tuple[dict[str, Any], list[str]
 
 
 def _training_table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["| model | precision | steps (batches) | target tok/s | tok/s (src+tgt) | ms per batch | model TFLOP/s | % of peak "
-             "| target | peak MB | final loss | loss scale start -> end (skipped steps) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"]
+    lines = ["| model | precision | variant | steps (batches) | target tok/s | tok/s (src+tgt) | ms per batch | model TFLOP/s "
+             "| % of peak | target | peak MB | final loss | max_tokens | graphs compiled (s) | shapes an epoch |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:
+        variant = r.get("variant", "eager")
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['precision']} | {r['error']} |" + " |" * 9)
+            lines.append(f"| {r['model']} | {r['precision']} | {variant} | {r['error']} |" + " |" * 11)
             continue
         target = (f"{pct(r['target_fraction'])}: {'met' if r['target_met'] else 'not met'}" if "target_fraction" in r else "")
-        scale = ""
-        if "loss_scale" in r:
-            s = r["loss_scale"]
-            scale = f"{s['start']:g} -> {s['end']:g} ({s['skipped_steps']})"
         precision = r["precision"] + (f" (ran as {r['ran_as']})" if r.get("ran_as", r["precision"]) != r["precision"] else "")
-        lines.append(f"| {r['model']} | {precision} | {r['steps']} ({r['batches']}) | {_num(r['tgt_tokens_per_s'])} | "
+        compiled = r.get("compile") or {}
+        graphs = f"{compiled['graphs']} ({compiled['seconds']:.0f})" if compiled else ""
+        shapes = compiled.get("batch_shapes_per_epoch") if compiled else None
+        lines.append(f"| {r['model']} | {precision} | {variant} | {r['steps']} ({r['batches']}) | {_num(r['tgt_tokens_per_s'])} | "
                      f"{_num(r['tokens_per_s'])} | {_num(r['batch_ms'], '.1f')} | {_tflops(r['flops_per_s'])} | "
-                     f"{pct(r['peak_fraction'])} | {target} | {_num(r['peak_mb'])} | {_num(r['final_loss'], '.3f')} | {scale} |")
+                     f"{pct(r['peak_fraction'])} | {target} | {_num(r['peak_mb'])} | {_num(r['final_loss'], '.3f')} | "
+                     f"{_num(r.get('max_tokens'))} | {graphs} | {'' if shapes is None else shapes} |")
     notes = [f"- {r['model']} {r['precision']}: {r['note']}" for r in rows if r.get("note")]
-    return lines + (["", *notes] if notes else [])
+    return lines + (["", *notes] if notes else []) + _speedups(rows)
+
+
+def _speedups(rows: list[dict[str, Any]]) -> list[str]:
+    """Target tokens/s of each variant against the same model's eager bf16 run."""
+    eager = {r["model"]: r["tgt_tokens_per_s"] for r in rows
+             if "error" not in r and r.get("variant", "eager") == "eager" and r["precision"] == "bf16-mixed"}
+    ratios = [f"{r['model']} {r['variant']} {r['tgt_tokens_per_s'] / eager[r['model']]:.2f}x" for r in rows
+              if "error" not in r and r.get("variant", "eager") != "eager" and eager.get(r["model"])]
+    return ["", "Target tokens/s against eager bf16: " + ", ".join(ratios) + "."] if ratios else []
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -64,9 +74,8 @@ def markdown(report: dict[str, Any]) -> str:
              f"Every number is in the JSON file next to this one; `scripts/gpu_check.py` says how each is measured.", ""]
     if report["dry_run"]:
         lines += ["A dry run: the code of the GPU run on tiny models and data; its speeds and targets mean nothing."
-                  + (" On a CPU, 16-mixed is Lightning's `MixedPrecision('16-mixed', 'cpu')` plugin (fp16 autocast and a "
-                     "GradScaler), as `Trainer(precision='16-mixed')` would be bf16 there, and the parity part compares "
-                     "the CPU kernels (`kernels=auto`) with the reference path." if report["mode"]["device"] == "cpu" else ""), ""]
+                  + (" On a CPU the parity part compares the CPU kernels (`kernels=auto`) with the reference path."
+                     if report["mode"]["device"] == "cpu" else ""), ""]
 
     lines += ["## 1. Environment", ""]
     result, head = _status(report, "env")
@@ -85,17 +94,20 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["Data: " + (", ".join(f"{k} {v}" for k, v in data.items()) if data else " ".join(head)), ""]
 
     steps = report["mode"]["steps"]
-    lines += ["## 2. Presets in bf16-mixed and 16-mixed", "",
+    lines += ["## 2. Presets: eager and compiled", "",
               f"`nmt.train.train` with `trainer={'gpu' if report['mode']['device'] == 'cuda' else 'cpu'}`, {steps} optimizer "
               "steps (Lightning's `max_time` may stop it sooner), no "
               f"validation, test, logger or checkpoints; timed after the first {report['mode']['warmup']} batches, data "
               "loading included. Model FLOPs: `nmt.bench.flops.training_flops` on the timed batches' real tokens; "
-              "% of the matmul peak of the same dtype (fp16 for 16-mixed).", ""]
+              "% of the matmul peak of the same dtype. Variants: `eager` (`compile=false data.shapes=exact`, the path "
+              "before the GPU levers), `compiled` (`compile=auto data.shapes=auto`: a GPU run's defaults), `cudagraphs` "
+              "(`compile=cudagraphs`), `auto batch` (`data.max_tokens=auto`); a dry run traces (`compile=trace`).", ""]
     result, head = _status(report, "presets")
     lines += head + (_training_table(result["runs"]) if result.get("runs") else []) + [""]
 
-    lines += ["## 3. transformer_base in bf16-mixed", "",
-              "`experiment=transformer_base`: 6+6 layers, 512 wide, 8,192-token batches, 3 accumulated per optimizer step"
+    lines += ["## 3. transformer_base: eager, compiled and the automatic batch", "",
+              "`experiment=transformer_base`: 6+6 layers, 512 wide, batches accumulated to ~25,000 tokens per optimizer step "
+              "(`tokens_per_update`: 3 of 8,192 tokens, or as many of the batch `data.max_tokens=auto` finds)"
               + (" (a dry run shrinks the layers, width and batches)." if report["dry_run"] else "."), ""]
     result, head = _status(report, "base")
     lines += head + (_training_table(result["runs"]) if result.get("runs") else []) + [""]
