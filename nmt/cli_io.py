@@ -26,18 +26,20 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import signal
 import stat
 import sys
 import tempfile
 import threading
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 PACKAGE = Path(__file__).resolve().parent
+T = TypeVar("T")
 EXIT_ERROR = 1
 FULL = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})  # a write failed for want of space
 
@@ -278,6 +280,18 @@ def _say(line: str) -> None:
         pass
 
 
+def configured(build: Callable[[], T]) -> T:
+    """``build()`` (a Hydra ``instantiate``), a config value it finds missing (``???``) turned into a
+    one-line ValueError naming the key."""
+    from omegaconf.errors import MissingMandatoryValue
+
+    try:
+        return build()
+    except MissingMandatoryValue as e:
+        key = getattr(e, "full_key", None) or str(e).splitlines()[0]
+        raise ValueError(f"{key}: no value (???); set it, e.g. {key}=<value>") from None
+
+
 @contextmanager
 def ending_cleanly() -> Iterator[None]:
     """Turn a signal, a closed stdout or a user's error in the block into an exit status (above)."""
@@ -303,3 +317,23 @@ def ending_cleanly() -> Iterator[None]:
         message = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else e
         _say(f"error: {message}")
         raise SystemExit(EXIT_ERROR) from None
+    except Exception as e:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1" or (line := instantiation_error(e)) is None:
+            raise
+        _say(f"error: {line}")
+        raise SystemExit(EXIT_ERROR) from None
+
+
+def instantiation_error(error: BaseException) -> str | None:
+    """``<config key>: <message>`` for Hydra's error building one of nmt's classes from a config
+    whose value it refused in one line (a ValueError raised in nmt's code, e.g. ``num_heads=0``),
+    else None (a bug keeps its traceback)."""
+    cause = error.__cause__
+    if type(error).__name__ != "InstantiationException" or not isinstance(cause, ValueError) or not (
+            raised_in_nmt(cause) or "Error in call to target 'nmt." in str(error)):  # nmt's class, torch's check
+        return None
+    key = re.search(r"full_key: (\S+)", str(error))
+    text = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+    if key is None:
+        return text
+    return f"{key.group(1)}.{text}" if re.match(r"\w+=", text) else f"{key.group(1)}: {text}"

@@ -68,6 +68,16 @@ def load_data(data_cfg: DictConfig | dict, source: str | None = None, split: str
 
 
 SPLITS = ("test", "valid")  # what evaluate may translate and score
+MAX_RESAMPLES = 100_000
+
+
+def resamples(value: object, key: str) -> int:
+    """A number of bootstrap resamples (0: off), or a one-line ValueError naming ``key``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RESAMPLES:
+        raise ValueError(f"{key}={value!r}: a number of bootstrap resamples from 0 (off) to {MAX_RESAMPLES:,}")
+    return value
+
+
 def main() -> None:
     """``nmt-evaluate``, ``python evaluate.py``: the config resolvers, then Hydra composes and runs ``run``."""
     register_resolvers()
@@ -94,6 +104,8 @@ def evaluate(cfg: DictConfig) -> None:
     hyp_files = dict(cfg.hyps or {})
     if not ckpts and not hyp_files:
         raise ValueError("nothing to evaluate: set ckpts=[<file>.ckpt, ...] and/or hyps={name: file, ...}")
+    for key in ("n_bootstrap", "significance.bootstrap"):
+        resamples(OmegaConf.select(cfg, key), key)
     split_name = str(cfg.get("split", "test"))
     if split_name not in SPLITS:
         raise ValueError(f"split={split_name}: choose one of {', '.join(SPLITS)} (tune on valid, read test once)")

@@ -78,3 +78,112 @@ def test_translate_and_serve_refuse_such_a_file_in_one_line(tmp_path, capsys):
     assert finished.stderr.strip().splitlines()[-1].startswith(f"error: {path}: its src tokenizer has 1,157 pieces")
     with pytest.raises(CheckpointError, match="its src tokenizer has 1,157 pieces"):
         load(serve_cfg(path, "batching.process=false"))
+
+
+# --- item 10 and 11: values a user types ----------------------------------------------------------
+@pytest.mark.parametrize("decoding, message", [
+    ({"beam_size": 100000}, "decoding.beam_size=100000: must be from 1 to 256"),
+    ({"max_len_b": 1000000000}, "decoding.max_len_b=1000000000: must be from 0 to 10,000"),
+    ({"max_len_a": float("inf")}, "decoding.max_len_a=inf: give a finite number"),
+    ({"alpha": float("nan")}, "decoding.alpha=nan: give a finite number"),
+    ({"_target_": "nmt.decoding.search.sample_search", "temperature": float("nan")},
+     "decoding.temperature=nan: give a finite number"),
+    ({"_target_": "nmt.decoding.search.sample_search", "top_p": 0}, "decoding.top_p=0: must be above 0 and at most 1 "
+                                                                     "(1: every token)"),
+    ({"_target_": "nmt.decoding.search.sample_search", "top_k": -1}, "decoding.top_k=-1: must be from 0 to 1,048,576"),
+], ids=["beam_size", "max_len_b", "max_len_a", "alpha", "temperature", "top_p", "top_k"])
+def test_decoding_values_are_bounded_before_any_allocation(decoding, message):
+    """beam_size=100000 took 6.6 GB before an allocation error, max_len_b=10^9 asked for 160 GB,
+    temperature=nan and alpha=nan wrote empty lines with exit 0."""
+    from nmt.decoding.settings import SearchSettings
+
+    with pytest.raises(ValueError) as raised:
+        SearchSettings.from_config({"_target_": "nmt.decoding.search.beam_search", **decoding})
+    assert str(raised.value) == message
+
+
+def test_translate_refuses_a_nan_temperature_in_one_line(capsys):
+    finished = translate_here(capsys, f"ckpt={SAVED}", "input=/dev/null", "decoding=sample", "decoding.temperature=nan")
+    assert finished.returncode == 1 and "Traceback" not in finished.stderr
+    assert finished.stderr.strip().splitlines()[-1] == "error: decoding.temperature=nan: give a finite number"
+
+
+def test_a_dollar_piece_is_drawn_as_it_is(tmp_path):
+    """A target piece ``$^^$`` was a matplotlib math-text parse error when its heatmap was drawn."""
+    from nmt.evaluation.plots import literal, plot_attention
+
+    assert literal("$^^$") == r"\$^^\$"
+    path = plot_attention([[0.5, 0.5], [1.0, 0.0]], ["$^^$", "a$"], ["$x$", "$^^$"], tmp_path / "h.png")
+    assert path.stat().st_size > 0
+
+
+@pytest.mark.parametrize("key", ["n_bootstrap", "significance.bootstrap"])
+def test_a_negative_number_of_resamples_is_refused_in_one_line(tmp_path, capsys, key):
+    from tests.conftest import evaluate_here
+
+    finished = evaluate_here(capsys, tmp_path, f"ckpts=[{SAVED}]", f"{key}=-1")
+    assert finished.returncode == 1 and "Traceback" not in finished.stderr
+    assert finished.stderr.strip().splitlines()[-1] == (f"error: {key}=-1: a number of bootstrap resamples from 0 (off) "
+                                                        "to 100,000")
+
+
+def test_an_export_over_a_dangling_symbolic_link_is_refused_in_one_line(tmp_path):
+    from nmt.exporters.folder import check_free
+
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "nowhere" / "x")
+    with pytest.raises(FileExistsError) as raised:
+        check_free(link)
+    assert str(raised.value) == (f"{link} is a symbolic link to {tmp_path / 'nowhere' / 'x'}, which does not exist: give "
+                                 "the path of a new or empty folder")
+
+
+@pytest.mark.parametrize("model, override, line", [
+    ("transformer", "model.encoder.num_heads=0", "error: model.encoder.num_heads=0: must be a whole number of at least 1"),
+    ("transformer", "model.decoder.num_layers=-1", "error: model.decoder.num_layers=-1: must be a whole number of at "
+                                                   "least 1"),
+    ("transformer", "model.hidden_size=15", "error: model.encoder.hidden_size=15: must be a multiple of num_heads (2)"),
+    ("transformer", "model.encoder.num_heads=15", "error: model.encoder.hidden_size=15: sinusoidal positions need an "
+                                                  "even hidden_size"),
+    ("lstm_luong", "model.decoder.num_layers=-1", "error: model.decoder: num_layers must be greater than zero"),
+], ids=["num_heads", "num_layers", "hidden_size", "odd", "lstm-layers"])
+def test_model_sizes_that_cannot_build_are_one_line_naming_the_key(tmp_path, capsys, model, override, line):
+    """They were Hydra's multi-line 'Error in call to target' around a ZeroDivisionError, an
+    UnboundLocalError or a tensor-size RuntimeError, naming no key."""
+    from hydra.utils import instantiate
+    from omegaconf import open_dict
+
+    from nmt.cli_io import ending_cleanly
+    from tests.conftest import captured, compose_train
+
+    overrides = [override, "model.hidden_size=15"] if override.endswith("num_heads=15") else [override]
+    cfg = compose_train(tmp_path, overrides, model=model)
+    with open_dict(cfg):
+        cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = 64
+
+    def body() -> None:
+        with ending_cleanly():
+            instantiate(cfg.model)
+
+    finished = captured(capsys, body)
+    assert finished.returncode == 1 and "Traceback" not in finished.stderr
+    assert finished.stderr.strip().splitlines() == [line]
+
+
+def test_corpus_statistics_name_a_missing_folder_in_one_line(tmp_path, capsys):
+    """nmt.data.stats printed the data module's traceback above its correct message."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from nmt.data import stats
+    from tests.conftest import CONF_DIR, captured
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("stats", overrides=["data=files", f"data.source.path={tmp_path / 'none'}", "data.src_lang=de",
+                                          "data.tgt_lang=en", f"paths.cache_dir={tmp_path}"])
+    finished = captured(capsys, lambda: stats.run.__wrapped__(cfg))
+    assert finished.returncode == 1 and "Traceback" not in finished.stderr
+    assert finished.stderr.strip().splitlines() == [f"error: data folder {tmp_path / 'none'} does not exist; set "
+                                                    "data.source.path or NMT_DATA_DIR (the folder that holds the corpus "
+                                                    "folders)"]

@@ -495,9 +495,12 @@ def main() -> None:
 
     from nmt import CONF_DIR, register_resolvers
 
+    from nmt.cli_io import configured, ending_cleanly
+
     @hydra.main(config_path=CONF_DIR, config_name="prepare", version_base="1.3")
+    @ending_cleanly()  # a missing folder, a bad key: one line on stderr, status 1
     def run(cfg: DictConfig) -> None:
-        dm = instantiate(cfg.data, vocab_loader=instantiate(cfg.vocab_loader))  # the config names the reader
+        dm = configured(lambda: instantiate(cfg.data, vocab_loader=instantiate(cfg.vocab_loader)))  # the config names the reader
         dm.prepare_data(workers=cfg.get("workers"))
         manifest = read_manifest(dm.prepared_dir)
         log.info("prepared data in %s\n%s", dm.prepared_dir, json.dumps(manifest["splits"], indent=1))

@@ -14,6 +14,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from nmt import CONF_DIR, register_resolvers
+from nmt.cli_io import configured, ending_cleanly
 from nmt.data.datamodule import TranslationDataModule
 from nmt.data.sources import SPLITS
 
@@ -74,8 +75,9 @@ def main() -> None:
 
 
 @hydra.main(config_path=CONF_DIR, config_name="stats", version_base="1.3")
+@ending_cleanly()  # a missing folder, a bad key: one line on stderr, status 1
 def run(cfg: DictConfig) -> None:
-    dm: TranslationDataModule = instantiate(cfg.data, vocab_loader=instantiate(cfg.vocab_loader))  # the config names the reader
+    dm: TranslationDataModule = configured(lambda: instantiate(cfg.data, vocab_loader=instantiate(cfg.vocab_loader)))
     dm.setup()
     log.info("corpus statistics\n%s", report(dm))
 

@@ -5,6 +5,7 @@ them, the CTranslate2 one its ``translate_batch`` options. No torch here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -13,6 +14,13 @@ DEFAULT_ALPHA = 0.6  # the GNMT length penalty of a model whose run did not choo
 SEARCHES = {"nmt.decoding.search.beam_search": "beam", "nmt.decoding.search.greedy_search": "greedy",
             "nmt.decoding.search.sample_search": "sample"}
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "seed")
+# What a user may type, checked before any allocation: key -> (type, lowest, highest). Searches keep
+# a (sentences x beam x steps) table of tokens, so a beam of 100,000 or a cap of 10^9 steps would be
+# gigabytes allocated before the first step.
+BOUNDS: dict[str, tuple[type, float, float]] = {
+    "beam_size": (int, 1, 256), "nbest": (int, 1, 256), "alpha": (float, 0.0, 10.0), "max_len_a": (float, 0.0, 100.0),
+    "max_len_b": (int, 0, 10_000), "temperature": (float, 0.0, 100.0), "top_k": (int, 0, 1 << 20),
+    "top_p": (float, 0.0, 1.0), "seed": (int, 0, (1 << 63) - 1)}
 KEYS = {"beam": ("beam_size", "alpha", "nbest", "max_len_a", "max_len_b", "alignments"),
         "greedy": ("max_len_a", "max_len_b", "alignments"), "sample": ("max_len_a", "max_len_b", "alignments", *SAMPLING_KEYS)}
 
@@ -45,13 +53,14 @@ class SearchSettings:
             raise ValueError(f"decoding.{unknown[0]}: not an option of {search} search "
                              f"(its options: {', '.join(KEYS[search])})")
         values: dict[str, Any] = {"search": search}
-        for key, kind in (("beam_size", int), ("nbest", int), ("alpha", float), ("max_len_a", float),
-                          ("max_len_b", int)):
+        for key in ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b"):
             if decoding.get(key) is not None:
-                values[key] = _number(decoding[key], kind, f"decoding.{key}")
+                values[key] = bounded(decoding[key], key)
         if search != "beam":
             values["beam_size"] = 1
-        sampling = {k: decoding[k] for k in SAMPLING_KEYS if k in decoding}
+        sampling = {k: bounded(decoding[k], k) for k in SAMPLING_KEYS if k in decoding}
+        if "top_p" in sampling and sampling["top_p"] == 0:
+            raise ValueError("decoding.top_p=0: must be above 0 and at most 1 (1: every token)")
         alignments = decoding.get("alignments", False)
         if not isinstance(alignments, bool):
             raise ValueError(f"decoding.alignments={alignments!r}: give true or false")
@@ -80,6 +89,16 @@ class SearchSettings:
 
 
 def _number(value: Any, kind: type, key: str) -> int | float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
-        raise ValueError(f"{key}={value!r}: give a{'n integer' if kind is int else ' number'}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (
+            kind is int and value != int(value)):
+        raise ValueError(f"{key}={value!r}: give a{'n integer' if kind is int else ' finite number'}")
     return kind(value)
+
+
+def bounded(value: Any, key: str) -> int | float:
+    """``decoding.<key>``'s value, of its type and within its ``BOUNDS``, or a one-line ValueError naming it."""
+    kind, low, high = BOUNDS[key]
+    number = _number(value, kind, f"decoding.{key}")
+    if not low <= number <= high:
+        raise ValueError(f"decoding.{key}={value!r}: must be from {low:,} to {high:,}")
+    return number

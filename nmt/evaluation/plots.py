@@ -21,14 +21,20 @@ def figure(width: float, height: float) -> tuple[Figure, Axes]:
     return fig, fig.add_subplot()
 
 
+def literal(text: str) -> str:
+    """``text`` drawn as it is: a ``$`` would start matplotlib's math mode (a piece ``$^^$`` is a
+    parse error, ``$x$`` a formula)."""
+    return text.replace("$", r"\$")
+
+
 def plot_attention(attn, src_pieces: list[str], tgt_pieces: list[str], path: str | Path, title: str = "") -> Path:
     """Save a heatmap of ``attn`` (T target pieces x S source pieces; nested lists or an array) as PNG."""
     attn = np.asarray(attn, dtype=np.float32)
     rows, cols = attn.shape
     fig, ax = figure(max(4.0, 0.3 * cols + 1.5), max(3.0, 0.3 * rows + 1.2))
     ax.imshow(attn, cmap="Greys", aspect="auto", vmin=0.0, vmax=max(float(attn.max()), 1e-6))
-    ax.set_xticks(range(cols), src_pieces[:cols], rotation=90, fontsize=7)
-    ax.set_yticks(range(rows), tgt_pieces[:rows], fontsize=7)
+    ax.set_xticks(range(cols), [literal(p) for p in src_pieces[:cols]], rotation=90, fontsize=7)
+    ax.set_yticks(range(rows), [literal(p) for p in tgt_pieces[:rows]], fontsize=7)
     ax.set_xlabel("source")
     ax.set_ylabel("output")
     return save(fig, ax, path, title)

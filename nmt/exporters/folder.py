@@ -14,7 +14,13 @@ from nmt.cli_io import FULL, current_umask, write_failure
 
 
 def check_free(out_dir: Path) -> None:
-    """FileExistsError unless ``out_dir`` is absent or an empty folder."""
+    """FileExistsError unless ``out_dir`` is absent or an empty folder (not a symbolic link, even
+    one to an empty folder or to nothing: the finished folder could not be renamed over it)."""
+    if out_dir.is_symlink():
+        target = out_dir.readlink()
+        what = "" if out_dir.exists() else ", which does not exist"
+        raise FileExistsError(f"{out_dir} is a symbolic link to {target}{what}: give the path of a new or empty "
+                              "folder")
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise FileExistsError(f"{out_dir} exists and is not empty: remove it or export elsewhere")
 

@@ -286,6 +286,22 @@ def _patterns(part: str, layers: nn.ModuleList, attention: str | None, max_len: 
     return "full" if pattern is None else pattern.name
 
 
+def check_sizes(hidden_size: int, num_layers: int, num_heads: int, ff_size: int, max_len: int, positions: str) -> None:
+    """A one-line ValueError naming the argument (the config key of the encoder or decoder) whose
+    value cannot build a Transformer: a count below 1, a hidden size the heads do not divide, or an
+    odd size that sinusoidal or rotary positions cannot take."""
+    for key, value in (("num_layers", num_layers), ("num_heads", num_heads), ("hidden_size", hidden_size),
+                       ("ff_size", ff_size), ("max_len", max_len)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key}={value!r}: must be a whole number of at least 1")
+    if hidden_size % num_heads:
+        raise ValueError(f"hidden_size={hidden_size}: must be a multiple of num_heads ({num_heads})")
+    size, what = (hidden_size // num_heads, "a head's size (hidden_size / num_heads)") if positions == "rope" else (
+        hidden_size, "hidden_size")
+    if positions in ("sinusoidal", "rope") and size % 2:
+        raise ValueError(f"hidden_size={hidden_size}: {positions} positions need an even {what}")
+
+
 class TransformerEncoder(nn.Module):
     def __init__(
         self,
@@ -312,6 +328,7 @@ class TransformerEncoder(nn.Module):
         activation: str = "relu",
     ) -> None:
         super().__init__()
+        check_sizes(hidden_size, num_layers, num_heads, ff_size, max_len, positions)
         if position_shift < 0:
             raise ValueError(f"position_shift must be >= 0, got {position_shift}")
         rotary = Rotary(hidden_size // num_heads, max_len) if positions == "rope" else None
@@ -369,6 +386,7 @@ class TransformerDecoder(nn.Module):
         logits_bias: bool = False,
     ) -> None:
         super().__init__()
+        check_sizes(hidden_size, num_layers, num_heads, ff_size, max_len, positions)
         rotary = Rotary(hidden_size // num_heads, max_len) if positions == "rope" else None
         self.embed_tokens = _Embedding(vocab_size, hidden_size, dropout, positions, max_len)
         self.embed = self.embed_tokens.embed
