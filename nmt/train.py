@@ -100,6 +100,7 @@ def read_init_from(cfg: DictConfig, ckpt_path: str | None) -> dict[str, Any] | N
         with open_dict(cfg):
             cfg.init_from, cfg.model = path, OmegaConf.create(imported_model["model"])
             cfg.data.tokenizer.joint = imported_model["joint"]
+            cfg.module.report_name = "marian"  # the system's name in the test report (not the replaced preset's)
     if cfg.data.get("vocab_from") is None:
         with open_dict(cfg):
             cfg.data.vocab_from = path
