@@ -187,3 +187,28 @@ def test_corpus_statistics_name_a_missing_folder_in_one_line(tmp_path, capsys):
     assert finished.stderr.strip().splitlines() == [f"error: data folder {tmp_path / 'none'} does not exist; set "
                                                     "data.source.path or NMT_DATA_DIR (the folder that holds the corpus "
                                                     "folders)"]
+
+
+# --- item 7: batch sizes --------------------------------------------------------------------------
+@pytest.mark.parametrize("override, line", [
+    ("data.batch_size=0", "error: data.batch_size=0: a positive whole number of sentences a batch, or null (batches of "
+                          "data.max_tokens tokens only)"),
+    ("data.batch_size=-1", "error: data.batch_size=-1: a positive whole number of sentences a batch, or null (batches "
+                           "of data.max_tokens tokens only)"),
+    ("data.max_tokens=0", "error: data.max_tokens=0: a positive whole number of tokens a batch"),
+], ids=["batch_size=0", "batch_size=-1", "max_tokens=0"])
+def test_a_batch_size_below_one_is_refused_before_training(tmp_path, capsys, override, line):
+    """data.batch_size=0 hung training with memory growing; -1 failed inside NumPy naming no key."""
+    from nmt.cli_io import ending_cleanly
+    from nmt.train import train
+    from tests.conftest import captured, compose_train
+
+    cfg = compose_train(tmp_path, [override, "test=false"])
+
+    def body() -> None:
+        with ending_cleanly():
+            train(cfg)
+
+    finished = captured(capsys, body)
+    assert finished.returncode == 1 and "Traceback" not in finished.stderr
+    assert finished.stderr.strip().splitlines()[-1] == line

@@ -206,6 +206,16 @@ class TranslationDataModule(L.LightningDataModule):
         self.val_sample = val_sample
         self.val_split = "valid"  # what validation decodes: "valid", or "valid_sample" (see val_sample)
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
+        sizes = {"max_tokens": (max_tokens, "tokens a batch"),
+                 "eval_max_tokens": (eval_max_tokens, "tokens an evaluation batch, or null (data.max_tokens)"),
+                 "batch_size": (batch_size, "sentences a batch, or null (batches of data.max_tokens tokens only)")}
+        for key, (value, what) in sizes.items():  # 0 hung training, -1 failed inside NumPy
+            if value is None or key == "max_tokens" and value == "auto":  # train() sizes auto before building this
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"data.{key}={value!r}: a positive whole number of {what}")
+        if max_tokens is None and batch_size is None:
+            raise ValueError("data.max_tokens and data.batch_size are both null: set one (tokens or sentences a batch)")
         self.max_tokens, self.batch_size = max_tokens, batch_size
         self.eval_max_tokens = eval_max_tokens or max_tokens
         self.max_src_len, self.max_tgt_len, self.too_long = max_src_len, max_tgt_len, too_long
