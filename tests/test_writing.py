@@ -237,3 +237,23 @@ def test_the_data_module_resolves_auto_once_and_keeps_explicit_units(tmp_path, z
     assert source_lengths(sources, data_unit(tokens)) == [len(tokens.src_vocab.encode(s)) for s in sources]
     with pytest.raises(ValueError, match="data.src_words='letters': choose auto, words, chars, tokens"):
         module("zh", "en", zh_en, "letters")
+
+
+def test_a_training_runs_test_report_counts_and_scores_in_its_languages(cfg_train, tmp_path):
+    """Chinese into Japanese with no setting: the test report counts the source in characters over
+    the character buckets, and validation and test score BLEU with the Japanese tokenizer (sacreBLEU's
+    MeCab one where it is installed, else characters)."""
+    from pathlib import Path
+
+    from nmt.train import train
+
+    folder = tmp_path / "zh-ja"
+    write_corpus(folder, "zh", "ja", {split: (sentences(ZH, n, seed), sentences(JA, n, seed + 1))
+                                      for split, n, seed in (("train", 60, 41), ("valid", 10, 43), ("test", 30, 45))})
+    cfg = cfg_train([f"data.source.path={folder}", "data.src_lang=zh", "data.tgt_lang=ja", "trainer.max_steps=2",
+                     "data.val_sample=null"], model="lstm")
+    train(cfg)
+    report = json.loads((Path(cfg.paths.output_dir) / "bleu_by_length.json").read_text())
+    assert report["unit"] == "chars" and [b["label"] for b in report["buckets"]][:2] == ["1-5", "6-10"]
+    assert sum(b["count"] for b in report["buckets"]) == 30
+    assert f"tok:{writing.bleu_tokenizer('ja')}" in report["bleu_signature"]
