@@ -212,3 +212,15 @@ def test_a_batch_size_below_one_is_refused_before_training(tmp_path, capsys, ove
     finished = captured(capsys, body)
     assert finished.returncode == 1 and "Traceback" not in finished.stderr
     assert finished.stderr.strip().splitlines()[-1] == line
+
+
+@pytest.mark.parametrize("char", ["\x85", "\u2028", "\u2029"])
+def test_a_corpus_full_of_line_separators_trains_a_tokenizer(tmp_path, char):
+    """U+0085 on every line became a piece, and the trained model was refused naming a temporary
+    spm.model instead of anything in the corpus: such characters train as spaces."""
+    from nmt.data.tokenizer import LINE_BREAKING, train_sentencepiece
+
+    lines = (ROOT / "tests" / "data" / "tiny" / "train.src").read_text(encoding="utf-8").splitlines()
+    tok = train_sentencepiece([line.replace(" ", f" {char} ", 2) for line in lines], tmp_path,
+                              {"vocab_size": 200, "hard_vocab_limit": False})
+    assert not any(LINE_BREAKING.search(piece) for piece in tok.pieces(range(tok.vocab_size)))

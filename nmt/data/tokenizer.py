@@ -185,7 +185,10 @@ def train_sentencepiece(sentences: Iterable[str], out_dir: str | Path,
     spm.set_random_generator_seed(0)
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences), model_prefix=str(out_dir / name),
+            # a control or line-breaking character left in (U+0085, U+2028: SentencePiece's normalizer keeps
+            # them) could become a piece, which every model nmt loads refuses: it trains as a space, and
+            # encodes as <unk>
+            sentence_iterator=(LINE_BREAKING.sub(" ", s) for s in sentences), model_prefix=str(out_dir / name),
             pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, pad_piece="<pad>",
             shuffle_input_sentence=True, max_sentence_length=65536,
             train_extremely_large_corpus=False, num_threads=_num_threads(), minloglevel=2, **opts)
