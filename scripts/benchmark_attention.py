@@ -19,12 +19,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+import torch
 
-from nmt.bench.attention_cost import FIT_FROM, LENGTHS, VARIANTS, layer_for, measure, summary  # noqa: E402
+from nmt.bench.attention_cost import FIT_FROM, LENGTHS, VARIANTS, layer_for, measure, summary
 
 
 def _status_kb(field: str) -> int:

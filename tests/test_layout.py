@@ -46,3 +46,11 @@ def test_the_tests_index_is_current():
     from tests.index import INDEX, index
 
     assert INDEX.read_text(encoding="utf-8") == index(), "tests/INDEX.md is stale: run python -m tests.index"
+
+
+def test_no_script_edits_sys_path():
+    """Scripts import nmt as installed (pip install -e .): one that puts the tree on sys.path
+    could run another checkout's nmt than the one installed, and hides a broken install."""
+    edits = re.compile(r"sys\.path\.(insert|append|extend)|sys\.path\s*[+]?=|PYTHONPATH")
+    found = [p.name for p in sorted((ROOT / "scripts").glob("*.py")) if edits.search(p.read_text(encoding="utf-8"))]
+    assert not found, f"scripts that edit sys.path: {found}"
