@@ -218,6 +218,13 @@ def check_options(cfg: DictConfig) -> None:
         raise ValueError(f"precision={cfg.precision!r}: choose one of auto, 32, bf16, int8")
     if cfg.errors not in ERRORS:
         raise ValueError(f"errors={cfg.errors}: choose strict or replace")
+    for key, what in (("chunk_lines", "input lines read at a time (0 read a whole stream into memory)"),
+                      ("max_tokens", "source tokens a batch"), ("workers", "batches decoded at once, or null")):
+        value = cfg.get(key)
+        if key == "workers" and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key}={value!r}: a positive whole number of {what}")
     backend_of(cfg)
     nbest = search_settings(cfg).nbest if cfg.mode == "translate" else 1
     output_format(str(cfg.format), str(cfg.mode), nbest)

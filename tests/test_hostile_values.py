@@ -224,3 +224,36 @@ def test_a_corpus_full_of_line_separators_trains_a_tokenizer(tmp_path, char):
     tok = train_sentencepiece([line.replace(" ", f" {char} ", 2) for line in lines], tmp_path,
                               {"vocab_size": 200, "hard_vocab_limit": False})
     assert not any(LINE_BREAKING.search(piece) for piece in tok.pieces(range(tok.vocab_size)))
+
+
+# --- the same tricks where the issue did not look -------------------------------------------------
+@pytest.mark.parametrize("override, line", [
+    ("chunk_lines=0", "error: chunk_lines=0: a positive whole number of input lines read at a time (0 read a whole "
+                      "stream into memory)"),
+    ("max_tokens=-1", "error: max_tokens=-1: a positive whole number of source tokens a batch"),
+    ("workers=0", "error: workers=0: a positive whole number of batches decoded at once, or null"),
+])
+def test_translate_batching_values_below_one_are_refused(capsys, override, line):
+    """chunk_lines=0 read all of standard input into one chunk: an endless stream, unbounded memory."""
+    finished = translate_here(capsys, f"ckpt={SAVED}", "input=/dev/null", override)
+    assert finished.returncode == 1 and finished.stderr.strip().splitlines()[-1] == line
+
+
+def test_a_beam_through_the_library_is_bounded_as_on_the_command_line():
+    from nmt.inference.translator import Translator
+
+    translator = Translator.load(str(SAVED), precision="32")
+    with pytest.raises(ValueError, match=r"^decoding\.beam_size=100000: must be from 1 to 256$"):
+        translator.translate(["a"], beam_size=100000)
+    with pytest.raises(ValueError, match=r"^max_tokens=0: a positive whole number of source tokens a batch$"):
+        Translator.load(str(SAVED), precision="32", max_tokens=0)
+
+
+def test_a_server_limit_the_search_cannot_take_is_refused_at_start():
+    """limits.max_beam_size=100000 let every client ask for the beam the issue's command line did."""
+    from nmt.serve.app import check_limits
+
+    with pytest.raises(ValueError, match=r"^limits\.max_beam_size=100000: at most 256 \(decoding\.beam_size's bound\)$"):
+        check_limits(serve_cfg(SAVED, "limits.max_beam_size=100000").limits)
+    with pytest.raises(ValueError, match=r"^limits\.max_sentences=0: a positive whole number$"):
+        check_limits(serve_cfg(SAVED, "limits.max_sentences=0").limits)

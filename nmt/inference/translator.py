@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import numbers
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -45,7 +46,7 @@ from nmt.kernels.malloc import bound_onednn_cache, keep_freed_memory
 from nmt.decoding.limits import model_max_src_len, model_max_tgt_len
 from nmt.machine import decoding_device, resolve_decoding_precision
 from nmt.inference.requests import Naming, Request, RequestError, RequestMeaning
-from nmt.decoding.settings import SearchSettings
+from nmt.decoding.settings import SearchSettings, bounded
 from nmt.inference.translations import Attention, Hypothesis, Translation, in_line_order
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,8 @@ class Translator(RequestMeaning):
         settings = decoding if isinstance(decoding, SearchSettings) else SearchSettings.from_config(decoding)
         tested = self.run_config.get("test_decoding")
         self.settings = settings.for_model(tested.get("alpha") if isinstance(tested, dict) else None)
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral) or max_tokens < 1:
+            raise ValueError(f"max_tokens={max_tokens!r}: a positive whole number of source tokens a batch")
         self.max_tokens, self.workers = int(max_tokens), workers
         self.max_src_len = int(max_src_len) if max_src_len else model_max_src_len(self.run_config)
         table = getattr(getattr(self.model.decoder, "embed_tokens", None), "max_len", None)
@@ -175,6 +178,7 @@ class Translator(RequestMeaning):
         translation must hold: lexically constrained beam search, ``nmt.decoding.constrained``):
         the request, checked by ``prepare`` (``nmt.inference.requests``)."""
         align = self.settings.alignments if alignments is None else alignments
+        beam_size, nbest = (None if v is None else bounded(v, key) for v, key in ((beam_size, "beam_size"), (nbest, "nbest")))
         search = search or search_functions.search_of(self.settings, beam_size, nbest)
         alpha = float(search.keywords.get("alpha", 0.0)) if isinstance(search, functools.partial) and \
             search.func is search_functions.beam_search else None

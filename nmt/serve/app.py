@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nmt import CONF_DIR, register_resolvers
 from nmt.cli_io import ending_cleanly
+from nmt.decoding.settings import BOUNDS
 from nmt.inference.backends import open_translator
 from nmt.inference.requests import Naming, Request as TranslationRequest
 from nmt.serve.batching import Batcher, ClientGone, QueueFull, QueueTimeout
@@ -175,6 +176,7 @@ def create_app(translator: Any, cfg: DictConfig) -> FastAPI:
     With ``batching.process``, a second copy of the model decodes in a process of its own, so the
     event loop answering requests never waits for the GIL behind a decoding step."""
     limits = cfg.limits
+    check_limits(limits)
     if cfg.batching.process:
         keys = ("ckpt", "backend", "allow_pickle", "device", "kernels", "precision", "max_tokens", "workers", "decoding",
                 "ctranslate2")
@@ -271,6 +273,21 @@ def create_app(translator: Any, cfg: DictConfig) -> FastAPI:
         return FileResponse(STATIC / "index.html")
 
     return app
+
+
+def check_limits(limits: DictConfig) -> None:
+    """The server's limits, checked at start: whole numbers of at least 1 (``max_work`` may be
+    null, ``max_queue`` 0: every request a 429), and a ``max_beam_size`` the search takes."""
+    for key in ("max_chars", "max_sentences", "max_queue", "max_work", "max_beam_size", "max_header_bytes",
+                "max_connections"):
+        value = limits.get(key)
+        if value is None and key == "max_work":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < (key != "max_queue"):
+            raise ValueError(f"limits.{key}={value!r}: a positive whole number")
+    top = BOUNDS["beam_size"][2]
+    if limits.max_beam_size > top:
+        raise ValueError(f"limits.max_beam_size={limits.max_beam_size}: at most {top} (decoding.beam_size's bound)")
 
 
 def api_key(cfg: DictConfig) -> str | None:
