@@ -43,8 +43,8 @@ import sys
 
 from nmt.cli_io import hold_stop_signals
 
-if __name__ == "__main__" or sys.argv and sys.argv[0].endswith(("nmt-translate", "translate.py")):
-    hold_stop_signals()  # the program itself: a stop signal during the imports below is kept, not lost
+if __name__ == "__main__" or sys.argv and sys.argv[0].rsplit("/", 1)[-1] == "nmt-translate":
+    hold_stop_signals()  # the program (translate.py holds them itself): a signal during the imports below is kept
 
 import logging
 import signal
