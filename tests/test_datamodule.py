@@ -326,3 +326,20 @@ def test_a_sample_as_large_as_the_split_is_every_pair(tmp_path, val_sample):
 def test_a_bad_validation_sample_is_refused_naming_the_key(tmp_path, val_sample):
     with pytest.raises(ValueError, match=r"data\.val_sample=.*: a positive number of validation pairs, or null for all"):
         tiny(tmp_path / "cache", val_sample=val_sample)
+
+
+def test_workers_and_shapes_settings(tmp_path):
+    assert tiny(tmp_path, num_workers="auto")._workers() == 0  # auto without a GPU trainer: the cores train
+    for bad, message in ((-1, r"^data.num_workers=-1: a number of processes \(0: none\) or auto$"),
+                         ("many", r"^data.num_workers='many': a number of processes \(0: none\) or auto$")):
+        with pytest.raises(ValueError, match=message):
+            tiny(tmp_path, num_workers=bad)
+    with pytest.raises(ValueError, match=r"^data.shapes=square: choose auto, exact, buckets$"):
+        tiny(tmp_path, shapes="square")
+    buckets = tiny(tmp_path, shapes="buckets")
+    buckets.setup()
+    batch = next(iter(buckets.train_dataloader()))
+    assert batch["src"].shape[1] == batch["tgt_in"].shape[1]  # one length for both sides
+    assert next(iter(buckets.val_dataloader()))["ids"].min() >= 0  # evaluation keeps exact batches, no filler
+    buckets.set_max_tokens(256)
+    assert all(b["src"].numel() <= 256 or b["src"].size(0) == 1 for b in buckets.train_dataloader())

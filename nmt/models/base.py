@@ -188,10 +188,14 @@ class Seq2Seq(nn.Module):
         by ``data.shapes=buckets``); ``mode``: torch.compile's (``reduce-overhead``: CUDA graphs);
         ``backend``: torch.compile's (the tests trace with ``aot_eager``, which generates no code).
         A decoder with ``compile_step`` (an RNN whose recurrence reads its attention) compiles that
-        step instead: one small graph for every target length rather than a loop unrolled per length."""
+        step instead: one small graph for every target length rather than a loop unrolled per length;
+        a model of ``nn.LSTM`` calls alone (``traceable = False`` on both parts: dynamo does not
+        trace ``nn.LSTM``) compiles nothing."""
         compile_step = getattr(self.decoder, "compile_step", None)
         if compile_step is not None and compile_step(dynamic, mode, backend):
             return
+        if not any(getattr(part, "traceable", True) for part in (self.encoder, self.decoder)):
+            return  # nn.LSTM calls alone (cuDNN's on a GPU): compiling would only cut the pass around them
         self._compiled_features = torch.compile(teacher_forced, dynamic=dynamic, mode=mode, backend=backend)
 
     def alignment_attention(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, layer: int = -1) -> Tensor | None:

@@ -46,6 +46,8 @@ class RNNEncoder(UsesKernels, nn.Module):
     attention and alignments still index source positions.
     """
 
+    traceable = False  # torch.compile does not trace nn.LSTM (Seq2Seq.compile_features)
+
     def __init__(
         self,
         vocab_size: int,
@@ -108,6 +110,8 @@ class RNNDecoder(UsesKernels, nn.Module):
     ``nmt.kernels.reference.LSTMSteps``, or one matmul per layer with the CPU kernels), so the
     parameters stay those of ``nn.LSTM``.
     """
+
+    traceable = False  # torch.compile does not trace nn.LSTM; a decoder with a feed compiles its step
 
     def __init__(
         self,
