@@ -37,6 +37,7 @@ import numpy as np
 import pytorch_lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities.exceptions import SIGTERMException
@@ -58,7 +59,6 @@ from nmt import kernels
 from nmt.kernels.malloc import bound_onednn_cache, keep_freed_memory, release_freed_memory
 from nmt.training.cpu_threads import CpuThreads
 from nmt.machine import cpu_name, resolve_precision, training_device, usable_cores
-from hydra.utils import instantiate
 from nmt.runs.files import CHECKPOINTS, SUMMARY, json_text
 
 log = logging.getLogger(__name__)
@@ -253,14 +253,15 @@ def resolve_batches(cfg: DictConfig) -> bool:
 
 
 def fit_batch_to_device(cfg: DictConfig, model: torch.nn.Module, module: L.LightningModule,
-                        datamodule: L.LightningDataModule) -> dict[str, Any]:
-    """``data.max_tokens=auto`` on a GPU: the largest batch of the longest training pair that a
-    training step fits in memory (``nmt.training.batch_probe``), logged; the training batches are
-    then cut to it. What was found, for the summary."""
-    device = torch.device("cuda", torch.cuda.current_device())
+                        datamodule: L.LightningDataModule, device: torch.device | None = None) -> dict[str, Any]:
+    """``data.max_tokens=auto`` on a GPU (``device``: the current CUDA device): the largest batch of
+    the longest training pair that a training step fits in memory (``nmt.training.batch_probe``),
+    logged; the training batches are then cut to it. What was found, for the summary."""
+    device = device or torch.device("cuda", torch.cuda.current_device())
     lengths = datamodule.datasets["train"].lengths().max(0).astype(int)  # the longest pair, EOS/BOS included
-    widths = (int(bucket(int(lengths[0]))), int(bucket(int(lengths[1])))) if cfg.data.shapes == "buckets" \
-        else (int(lengths[0]), int(lengths[1]))
+    widths = (int(lengths[0]), int(lengths[1]))
+    if cfg.data.shapes == "buckets":  # both sides padded to the bucket of the longer
+        widths = (int(bucket(max(widths))),) * 2
     model.to(device).train()
     step = training_step_of(model, instantiate(cfg.optimizer), lambda batch: module.loss(batch)[0], widths,
                             (model.src_vocab_size, model.tgt_vocab_size), device, str(cfg.trainer.precision))

@@ -86,3 +86,35 @@ def test_tokens_per_update_sets_the_accumulation_for_the_batch_and_processes(cfg
     cfg = cfg_train(["tokens_per_update=0"])
     with pytest.raises(ValueError, match=r"^tokens_per_update=0: a positive number of tokens per optimizer step, or null$"):
         accumulate_to_tokens(cfg)
+
+
+def test_the_probed_batch_cuts_the_training_batches(cfg_train, monkeypatch):
+    """train()'s wiring of the probe, on the CPU with out-of-memory simulated above 600 tokens: the
+    probe runs real training steps of the longest pair, and the data module then cuts its batches to
+    the size found (both sides as long as the longest pair's bucket)."""
+    import nmt.train as train_module
+    from nmt.training.builders import build_datamodule, build_model, build_module
+    from nmt.training.batch_probe import probe_max_tokens as real_probe
+
+    cfg = cfg_train(["data.shapes=buckets"], model="transformer")
+    datamodule = build_datamodule(cfg.data)
+    datamodule.setup("fit")
+    model = build_model(cfg, datamodule.src_vocab.vocab_size, datamodule.tgt_vocab.vocab_size)
+    module = build_module(cfg, model)
+    seen = []
+
+    def probe(step, device):
+        def limited(tokens):
+            seen.append(tokens)
+            if tokens > 600:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+            step(tokens)
+        return real_probe(limited, device)
+
+    monkeypatch.setattr(train_module, "probe_max_tokens", probe)
+    monkeypatch.setattr("nmt.training.batch_probe.RESOLUTION", 128, raising=True)
+    found = train_module.fit_batch_to_device(cfg, model, module, datamodule, torch.device("cpu"))
+    longest = int(datamodule.datasets["train"].lengths().max())
+    assert found["widths"][0] == found["widths"][1] >= longest
+    assert cfg.data.max_tokens == found["max_tokens"] == datamodule.max_tokens and found["max_tokens"] <= 600 * 0.9
+    assert all(b["src"].numel() <= found["max_tokens"] or b["src"].size(0) == 1 for b in datamodule.train_dataloader())

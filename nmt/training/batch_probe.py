@@ -118,7 +118,7 @@ def probe_max_tokens(step: Callable[[int], None], device: torch.device) -> dict[
 
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        largest, tries = largest_fitting(fits)
+        largest, tries = largest_fitting(fits, START, LIMIT, RESOLUTION)
         if largest == 0:
             raise RuntimeError(f"data.max_tokens=auto: not even a batch of {RESOLUTION} tokens of the longest training "
                                "pair fits this GPU's free memory; set data.max_tokens, data.max_src_len/max_tgt_len, "
