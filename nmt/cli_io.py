@@ -33,7 +33,7 @@ import sys
 import tempfile
 import threading
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TypeVar
@@ -193,14 +193,16 @@ def _hold(signum: int, frame: object) -> None:
     _held.append(signum)
 
 
-def hold_stop_signals() -> None:
+def hold_stop_signals(received: Iterable[int] = ()) -> None:
     """From here until ``StopSignals`` takes over, a SIGINT or SIGTERM is kept instead of lost: a
     command calls this first thing, before its imports, Hydra and the model (seconds in which a
     signal inherited as ignored, ``translate.py ... &`` from a shell without job control, was
-    dropped); ``StopSignals`` stops at its start for a kept one, and ``stop_if_held`` at the end."""
+    dropped); ``StopSignals`` stops at its start for a kept one, and ``stop_if_held`` at the end.
+    ``received``: signals a handler of the caller's own kept before this module was imported."""
     if threading.current_thread() is threading.main_thread():
         for signum in STOP_SIGNALS:
             signal.signal(signum, _hold)
+    _held.extend(received)  # after: one arriving meanwhile went to the caller's list or to ours
 
 
 def stop_if_held() -> None:

@@ -246,7 +246,7 @@ def test_a_sigint_at_any_moment_of_a_background_run_stops_it(tmp_path, workers):
     SIGINT sent at moments from the imports through Hydra, the model's load and the first lines:
     every run ends 130 with whole lines (one in the imports was lost: the run went on to its end)."""
     src, saved = long_input(tmp_path), ROOT / "tests" / "data" / "saved" / "lstm_luong.release.ckpt"
-    for k, delay in enumerate((0.3, 0.8, 1.5, 3.0)):
+    for k, delay in enumerate((0.2, 0.8, 1.5, 3.0)):
         out = tmp_path / f"out{k}.txt"
         with open(tmp_path / "stderr.txt", "w") as stderr:
             proc = subprocess.Popen(command(saved, f"input={src}", f"output={out}", "chunk_lines=8", f"workers={workers}"),
