@@ -258,6 +258,22 @@ class StopSignals:
             return
         raise Stopped(signum)
 
+    def waiting(self, items: Iterable[T]) -> Iterator[T]:
+        """``items``, a signal stopping the run at once while the next one is awaited: input that
+        trickles in (or never comes: ``sleep 1000 | translate.py``) does not defer a stop, and
+        every line read before it is written already or not begun."""
+        items = iter(items)
+        while True:
+            self.check()
+            deferred, self.deferred = self.deferred, False
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+            finally:
+                self.deferred = deferred
+            yield item
+
     def defer(self) -> None:
         """From now on, a first signal stops the run only at ``check()``."""
         self.check()

@@ -121,14 +121,16 @@ def check_request(cfg: DictConfig, translator: Any, guides: dict[str, list[Any]]
 
 
 def translate_stream(cfg: DictConfig, translator: Any, writer: OrderedWriter, attention_dir: Path | None,
-                     guides: dict[str, list[Any]] | None = None) -> int:
-    """Translate the input chunk by chunk into ``writer``; returns the number of input lines."""
+                     guides: dict[str, list[Any]] | None = None, signals: StopSignals | None = None) -> int:
+    """Translate the input chunk by chunk into ``writer``; returns the number of input lines.
+    ``signals``: a stop while the input is awaited ends the run at once (``StopSignals.waiting``)."""
     nbest, aligned = translator.settings.nbest, translator.settings.alignments
     fmt = output_format(str(cfg.format), "translate", nbest)
     wanted = set(cfg.attention_lines)
     replaced: list[int] = []
     offset = 0
-    for chunk in chunked(iter_lines(cfg.input, cfg.errors, replaced), int(cfg.chunk_lines)):
+    lines = iter_lines(cfg.input, cfg.errors, replaced)
+    for chunk in chunked(signals.waiting(lines) if signals else lines, int(cfg.chunk_lines)):
         for i, line in enumerate(chunk):
             if not line.strip():
                 writer.put(offset + i, translation_rows(offset + i + 1, Translation(), fmt, nbest, aligned))
@@ -157,14 +159,14 @@ def save_attention(translation: Translation, number: int, folder: Path) -> None:
     log.info("attention of line %d -> %s", number, path)
 
 
-def score_stream(cfg: DictConfig, translator: Any, writer: OrderedWriter) -> int:
+def score_stream(cfg: DictConfig, translator: Any, writer: OrderedWriter, signals: StopSignals | None = None) -> int:
     """Score the pairs of ``cfg.input`` (and ``cfg.target``) chunk by chunk into ``writer``."""
     fmt = output_format(str(cfg.format), "score", 1)
     replaced: list[int] = []
     replaced_targets: list[int] = []
     offset = 0
-    for chunk in chunked(read_pairs(cfg.input, cfg.get("target"), cfg.errors, replaced, replaced_targets),
-                         int(cfg.chunk_lines)):
+    pairs = read_pairs(cfg.input, cfg.get("target"), cfg.errors, replaced, replaced_targets)
+    for chunk in chunked(signals.waiting(pairs) if signals else pairs, int(cfg.chunk_lines)):
         request = Request([s for s, _ in chunk], cfg.get("tgt_lang"))
         sources, targets = translator.prepare(request, naming(cfg, offset + 1, len(chunk))).sources, [t for _, t in chunk]
         for i, src in enumerate(sources):
@@ -267,9 +269,9 @@ def translate_file(cfg: DictConfig, signals: StopSignals) -> None:
     writer = OrderedWriter(out, progress.advance, signals.check)
     try:
         if cfg.mode == "score":
-            lines = score_stream(cfg, translator, writer)
+            lines = score_stream(cfg, translator, writer, signals)
         else:
-            lines = translate_stream(cfg, translator, writer, attention_dir, guides)
+            lines = translate_stream(cfg, translator, writer, attention_dir, guides, signals)
     except Stopped as stop:
         stop.note = f"; the first {writer.next} lines are written to {cfg.output or 'stdout'}"
         if output is not None:

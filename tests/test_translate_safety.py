@@ -264,6 +264,29 @@ def test_a_sigint_at_any_moment_of_a_background_run_stops_it(tmp_path, workers):
         assert text == "" or text.endswith("\n")
 
 
+@pytest.mark.slow  # end to end in a process of its own: the slow tier
+def test_a_stop_while_the_input_is_awaited_ends_the_run_at_once(tmp_path):
+    """A pipe that stays open with no line coming (``sleep 1000 | translate.py``): SIGTERM waited
+    for the next line or the end of the input; now it stops the run while it waits."""
+    saved = ROOT / "tests" / "data" / "saved" / "transformer.ckpt"
+    with open(tmp_path / "stderr.txt", "w") as stderr:
+        proc = subprocess.Popen(command(saved), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr,
+                                cwd=tmp_path)
+        try:
+            proc.stdin.write(b"ein satz\n")
+            proc.stdin.flush()
+            deadline = time.monotonic() + 300
+            while "loaded" not in (tmp_path / "stderr.txt").read_text() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(1)  # past the model's load: reading the input
+            proc.send_signal(signal.SIGTERM)
+            status = proc.wait(timeout=60)
+        finally:
+            proc.kill()
+    errors = (tmp_path / "stderr.txt").read_text()
+    assert status == 143 and "stopped by SIGTERM" in errors and "Traceback" not in errors, errors[-2000:]
+
+
 def test_a_stop_signal_is_never_lost_between_the_handlers():
     """Kept before ``StopSignals`` (``hold_stop_signals``): the block stops as it starts. Raised
     where it is swallowed: ``check()``, ``defer()`` and the block's end raise it again."""
