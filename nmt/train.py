@@ -234,8 +234,16 @@ def train(cfg: DictConfig) -> dict[str, float]:
 def resolve_batches(cfg: DictConfig) -> bool:
     """``data.shapes`` and ``data.max_tokens=auto`` for the training device: shape buckets on a GPU
     (exact shapes elsewhere); for ``auto``, the probe's starting batch on a GPU (True: probe it,
-    ``fit_batch_to_device``), ``CPU_TOKENS`` on a CPU."""
+    ``fit_batch_to_device``), ``CPU_TOKENS`` on a CPU. ``tf32`` and ``tokens_per_update`` are
+    checked here, before any data is read."""
     device = training_device(cfg)
+    if not isinstance(cfg.get("tf32", True), bool):
+        raise ValueError(f"tf32={cfg.tf32}: true (TF32 matmuls for fp32 on GPUs) or false")
+    target = cfg.get("tokens_per_update")
+    if target is not None and (isinstance(target, bool) or not isinstance(target, int) or target < 1):
+        raise ValueError(f"tokens_per_update={target}: a positive number of tokens per optimizer step, or null")
+    if target is not None and cfg.data.get("max_tokens") is None:
+        raise ValueError("tokens_per_update needs batches of data.max_tokens tokens (data.batch_size counts sentences)")
     with open_dict(cfg):
         cfg.data.shapes = resolve_shapes(str(cfg.data.get("shapes", "exact")), device)
         if str(cfg.data.get("max_tokens")) != "auto":
@@ -279,15 +287,11 @@ def accumulate_to_tokens(cfg: DictConfig) -> None:
     """``tokens_per_update``: accumulate enough batches of ``data.max_tokens`` (on every process) for
     an optimizer step to see about that many tokens, as the Transformer's recipe counts its ~25k
     (Vaswani et al. 2017, sec. 5.1); sets ``trainer.accumulate_grad_batches``, logged."""
-    target = cfg.get("tokens_per_update")
+    target = cfg.get("tokens_per_update")  # checked by resolve_batches
     if target is None:
         return
     devices = cfg.trainer.get("devices", 1)
     world = int(cfg.trainer.get("num_nodes", 1)) * (int(devices) if str(devices).isdigit() else 1)
-    if isinstance(target, bool) or not isinstance(target, int) or target < 1:
-        raise ValueError(f"tokens_per_update={target}: a positive number of tokens per optimizer step, or null")
-    if cfg.data.get("max_tokens") is None:
-        raise ValueError("tokens_per_update needs batches of data.max_tokens tokens (data.batch_size counts sentences)")
     steps = max(1, round(target / (int(cfg.data.max_tokens) * world)))
     with open_dict(cfg):
         cfg.trainer.accumulate_grad_batches = steps
@@ -426,8 +430,9 @@ def set_up_process(cfg: DictConfig) -> None:
     device = training_device(cfg)
     if kernels.on_cpu(cfg.kernels, device):
         keep_freed_memory()  # the CPU kernels' allocator setting, for the whole process
-    if device == "cuda":  # TF32 matmuls for fp32 (torch's default is full fp32 for matmuls)
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(cfg.get("tf32", True))
+    if device == "cuda":  # TF32 matmuls for fp32 (torch's default is full fp32 for matmuls); a tf32 that is
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.get("tf32", True) is True
+        # not a boolean is refused by resolve_batches, in train()
 
 
 @hydra.main(config_path=CONF_DIR, config_name="train", version_base="1.3")

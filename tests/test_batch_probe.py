@@ -83,9 +83,13 @@ def test_tokens_per_update_sets_the_accumulation_for_the_batch_and_processes(cfg
     cfg = cfg_train(["tokens_per_update=25000", "data.max_tokens=6000", "trainer.devices=2"])
     accumulate_to_tokens(cfg)
     assert cfg.trainer.accumulate_grad_batches == 2  # 2 processes x 2 batches x 6,000 tokens
-    cfg = cfg_train(["tokens_per_update=0"])
-    with pytest.raises(ValueError, match=r"^tokens_per_update=0: a positive number of tokens per optimizer step, or null$"):
-        accumulate_to_tokens(cfg)
+    for bad in ("0", "abc", "True"):
+        cfg = cfg_train([f"tokens_per_update={bad}"])
+        with pytest.raises(ValueError, match=rf"^tokens_per_update={bad}: a positive number of tokens per optimizer step"):
+            resolve_batches(cfg)
+    cfg = cfg_train(["tf32=maybe"])
+    with pytest.raises(ValueError, match=r"^tf32=maybe: true \(TF32 matmuls for fp32 on GPUs\) or false$"):
+        resolve_batches(cfg)
 
 
 def test_the_probed_batch_cuts_the_training_batches(cfg_train, monkeypatch):
