@@ -244,7 +244,12 @@ class RNNDecoder(UsesKernels, nn.Module):
             tops.append(state["feed"] if self.input_feeding == "attentional" else h_top)
             contexts.append(context)
             attns.append(attn)
-        attn = torch.stack(attns, 1)  # (B, T, S)
+        return self._outputs(tops, contexts, attns)
+
+    def _outputs(self, tops: list[Tensor], contexts: list[Tensor], attns: list[Tensor]) -> tuple[Tensor, Tensor]:
+        """The teacher-forced loop's steps stacked: outputs (B, T, H) (Luong's feeds are its outputs
+        already; Bahdanau's go through the output layer here, once for all steps) and attention (B, T, S)."""
+        attn = torch.stack(attns, 1)
         if self.input_feeding == "attentional":
             return torch.stack(tops, 1), attn
         return self._output(torch.stack(tops, 1), torch.stack(contexts, 1)), attn
@@ -278,10 +283,7 @@ class RNNDecoder(UsesKernels, nn.Module):
             tops.append(top)
             contexts.append(context)
             attns.append(attn)
-        attn = torch.stack(attns, 1)  # (B, T, S)
-        if self.input_feeding == "attentional":
-            return torch.stack(tops, 1), attn
-        return self._output(torch.stack(tops, 1), torch.stack(contexts, 1)), attn
+        return self._outputs(tops, contexts, attns)
 
     def features(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> Tensor:
         """Teacher-forced outputs (B, T, H), the input of ``self.out``."""
