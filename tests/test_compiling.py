@@ -39,6 +39,16 @@ def test_auto_compiles_on_a_gpu_only_and_cudagraphs_needs_buckets():
         resolve_compile("fast", "cuda", "buckets")
 
 
+def test_a_gpu_without_triton_trains_eager_under_auto_and_refuses_an_explicit_compile(caplog):
+    with caplog.at_level("INFO", logger="nmt.training.compiling"):
+        assert resolve_compile("auto", "cuda", "buckets", gpu_compiler=False) is None
+    assert "compile=auto: torch.compile cannot generate code for this GPU" in caplog.text
+    for value in (True, "cudagraphs"):
+        with pytest.raises(ValueError, match=r"torch.compile generates GPU code with Triton, which is not installed"):
+            resolve_compile(value, "cuda", "buckets", gpu_compiler=False)
+    assert resolve_compile("trace", "cuda", "buckets", gpu_compiler=False).backend == "aot_eager"
+
+
 BATCHES = [[(9, 7), (6, 8), (4, 3), (9, 9), (2, 5)], [(10, 6), (7, 10), (3, 3), (5, 5), (11, 2)],
            [(30, 28), (25, 31), (27, 22)]]  # the first two share a bucketed shape, the third has its own
 

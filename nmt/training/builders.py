@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint, ProgressBar
 
 from nmt.training.callbacks import ScheduleHorizon
-from nmt.training.compiling import CompilePlan, resolve_compile
+from nmt.training.compiling import CompilePlan, gpu_compiler_available, resolve_compile
 from nmt.machine import training_device
 from nmt.checkpoints.files import saved_vocabularies
 from nmt.decoding.search import search_of
@@ -59,7 +59,9 @@ def build_model(cfg: DictConfig, src_vocab_size: int, tgt_vocab_size: int) -> to
 
 def compile_plan(cfg: DictConfig) -> CompilePlan | None:
     """How ``cfg.compile`` compiles the training pass on the run's device and batch shapes."""
-    return resolve_compile(cfg.get("compile", "false"), training_device(cfg), cfg.data.get("shapes", "exact"))
+    device = training_device(cfg)
+    return resolve_compile(cfg.get("compile", "false"), device, cfg.data.get("shapes", "exact"),
+                           gpu_compiler_available() if device == "cuda" else True)
 
 
 def build_module(cfg: DictConfig, model: torch.nn.Module) -> L.LightningModule:

@@ -1,7 +1,8 @@
 """``compile``: whether and how the teacher-forced training pass runs under ``torch.compile``.
 
 - ``auto``: compiled on a GPU, where a step is otherwise bound by the host launching hundreds of
-  small kernels; eager on a CPU, where compiling measured slower (0.86x, docs/performance.md).
+  small kernels (eager where Triton, which inductor generates GPU code with, is missing or does not
+  support the GPU; logged); eager on a CPU, where compiling measured slower (0.86x, docs/performance.md).
 - ``true``: compiled on any device; ``false``: eager.
 - ``cudagraphs``: compiled with ``mode="reduce-overhead"``, which replays each shape's kernels as
   one CUDA graph; it needs the bounded shapes of ``data.shapes=buckets``.
@@ -44,14 +45,23 @@ class CompilePlan:
         return f"torch.compile(dynamic={self.dynamic}, mode={self.mode or 'default'}, backend={self.backend})"
 
 
-def resolve_compile(value: Any, device: str, shapes: str) -> CompilePlan | None:
+def resolve_compile(value: Any, device: str, shapes: str, gpu_compiler: bool = True) -> CompilePlan | None:
     """The plan for config ``compile`` on ``device`` (cpu, cuda) with resolved ``data.shapes``
-    (exact or buckets); None: eager."""
+    (exact or buckets); None: eager. ``gpu_compiler``: whether inductor can generate code for this
+    GPU (Triton installed and the GPU supported, ``gpu_compiler_available``): ``auto`` trains eager
+    without it, logged, and ``true``/``cudagraphs`` are refused."""
     choice = str(value).lower() if not isinstance(value, bool) else ("true" if value else "false")
     if choice not in CHOICES:
         raise ValueError(f"compile={value}: choose {', '.join(CHOICES)}")
     if choice == "false" or (choice == "auto" and device != "cuda"):
         return None
+    if device == "cuda" and choice != "trace" and not gpu_compiler:
+        if choice == "auto":
+            log.info("compile=auto: torch.compile cannot generate code for this GPU (no Triton, or a GPU it does not "
+                     "support); training eager")
+            return None
+        raise ValueError(f"compile={value}: torch.compile generates GPU code with Triton, which is not installed or "
+                         "does not support this GPU (pip install triton); use compile=auto or false")
     if choice == "cudagraphs":
         if device != "cuda":
             raise ValueError(f"compile=cudagraphs: CUDA graphs need a GPU, and this run trains on {device}; "
@@ -63,6 +73,18 @@ def resolve_compile(value: Any, device: str, shapes: str) -> CompilePlan | None:
     if choice == "trace":
         return CompilePlan(dynamic=True, mode=None, backend="aot_eager")
     return CompilePlan(dynamic=True, mode=None)
+
+
+def gpu_compiler_available() -> bool:
+    """Whether inductor can generate code for the current GPU: Triton importable and the GPU of a
+    compute capability it supports (7.0 and later)."""
+    import torch
+
+    try:
+        from torch.utils._triton import has_triton
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available() and torch.cuda.get_device_capability() >= (7, 0) and has_triton())
 
 
 def allow_recompiles() -> None:
