@@ -264,7 +264,8 @@ def fit_batch_to_device(cfg: DictConfig, model: torch.nn.Module, module: L.Light
                         datamodule: L.LightningDataModule, device: torch.device | None = None) -> dict[str, Any]:
     """``data.max_tokens=auto`` on a GPU (``device``: the current CUDA device): the largest batch of
     the longest training pair that a training step fits in memory (``nmt.training.batch_probe``),
-    logged; the training batches are then cut to it. What was found, for the summary."""
+    but no more than ``tokens_per_update`` (a recipe's batch stays its batch on a large GPU), logged;
+    the training batches are then cut to it. What was found, for the summary."""
     device = device or torch.device("cuda", torch.cuda.current_device())
     lengths = datamodule.datasets["train"].lengths().max(0).astype(int)  # the longest pair, EOS/BOS included
     widths = (int(lengths[0]), int(lengths[1]))
@@ -274,8 +275,12 @@ def fit_batch_to_device(cfg: DictConfig, model: torch.nn.Module, module: L.Light
     step = training_step_of(model, instantiate(cfg.optimizer), lambda batch: module.loss(batch)[0], widths,
                             (model.src_vocab_size, model.tgt_vocab_size), device, str(cfg.trainer.precision))
     found = probe_max_tokens(step, device)
+    target = cfg.get("tokens_per_update")
+    if target is not None and found["max_tokens"] > target:  # the recipe's tokens per update in one batch, not more
+        found.update(max_tokens=max(8, int(target) // 8 * 8), capped_by="tokens_per_update")
     log.info("data.max_tokens=auto: %d tokens a batch (the largest that fit: %d, at %d x %d tokens the longest "
-             "pair; tries %s)", found["max_tokens"], found["largest_fitting"], *widths,
+             "pair%s; tries %s)", found["max_tokens"], found["largest_fitting"], *widths,
+             ", at most tokens_per_update" if "capped_by" in found else "",
              ", ".join(f"{t}{'' if ok else ' (out of memory)'}" for t, ok in found["tries"]))
     datamodule.set_max_tokens(found["max_tokens"])
     with open_dict(cfg):

@@ -122,3 +122,19 @@ def test_the_probed_batch_cuts_the_training_batches(cfg_train, monkeypatch):
     assert found["widths"][0] == found["widths"][1] >= longest
     assert cfg.data.max_tokens == found["max_tokens"] == datamodule.max_tokens and found["max_tokens"] <= 600 * 0.9
     assert all(b["src"].numel() <= found["max_tokens"] or b["src"].size(0) == 1 for b in datamodule.train_dataloader())
+
+
+def test_a_probed_batch_above_tokens_per_update_is_cut_to_it(cfg_train, monkeypatch):
+    import nmt.train as train_module
+    from nmt.training.builders import build_datamodule, build_model, build_module
+
+    cfg = cfg_train(["tokens_per_update=300"], model="transformer")
+    datamodule = build_datamodule(cfg.data)
+    datamodule.setup("fit")
+    model = build_model(cfg, datamodule.src_vocab.vocab_size, datamodule.tgt_vocab.vocab_size)
+    monkeypatch.setattr(train_module, "probe_max_tokens",
+                        lambda step, device: {"max_tokens": 4096, "largest_fitting": 4608, "tries": [[4608, True]]})
+    found = train_module.fit_batch_to_device(cfg, model, build_module(cfg, model), datamodule, torch.device("cpu"))
+    assert found["max_tokens"] == 296 == cfg.data.max_tokens and found["capped_by"] == "tokens_per_update"
+    train_module.accumulate_to_tokens(cfg)
+    assert cfg.trainer.accumulate_grad_batches == 1
