@@ -273,3 +273,16 @@ def test_fine_tuning_goes_on_from_the_loaded_models_quality(source, tmp_path, mo
     _, fresh = run(tmp_path / "fresh", monkeypatch, one_step)
     assert source_metrics["val/loss"] < fresh["val/loss"] - 0.75  # 5.0 against 6.0 (the uniform loss: log 400)
     assert tuned["val/loss"] == pytest.approx(source_metrics["val/loss"], abs=0.02)
+
+
+def test_a_file_from_before_activation_and_logits_bias_fine_tunes():
+    """A model config saved before ``activation`` and ``logits_bias`` existed is today's default
+    architecture: no difference; a file with another activation still differs."""
+    from nmt.checkpoints.finetune import architecture_difference
+
+    today = {"encoder": {"num_layers": 2, "activation": "relu"},
+             "decoder": {"num_layers": 2, "activation": "relu", "logits_bias": False}}
+    older = {"encoder": {"num_layers": 2}, "decoder": {"num_layers": 2}}
+    assert architecture_difference(older, today) is None
+    swish = {"encoder": {"num_layers": 2}, "decoder": {"num_layers": 2, "activation": "swish"}}
+    assert architecture_difference(swish, today) == ("model.decoder.activation", "swish", "relu")

@@ -325,3 +325,25 @@ def test_queries_grouped_over_shared_memory_equal_a_copy_per_query(kind, steps):
     for a, b in zip(grouped, copied):
         assert a.shape == b.shape
         torch.testing.assert_close(a, b)
+
+
+def test_activation_and_logits_bias_default_to_the_plain_transformer():
+    """``activation: relu`` and ``logits_bias: false`` (the configs' defaults) build the model as
+    before the options existed (no output bias, ReLU); swish/gelu and a bias build what they name,
+    the bias at zero, and the bias moves the logits."""
+    from tests.test_export_ctranslate2 import build
+
+    plain, _ = build([], 40)
+    assert "decoder.out.bias" not in plain.state_dict()
+    assert {type(layer.ff[1]) for stack in (plain.encoder, plain.decoder) for layer in stack.layers} == {torch.nn.ReLU}
+    other, _ = build(["model.encoder.activation=gelu", "model.decoder.activation=swish",
+                      "model.decoder.logits_bias=true"], 40)
+    assert type(other.encoder.layers[0].ff[1]) is torch.nn.GELU and type(other.decoder.layers[0].ff[1]) is torch.nn.SiLU
+    assert torch.equal(other.decoder.out.bias, torch.zeros(other.decoder.out.out_features))
+    src, tgt_in = torch.tensor([[5, 6, 7, 3]]), torch.tensor([[BOS, 8, 9]])
+    before = other(src, src != PAD, tgt_in)
+    with torch.no_grad():
+        other.decoder.out.bias[9] = 2.5
+    assert torch.allclose(other(src, src != PAD, tgt_in)[..., 9], before[..., 9] + 2.5, atol=1e-5)
+    with pytest.raises(Exception, match=r"activation must be one of \('relu', 'gelu', 'swish'\), got 'tanh'"):
+        build(["model.encoder.activation=tanh"], 40)  # hydra's InstantiationException names the ValueError
