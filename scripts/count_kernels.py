@@ -2,7 +2,7 @@
 CPU: the host-side work a GPU step waits on, measurable where no GPU is.
 
     python scripts/count_kernels.py                       # the four presets and transformer_base
-    python scripts/count_kernels.py --models transformer --out /tmp/kernels
+    python scripts/count_kernels.py --models transformer   # these rows again, the others kept
 
 Each model is built at its preset's sizes with ``kernels=reference`` (the path a GPU runs), on a
 batch of 16 sentences padded to 24 tokens a side (a bucketed shape). Counted, per step:
@@ -180,8 +180,12 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         rows.append(row)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "kernels.json").write_text(json.dumps({"command": "python scripts/count_kernels.py", "rows": rows},
-                                                      indent=2) + "\n")
+    path = args.out / "kernels.json"
+    if path.is_file():  # --models: the other models' rows measured before are kept
+        measured = {r["model"]: r for r in rows}
+        kept = [r for r in json.loads(path.read_text())["rows"] if r["model"] not in measured]
+        rows = sorted(kept + rows, key=lambda r: MODELS.index(r["model"]))
+    path.write_text(json.dumps({"command": "python scripts/count_kernels.py", "rows": rows}, indent=2) + "\n")
     text = markdown(rows)
     (args.out / "kernels.md").write_text(text)
     print(text)
