@@ -69,7 +69,7 @@ log = logging.getLogger("compare_eole")
 #   training.normalization: tokens        <- the loss is a mean over target tokens
 #   training.dropout / attention_dropout  <- model.dropout / model.*.attention_dropout (0)
 #   training.compute_dtype: fp32 / bf16 (+ use_amp) <- trainer.precision: 32 / bf16-mixed
-#   training.num_workers: 0               <- data.num_workers: 0 (batches made in the training process)
+#   training.num_workers: 0               <- data.num_workers: auto, 0 on a CPU (batches made in the training process)
 #   top-level seed: 1234                  <- seed: 1234
 # Translation (eole predict; ours: nmt/conf/decoding/beam.yaml, translate.yaml):
 #   beam_size: 5                          <- decoding.beam_size: 5
