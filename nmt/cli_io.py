@@ -10,9 +10,10 @@ without a traceback on a user's error, a signal or a closed pipe (``ending_clean
   when the run ends (also when a signal stopped it, with the whole lines written so far); after an
   error an existing file is left as it was (a new one gets the lines finished before the error). A
   device or a named pipe is written in place.
-- ``StopSignals``: SIGINT and SIGTERM stop the run at once until ``defer()``; after it, at the
-  next ``check()`` (the writer calls it after each batch, when every line that can be written in
-  order is), so the output holds only whole lines. A second signal stops at once.
+- ``StopSignals``: SIGINT and SIGTERM stop the run at the next ``check()`` (between the command's
+  steps; the writer calls it after each batch, when every line that can be written in order is),
+  so the output holds only whole lines, or at once while the input is awaited. A second signal
+  stops at once. ``hold_stop_signals`` keeps one that comes before, from the script's first line.
 - ``write_failure``: the error for a write that failed (a full disk, a file-size limit), naming
   the file and what was kept; torch and SentencePiece report such failures as other errors.
 - ``ending_cleanly``: exit statuses 128 + signal (130 SIGINT, 143 SIGTERM); 141 (128 + SIGPIPE,
@@ -214,8 +215,11 @@ def stop_if_held() -> None:
 
 
 class StopSignals:
-    """SIGINT and SIGTERM handlers for the block (in the main thread): they raise ``Stopped`` at
-    once, or after ``defer()`` only at the next ``check()``.
+    """SIGINT and SIGTERM handlers for the block (in the main thread): a first signal raises
+    ``Stopped`` at the next ``check()`` (the command checks between its steps, the writer after
+    each batch), or at once while the input is awaited (``waiting``); a second one at once. Never
+    at an arbitrary moment: raised inside Python code that torch's C++ called back (a lazy
+    import during the model's load), it aborted the process (pybind11: terminate, SIGABRT).
 
     They are installed even where the signal was inherited as ignored: a shell without job
     control starts its background commands with SIGINT ignored, and ``kill -INT <pid>`` (or a
@@ -227,7 +231,7 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.pending: int | None = None
-        self.deferred = False
+        self.deferred = True
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> StopSignals:
@@ -275,8 +279,7 @@ class StopSignals:
             yield item
 
     def defer(self) -> None:
-        """From now on, a first signal stops the run only at ``check()``."""
-        self.check()
+        """A first signal stops the run only at ``check()`` (as from the start)."""
         self.deferred = True
 
     def check(self) -> None:

@@ -257,10 +257,13 @@ def translate_file(cfg: DictConfig, signals: StopSignals) -> None:
                  **({"prefixes": cfg.prefixes} if cfg.get("prefixes") else {}),
                  **({"constraints": cfg.constraints} if cfg.get("constraints") else {}), "ckpt": model_file(cfg)}, cfg.output)
     guides = read_guides(cfg)
+    signals.check()
     translator = open_translator(cfg)
+    signals.check()  # a stop during the model's load
     check_request(cfg, translator, guides)
     attention_dir = attention_folder(cfg)
     check_heatmaps(cfg, attention_dir)
+    signals.check()  # the last stop before the output is opened
     output = None if cfg.output is None else OutputFile(cfg.output)
     out: IO[str] = sys.stdout if output is None else output.stream
     signals.defer()  # from here on, a signal stops the run between whole lines
