@@ -80,8 +80,10 @@ def main() -> None:
     data = cfg.hydra.runtime.choices.data
     rows = []
     for max_tokens in args.max_tokens or [int(cfg.data.max_tokens), 8192, 25000]:
-        rows.append({"max_tokens": max_tokens, **{kind: epoch_shapes(lengths, max_tokens, kind == "buckets", cfg.seed)
-                                                  for kind in ("exact", "buckets")}})
+        row = {"max_tokens": max_tokens, **{kind: epoch_shapes(lengths, max_tokens, kind == "buckets", cfg.seed)
+                                           for kind in ("exact", "buckets")}}
+        row["buckets"]["tokens_added"] = round(row["buckets"]["padded_tokens"] / row["exact"]["padded_tokens"] - 1, 4)
+        rows.append(row)
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"data": data, "pairs": len(lengths), "rows": rows, "command": f"python scripts/benchmark_shapes.py {' '.join(args.overrides)}"}
     (args.out / f"{data}.json").write_text(json.dumps(report, indent=2) + "\n")
