@@ -138,7 +138,7 @@ def main() -> None:
 
 
 @hydra.main(config_path=CONF_DIR, config_name="average", version_base="1.3")
-@ending_cleanly()  # a user's error: one line on stderr, status 1
+@ending_cleanly()  # a user's error: one line on stderr, status 2
 def run(cfg: DictConfig) -> None:
     run_average(cfg)
 

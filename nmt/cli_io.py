@@ -18,7 +18,7 @@ without a traceback on a user's error, a signal or a closed pipe (``ending_clean
   the file and what was kept; torch and SentencePiece report such failures as other errors.
 - ``ending_cleanly``: exit statuses 128 + signal (130 SIGINT, 143 SIGTERM); 141 (128 + SIGPIPE,
   what a tool killed by SIGPIPE reports) and nothing on stderr when the reader of stdout went
-  away (``| head``); 1 and one line ``error: ...`` for a ``MemoryError``, and for a ``ValueError``
+  away (``| head``); 2 (``EXIT_ERROR``) and one line ``error: ...`` for a ``MemoryError``, and for a ``ValueError``
   or ``OSError`` raised in nmt's own code (``HYDRA_FULL_ERROR=1`` re-raises it, with its
   traceback). Anything else is a bug and keeps its traceback.
 """
@@ -41,7 +41,7 @@ from typing import IO, TypeVar
 
 PACKAGE = Path(__file__).resolve().parent
 T = TypeVar("T")
-EXIT_ERROR = 1
+EXIT_ERROR = 2  # a user's error (a bad key, value or file): one line on stderr, as for a misused command
 FULL = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})  # a write failed for want of space
 
 

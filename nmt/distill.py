@@ -43,7 +43,7 @@ def run(cfg: DictConfig) -> float | None:
     from nmt.training.distillation import distil, student_data
 
     set_up_process(cfg)
-    with ending_cleanly():  # a teacher that is not a model, a bad key: one line, status 1
+    with ending_cleanly():  # a teacher that is not a model, a bad key: one line, status 2
 
         student_data(cfg, distil(cfg))
         metrics = train(cfg)

@@ -443,7 +443,7 @@ def set_up_process(cfg: DictConfig) -> None:
 @hydra.main(config_path=CONF_DIR, config_name="train", version_base="1.3")
 def run(cfg: DictConfig) -> float | None:
     set_up_process(cfg)
-    with ending_cleanly():  # a user's error (a bad key, a file that is not a model): one line, status 1
+    with ending_cleanly():  # a user's error (a bad key, a file that is not a model): one line, status 2
         metrics = train(cfg)
     value = metrics.get(cfg.get("optimized_metric") or "")
     return None if value is None or math.isnan(value) else value

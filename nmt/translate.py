@@ -8,7 +8,7 @@ interrupted run leaves every finished line on disk. The output is opened only on
 the input files and the checkpoint are checked, and never when it is one of the inputs
 (``nmt.cli_io``); SIGINT and SIGTERM stop the run between whole lines (exit status 130, 143), a
 closed stdout (``| head``) ends it quietly (141), a user's error is one line ``error: ...`` on
-stderr (status 1). Exactly one output line (``nbest``: k lines) is written per input line: empty
+stderr (status 2). Exactly one output line (``nbest``: k lines) is written per input line: empty
 input lines stay empty, over-long lines are truncated to the model's limit with a warning,
 invalid UTF-8 is an error naming the line (or, with ``errors=replace``, replaced and reported).
 

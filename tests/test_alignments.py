@@ -168,7 +168,7 @@ def test_a_server_on_an_older_ctranslate2_export_refuses_alignments_and_guides()
 
 def test_decoding_alignments_must_be_a_boolean(serve_ckpt, capsys):
     result = translate_here(capsys, f"ckpt={serve_ckpt}", "decoding.alignments=1")
-    assert result.returncode == 1 and "error: decoding.alignments=1: give true or false" in result.stderr
+    assert result.returncode == 2 and "error: decoding.alignments=1: give true or false" in result.stderr
 
 
 def test_alignments_of_random_sentences_link_only_real_words(serve_ckpt):

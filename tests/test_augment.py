@@ -171,7 +171,7 @@ def test_evaluate_puts_the_augmented_test_copies_beside_the_clean_one(robust_run
 def test_evaluate_refuses_bad_test_variants_before_any_work(robust_run, tmp_path, capsys, overrides, message):
     ckpt = robust_run[2] / "checkpoints" / "last.ckpt"
     result = evaluate_here(capsys, tmp_path / "eval", f"ckpts=[{ckpt}]", "data=tiny", *overrides)
-    assert result.returncode == 1 and f"error: {message}" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert result.returncode == 2 and f"error: {message}" in result.stderr and len(result.stderr.splitlines()) == 1
 
 
 def test_dataloader_workers_build_the_same_changed_pairs(tmp_path):

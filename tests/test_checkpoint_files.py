@@ -358,7 +358,7 @@ def test_evaluate_names_the_checkpoints_it_is_given(budget_run, tmp_path, capsys
     report = json.loads((tmp_path / "eval" / "comparison.json").read_text())
     assert set(report) == {"final", "release"} and report["final"]["bleu"] == report["release"]["bleu"]
     result = evaluate_here(capsys, tmp_path / "eval2", *base, f"ckpts=[{last},{last}]")
-    assert result.returncode == 1 and "name them: ckpts={name: file, ...}" in result.stderr
+    assert result.returncode == 2 and "name them: ckpts={name: file, ...}" in result.stderr
 
 
 def test_a_checkpoint_whose_config_would_build_something_else_is_refused(budget_run, tmp_path):

@@ -118,7 +118,7 @@ def test_every_entry_point_refuses_the_os_open_walk(trained, tmp_path, victim, c
     # the bodies of translate.py and evaluate.py (test_checkpoint_files.py runs translate.py itself on a crafted file)
     for result in (translate_here(capsys, f"ckpt={path}", f"input={tmp_path / 'in.txt'}"),
                    evaluate_here(capsys, tmp_path / "eval", f"ckpts=[{path}]")):
-        assert result.returncode == 1 and "_args_: refused" in result.stderr, result.stderr[-2000:]
+        assert result.returncode == 2 and "_args_: refused" in result.stderr, result.stderr[-2000:]
     assert victim.read_text() == "the user's data\n"
 
 
@@ -332,4 +332,4 @@ def test_a_weight_that_is_not_a_dense_tensor_is_refused_in_one_line(tmp_path, ca
         read_checkpoint(tmp_path / f"{kind}.ckpt")
     assert str(error.value) == message
     result = translate_here(capsys, f"ckpt={tmp_path / kind}.ckpt", f"input={SAVED_RELEASE.parent.parent / 'tiny' / 'test.src'}")
-    assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == f"error: {message}"
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == f"error: {message}"

@@ -74,7 +74,7 @@ def test_translate_and_serve_refuse_such_a_file_in_one_line(tmp_path, capsys):
 
     path = forged(tmp_path, src=1157)
     finished = translate_here(capsys, f"ckpt={path}", "input=/dev/null")
-    assert finished.returncode == 1 and "Traceback" not in finished.stderr
+    assert finished.returncode == 2 and "Traceback" not in finished.stderr
     assert finished.stderr.strip().splitlines()[-1].startswith(f"error: {path}: its src tokenizer has 1,157 pieces")
     with pytest.raises(CheckpointError, match="its src tokenizer has 1,157 pieces"):
         load(serve_cfg(path, "batching.process=false"))
@@ -104,7 +104,7 @@ def test_decoding_values_are_bounded_before_any_allocation(decoding, message):
 
 def test_translate_refuses_a_nan_temperature_in_one_line(capsys):
     finished = translate_here(capsys, f"ckpt={SAVED}", "input=/dev/null", "decoding=sample", "decoding.temperature=nan")
-    assert finished.returncode == 1 and "Traceback" not in finished.stderr
+    assert finished.returncode == 2 and "Traceback" not in finished.stderr
     assert finished.stderr.strip().splitlines()[-1] == "error: decoding.temperature=nan: give a finite number"
 
 
@@ -122,7 +122,7 @@ def test_a_negative_number_of_resamples_is_refused_in_one_line(tmp_path, capsys,
     from tests.conftest import evaluate_here
 
     finished = evaluate_here(capsys, tmp_path, f"ckpts=[{SAVED}]", f"{key}=-1")
-    assert finished.returncode == 1 and "Traceback" not in finished.stderr
+    assert finished.returncode == 2 and "Traceback" not in finished.stderr
     assert finished.stderr.strip().splitlines()[-1] == (f"error: {key}=-1: a number of bootstrap resamples from 0 (off) "
                                                         "to 100,000")
 
@@ -166,7 +166,7 @@ def test_model_sizes_that_cannot_build_are_one_line_naming_the_key(tmp_path, cap
             instantiate(cfg.model)
 
     finished = captured(capsys, body)
-    assert finished.returncode == 1 and "Traceback" not in finished.stderr
+    assert finished.returncode == 2 and "Traceback" not in finished.stderr
     assert finished.stderr.strip().splitlines() == [line]
 
 
@@ -183,7 +183,7 @@ def test_corpus_statistics_name_a_missing_folder_in_one_line(tmp_path, capsys):
         cfg = compose("stats", overrides=["data=files", f"data.source.path={tmp_path / 'none'}", "data.src_lang=de",
                                           "data.tgt_lang=en", f"paths.cache_dir={tmp_path}"])
     finished = captured(capsys, lambda: stats.run.__wrapped__(cfg))
-    assert finished.returncode == 1 and "Traceback" not in finished.stderr
+    assert finished.returncode == 2 and "Traceback" not in finished.stderr
     assert finished.stderr.strip().splitlines() == [f"error: data folder {tmp_path / 'none'} does not exist; set "
                                                     "data.source.path or NMT_DATA_DIR (the folder that holds the corpus "
                                                     "folders)"]
@@ -210,7 +210,7 @@ def test_a_batch_size_below_one_is_refused_before_training(tmp_path, capsys, ove
             train(cfg)
 
     finished = captured(capsys, body)
-    assert finished.returncode == 1 and "Traceback" not in finished.stderr
+    assert finished.returncode == 2 and "Traceback" not in finished.stderr
     assert finished.stderr.strip().splitlines()[-1] == line
 
 
@@ -236,7 +236,7 @@ def test_a_corpus_full_of_line_separators_trains_a_tokenizer(tmp_path, char):
 def test_translate_batching_values_below_one_are_refused(capsys, override, line):
     """chunk_lines=0 read all of standard input into one chunk: an endless stream, unbounded memory."""
     finished = translate_here(capsys, f"ckpt={SAVED}", "input=/dev/null", override)
-    assert finished.returncode == 1 and finished.stderr.strip().splitlines()[-1] == line
+    assert finished.returncode == 2 and finished.stderr.strip().splitlines()[-1] == line
 
 
 def test_a_beam_through_the_library_is_bounded_as_on_the_command_line():

@@ -259,7 +259,7 @@ def test_translate_takes_the_target_language_and_refuses_before_any_output(multi
             ((source,), "tgt_lang=cs", "error: tgt_lang=cs: unknown language tag; this model translates into de, en, fr")):
         done = translate_here(capsys, f"ckpt={multilingual_ckpt}", f"input={files[0]}", f"output={out}", "chunk_lines=2",
                               *([option] if option else []))
-        assert done.returncode == 1 and message in done.stderr.splitlines(), done.stderr
+        assert done.returncode == 2 and message in done.stderr.splitlines(), done.stderr
         assert out.read_text() == "keep me\n"  # checked before the output is opened
 
 
@@ -289,7 +289,7 @@ def test_evaluate_refuses_a_multilingual_model_on_data_it_does_not_translate_int
     (folder / "val.cs").write_text((folder / "val.de").read_text())
     (folder / "train.cs").write_text((folder / "train.de").read_text())
     done = evaluate_here(capsys, tmp_path / "two", *common, "data.src_lang=de", "data.tgt_lang=cs")
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert "error: ckpts: ml is multilingual (into de, en, fr), but its test data are de-cs: evaluate it on data in " \
            "its languages" in done.stderr.splitlines()
     assert not (tmp_path / "two" / "ml.hyp.txt").exists()  # refused before any translation

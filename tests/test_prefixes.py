@@ -115,7 +115,7 @@ def assert_refused_before_output(ckpt, tmp_path, capsys, key: str, content: str,
     guide.write_text(content)
     out.write_text("kept\n")
     result = translate_here(capsys, f"ckpt={ckpt}", f"input={src}", f"{key}={guide}", f"output={out}")
-    assert result.returncode == 1 and f"error: {message.format(f=guide, i=src)}" in result.stderr
+    assert result.returncode == 2 and f"error: {message.format(f=guide, i=src)}" in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: ") and out.read_text() == "kept\n"
 
 
@@ -123,8 +123,8 @@ def test_prefixes_need_an_input_file_and_the_translate_mode(ckpt, tmp_path, caps
     prefixes = tmp_path / "prefixes.txt"
     prefixes.write_text("a\n")
     result = translate_here(capsys, f"ckpt={ckpt}", f"prefixes={prefixes}")
-    assert result.returncode == 1 and "give the input as a file (input=<file>)" in result.stderr
+    assert result.returncode == 2 and "give the input as a file (input=<file>)" in result.stderr
     result = translate_here(capsys, f"ckpt={ckpt}", f"prefixes={prefixes}", "mode=score", f"input={prefixes}",
                            f"target={prefixes}")
-    assert result.returncode == 1 and result.stderr.strip().endswith(
+    assert result.returncode == 2 and result.stderr.strip().endswith(
         f"error: prefixes={prefixes}: prefixes and constraints steer mode=translate; mode=score scores the targets given")

@@ -41,7 +41,7 @@ def test_a_bad_prefix_is_refused_alike_by_the_api_the_command_and_the_server(ser
     out = tmp_path / "out.txt"
     out.write_text("kept\n")
     command = translate_here(capsys, f"ckpt={serve_ckpt}", f"input={src}", f"prefixes={prefixes}", f"output={out}")
-    assert command.returncode == 1 and command.stderr.strip().endswith(f"error: prefixes={prefixes}, line 2: {UNK}")
+    assert command.returncode == 2 and command.stderr.strip().endswith(f"error: prefixes={prefixes}, line 2: {UNK}")
     assert out.read_text() == "kept\n"  # refused before any output
 
     served = client.post("/translate", json={"text": ["a b", "c d"], "prefix": ["", SNOWMAN]})
@@ -55,7 +55,7 @@ def test_a_target_language_for_a_model_of_one_direction_is_refused_alike(serve_c
     src = tmp_path / "in.txt"
     src.write_text("a\n", encoding="utf-8")
     command = translate_here(capsys, f"ckpt={serve_ckpt}", f"input={src}", "tgt_lang=fr")
-    assert command.returncode == 1 and command.stderr.strip().endswith(f"error: {ONE_DIRECTION}")
+    assert command.returncode == 2 and command.stderr.strip().endswith(f"error: {ONE_DIRECTION}")
     served = client.post("/translate", json={"text": ["a"], "tgt_lang": "fr"})
     assert served.status_code == 400 and served.json()["error"] == ONE_DIRECTION
 

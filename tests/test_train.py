@@ -196,7 +196,7 @@ def test_translate_cli_keeps_one_line_per_input_line(runs, tmp_path, capsys):
     before = (tmp_path / "attention" / "line00002.png").read_bytes()
     again = translate_here(capsys, f"ckpt={last_checkpoint(cfg)}", f"input={src}", f"attention_dir={tmp_path / 'attention'}",
                            "attention_lines=[1,2]", f"output={tmp_path / 'out.txt'}")
-    assert again.returncode == 1 and again.stderr.strip().endswith(
+    assert again.returncode == 2 and again.stderr.strip().endswith(
         f"error: attention_dir={tmp_path / 'attention'}: line00002.png is already there (1 of the heatmaps asked for "
         "would overwrite files); give a new or empty folder")
     assert (tmp_path / "attention" / "line00002.png").read_bytes() == before and not (tmp_path / "out.txt").exists()

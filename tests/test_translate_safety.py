@@ -66,7 +66,7 @@ def translate_here(ckpt: Path, capsys, *overrides: str) -> tuple[int, str]:
 
 def assert_one_line_error(result: tuple[int, str], *expected: str) -> None:
     status, stderr = result
-    assert status == 1, stderr[-3000:]
+    assert status == 2, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and all(e in errors[0] for e in expected), stderr[-3000:]
@@ -353,13 +353,13 @@ def test_only_errors_raised_by_nmt_become_one_line(capsys):
 
     with pytest.raises(SystemExit) as stop, ending_cleanly():
         output_format("xml", "translate", 1)
-    assert stop.value.code == 1
+    assert stop.value.code == 2
     assert capsys.readouterr().err == "error: format=xml: choose auto or one of text, jsonl for translations\n"
     with pytest.raises(ValueError, match="a bug elsewhere"), ending_cleanly():
         raise ValueError("a bug elsewhere")  # raised in this file, not in nmt: keeps its traceback
     with pytest.raises(SystemExit) as stop, ending_cleanly():
         raise MemoryError  # wherever it comes from: the machine, not a bug
-    assert stop.value.code == 1 and capsys.readouterr().err == (
+    assert stop.value.code == 2 and capsys.readouterr().err == (
         "error: out of memory; use smaller batches (max_tokens), shorter inputs or a machine with more memory\n")
 
 

@@ -498,7 +498,7 @@ def main() -> None:
     from nmt.cli_io import configured, ending_cleanly
 
     @hydra.main(config_path=CONF_DIR, config_name="prepare", version_base="1.3")
-    @ending_cleanly()  # a missing folder, a bad key: one line on stderr, status 1
+    @ending_cleanly()  # a missing folder, a bad key: one line on stderr, status 2
     def run(cfg: DictConfig) -> None:
         dm = configured(lambda: instantiate(cfg.data, vocab_loader=instantiate(cfg.vocab_loader)))  # the config names the reader
         dm.prepare_data(workers=cfg.get("workers"))

@@ -75,7 +75,7 @@ def main() -> None:
 
 
 @hydra.main(config_path=CONF_DIR, config_name="stats", version_base="1.3")
-@ending_cleanly()  # a missing folder, a bad key: one line on stderr, status 1
+@ending_cleanly()  # a missing folder, a bad key: one line on stderr, status 2
 def run(cfg: DictConfig) -> None:
     dm: TranslationDataModule = configured(lambda: instantiate(cfg.data, vocab_loader=instantiate(cfg.vocab_loader)))
     dm.setup()
