@@ -38,7 +38,7 @@ MAX_DIGITS = 20  # an integer literal longer than this is refused before int() r
 OPEN_PATHS = ("/health", "/")  # and /static/...: the page loads without a key, then asks for one
 
 
-ESCAPED_BYTES = 12  # the most bytes one character takes in JSON: a character outside the BMP as two \\uXXXX escapes
+ESCAPED_BYTES = 12  # the most bytes one character takes in JSON: a character outside the BMP as two six-byte \\u escapes
 
 
 def max_body_bytes(limits: DictConfig) -> int:
