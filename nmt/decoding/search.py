@@ -21,7 +21,7 @@ from torch import Tensor
 from nmt.kernels import Kernels
 from nmt.specials import BOS, EOS, PAD
 from nmt.models.base import select
-from nmt.decoding.settings import DEFAULT_ALPHA, SearchSettings
+from nmt.decoding.settings import DEFAULT_ALPHA, ENGINES, SearchSettings
 
 
 @dataclass
@@ -84,12 +84,17 @@ def _forced(x: Tensor, prefix: Tensor | None, t: int, rows: Tensor | None = None
         return x
     token = prefix[:, t] if rows is None else prefix[rows, t]
     token = token.repeat_interleave(beams)
-    on = token != PAD
-    if not bool(on.any()):
+    if not bool((token != PAD).any()):
         return x
+    return force_tokens(x, token)
+
+
+def force_tokens(x: Tensor, token: Tensor) -> Tensor:
+    """Log-probs ``x`` (rows, W) where each row whose ``token`` (rows,) is not PAD may only continue
+    with that token, at the model's log-prob."""
     keep = x.gather(1, token.unsqueeze(1))
     forced = torch.full_like(x, float("-inf")).scatter_(1, token.unsqueeze(1), keep)
-    return torch.where(on.unsqueeze(1), forced, x)
+    return torch.where((token != PAD).unsqueeze(1), forced, x)
 
 
 def _check_prefix(prefix: Tensor | None, max_len: Tensor) -> None:
@@ -240,11 +245,12 @@ def length_penalty(length: Tensor, alpha: float) -> Tensor:
     return ((5.0 + length.float()) / 6.0) ** alpha
 
 
-def _best_possible(score: Tensor, t: int, max_len: Tensor, alpha: float) -> Tensor:
+def _best_possible(score: Tensor, t: int | Tensor, max_len: Tensor, alpha: float) -> Tensor:
     """The best normalised score that a live hypothesis with log-prob ``score`` (<= 0) after
-    step ``t`` can still end with: its log-prob can only fall, and it ends with between t + 2
-    and ``max_len`` tokens, so score / length_penalty is at most the larger of the two ends'."""
-    shortest = length_penalty(torch.full_like(max_len, t + 2), alpha)
+    step ``t`` (a number, or a tensor of one) can still end with: its log-prob can only fall, and
+    it ends with between t + 2 and ``max_len`` tokens, so score / length_penalty is at most the
+    larger of the two ends'."""
+    shortest = length_penalty(torch.full_like(max_len, t + 2) if isinstance(t, int) else (t + 2).expand_as(max_len), alpha)
     return torch.maximum(score / shortest, score / length_penalty(max_len, alpha))
 
 
@@ -261,6 +267,7 @@ def beam_search(
     nbest: int = 1,
     max_len: Tensor | None = None,
     prefix: Tensor | None = None,
+    engine: str = "auto",
 ) -> Hypotheses:
     """Batched beam search (``prefix`` (B, P): target tokens every hypothesis of a sentence starts
     with, PAD-padded); a sentence stops once ``beam_size`` hypotheses have ended, or once
@@ -268,10 +275,26 @@ def beam_search(
     and then leaves the batch (the others decode on fewer rows); the search stops when every
     sentence has. Hypotheses are ranked by score / length_penalty; ``nbest`` > 1 also returns
     each sentence's ``nbest`` best ended hypotheses (``Hypotheses.nbest``); ``alpha=None``:
-    ``DEFAULT_ALPHA``."""
+    ``DEFAULT_ALPHA``.
+
+    ``engine`` (``ENGINES``): ``loop``, this search, which reads the device every step and
+    shrinks the batch as sentences end; ``fixed`` and ``graphs``, the same search on tensors of
+    fixed shapes (``nmt.decoding.fixed_beam``: the same hypotheses and scores), ``graphs`` padded
+    to a bounded set of shapes and, on CUDA, replayed as one CUDA graph per step; ``auto``:
+    ``graphs`` on CUDA, ``loop`` elsewhere. A search the fixed shapes do not serve (attention
+    weights asked for, a model without a preallocated state) runs the loop."""
     alpha = DEFAULT_ALPHA if alpha is None else alpha
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest={nbest}: must be between 1 and the beam size ({beam_size})")
+    if engine not in ENGINES:
+        raise ValueError(f"decoding.engine={engine!r}: choose one of {', '.join(ENGINES)}")
+    if engine == "auto":
+        engine = "graphs" if src.is_cuda else "loop"
+    if engine != "loop" and not need_attn and getattr(model, "fixed_state_steps", 0) > 0:
+        from nmt.decoding.fixed_beam import fixed_beam_search  # it builds on this module's helpers
+
+        return fixed_beam_search(model, src, src_mask, beam_size, alpha, max_len_a, max_len_b, nbest, max_len, prefix,
+                                 graphs=engine == "graphs")
     batch, k, n_best = src.size(0), beam_size, nbest
     device = src.device
     max_len = _max_lengths(src_mask, max_len_a, max_len_b, max_len)
@@ -379,4 +402,5 @@ def search_of(settings: SearchSettings, beam_size: int | None = None, nbest: int
     if beam_size == 1 and nbest == 1:
         return functools.partial(greedy_search, **limits)
     alpha = DEFAULT_ALPHA if settings.alpha is None else settings.alpha  # None: settings not yet for_model'd
-    return functools.partial(beam_search, beam_size=beam_size, alpha=alpha, nbest=nbest, **limits)
+    return functools.partial(beam_search, beam_size=beam_size, alpha=alpha, nbest=nbest, engine=settings.engine,
+                             **limits)

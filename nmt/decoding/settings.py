@@ -21,7 +21,8 @@ BOUNDS: dict[str, tuple[type, float, float]] = {
     "beam_size": (int, 1, 256), "nbest": (int, 1, 256), "alpha": (float, 0.0, 10.0), "max_len_a": (float, 0.0, 100.0),
     "max_len_b": (int, 0, 10_000), "temperature": (float, 0.0, 100.0), "top_k": (int, 0, 1 << 20),
     "top_p": (float, 0.0, 1.0), "seed": (int, 0, (1 << 63) - 1)}
-KEYS = {"beam": ("beam_size", "alpha", "nbest", "max_len_a", "max_len_b", "alignments"),
+ENGINES = ("auto", "loop", "fixed", "graphs")  # ``nmt.decoding.search.beam_search``'s engines
+KEYS = {"beam": ("beam_size", "alpha", "nbest", "max_len_a", "max_len_b", "alignments", "engine"),
         "greedy": ("max_len_a", "max_len_b", "alignments"), "sample": ("max_len_a", "max_len_b", "alignments", *SAMPLING_KEYS)}
 
 
@@ -35,6 +36,7 @@ class SearchSettings:
     max_len_b: int = 10
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_k, top_p, seed
     alignments: bool = False  # a Pharaoh word alignment beside each hypothesis (not a search option)
+    engine: str = "auto"  # how beam search runs on torch (``ENGINES``); the result is the same
 
     @classmethod
     def from_config(cls, decoding: Mapping[str, Any] | None) -> SearchSettings:
@@ -64,7 +66,10 @@ class SearchSettings:
         alignments = decoding.get("alignments", False)
         if not isinstance(alignments, bool):
             raise ValueError(f"decoding.alignments={alignments!r}: give true or false")
-        settings = cls(**values, sampling=sampling, alignments=alignments)
+        engine = decoding.get("engine", "auto")
+        if engine not in ENGINES:
+            raise ValueError(f"decoding.engine={engine!r}: choose one of {', '.join(ENGINES)}")
+        settings = cls(**values, sampling=sampling, alignments=alignments, engine=engine)
         if settings.beam_size < 1:
             raise ValueError(f"decoding.beam_size={settings.beam_size}: must be at least 1")
         if not 1 <= settings.nbest <= settings.beam_size:

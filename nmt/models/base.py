@@ -7,7 +7,8 @@ which encoder or decoder it holds:
 
 - ``forward(src, src_mask, tgt_in) -> logits (B, T, V)``: teacher forcing;
   ``features(...) -> (B, T, H)`` is the same before the output layer ``decoder.out``.
-- ``encode(src, src_mask) -> memory``; ``init_state(memory) -> state``;
+- ``encode(src, src_mask) -> memory``; ``init_state(memory) -> state`` (``capacity=n``: a state
+  of one shape for n steps, updated in place; ``fixed_state_steps`` says how many it can hold);
   ``decode_step(prev (B,), memory, state) -> (logits (B, V), state, attn (B, S) | None)``;
   the logits are the caller's: decoding normalises them in place.
 
@@ -160,8 +161,18 @@ class Seq2Seq(nn.Module):
             memory = self.bridge(memory)
         return self.decoder.prepare_memory(memory)
 
-    def init_state(self, memory: dict[str, Tensor]) -> dict[str, Any]:
-        return self.decoder.init_state(memory)
+    def init_state(self, memory: dict[str, Tensor], capacity: int | None = None) -> dict[str, Any]:
+        """The decoder's first state; with ``capacity``, one whose tensors keep their shapes for that
+        many steps (a Transformer's key/value cache preallocated and written in place; an RNN's
+        state always is): ``nmt.decoding.fixed_beam`` searches on it."""
+        if capacity is None:
+            return self.decoder.init_state(memory)
+        return self.decoder.init_state(memory, capacity=capacity)
+
+    @property
+    def fixed_state_steps(self) -> int:
+        """The most steps ``init_state(capacity=...)`` can hold (0: the decoder has no such state)."""
+        return int(getattr(self.decoder, "fixed_state_steps", 0))
 
     def decode_step(
         self, prev: Tensor, memory: dict[str, Tensor], state: dict[str, Any], need_attn: bool = False

@@ -168,7 +168,10 @@ class RNNDecoder(UsesKernels, nn.Module):
         values = ops.cast_once(memory["enc_out"])
         return {**memory, "enc_out": values, "keys": self.attention.project_keys(values)}
 
-    def init_state(self, memory: dict[str, Tensor]) -> dict[str, Any]:
+    # A state of one shape at every step, however many (``init_state``'s ``capacity`` changes nothing).
+    fixed_state_steps = 1 << 20
+
+    def init_state(self, memory: dict[str, Tensor], capacity: int | None = None) -> dict[str, Any]:
         state = {"h": memory["final_h"], "c": memory["final_c"]}  # (B, L, H)
         if self.fixed_context:  # in the state, which beams and finished sentences select rows of
             state["feed"] = memory["final_h"][:, -1]

@@ -59,9 +59,14 @@ class Rotary(nn.Module):
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        cos = self.cos[offset : offset + x.size(-2)].to(x.dtype)
-        sin = self.sin[offset : offset + x.size(-2)].to(x.dtype)
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
+        """``offset``: the first position, or each row's one position (B,) (a one-step ``x``)."""
+        if isinstance(offset, Tensor):
+            cos = self.cos.index_select(0, offset)[:, None, None].to(x.dtype)  # (B, 1, 1, d/2)
+            sin = self.sin.index_select(0, offset)[:, None, None].to(x.dtype)
+        else:
+            cos = self.cos[offset : offset + x.size(-2)].to(x.dtype)
+            sin = self.sin[offset : offset + x.size(-2)].to(x.dtype)
         x1, x2 = x[..., 0::2], x[..., 1::2]
         return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
 
@@ -199,11 +204,19 @@ class DecoderLayer(_Block):
         self.ff = FeedForward(hidden_size, ff_size, activation_dropout, activation)
         self.rotary = rotary
 
-    def _self(self, x: Tensor, cache: dict | None, offset: int) -> Tensor:
+    def _self(self, x: Tensor, cache: dict | None, offset: int | Tensor) -> Tensor:
         q, (k, v) = self.self_attn.split(self.self_attn.q_proj(x)), self.self_attn.project_kv(x)
         if self.rotary is not None:
             q, k = self.rotary(q, offset), self.rotary(k, offset)
         pattern = self.self_attn.pattern
+        if isinstance(offset, Tensor):  # a preallocated cache: write this step's key/value at its position
+            cache["k"].index_copy_(2, offset[:1], k)  # every row is at the same step
+            cache["v"].index_copy_(2, offset[:1], v)
+            keys = torch.arange(cache["k"].size(2), device=offset.device)[None, :]
+            reads = keys <= offset[:, None]  # (B, capacity): the positions written so far
+            if pattern is not None:
+                reads = reads & pattern.allowed(offset[:, None], keys, causal=True)
+            return self.self_attn(q, cache["k"], cache["v"], reads[:, None, None, :])[0]
         if cache is not None:  # incremental: append this step's key/value to the cache
             k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
             if pattern is not None:  # keep what later queries read
@@ -220,7 +233,7 @@ class DecoderLayer(_Block):
         cross_kv: tuple[Tensor, Tensor],
         src_mask: Tensor,
         cache: dict | None = None,
-        offset: int = 0,
+        offset: int | Tensor = 0,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         x = self.residual(0, x, lambda y: self._self(y, cache, offset))
@@ -257,9 +270,16 @@ class _Embedding(nn.Module):
             self.register_buffer("pos_table", sinusoids(max_len, hidden_size), persistent=False)
         self.drop = Dropout(dropout)
 
-    def forward(self, tokens: Tensor, offset: int = 0, shift: tuple[Tensor, int] | None = None) -> Tensor:
-        """Positions start at ``offset`` (a decoding step), or per sentence at ``shift``: the
-        starts (B,) and their bound (training with ``position_shift``)."""
+    def forward(self, tokens: Tensor, offset: int | Tensor = 0, shift: tuple[Tensor, int] | None = None) -> Tensor:
+        """Positions start at ``offset`` (a decoding step; a tensor (B,): each row's position, for
+        one-token rows, checked against ``max_len`` by whoever made it), or per sentence at
+        ``shift``: the starts (B,) and their bound (training with ``position_shift``)."""
+        if isinstance(offset, Tensor):
+            x = self.embed(tokens) * self.scale
+            if self.positions == "rope":
+                return self.drop(x)
+            table = self.pos.weight if self.positions == "learned" else self.pos_table
+            return self.drop(x + table.index_select(0, offset).unsqueeze(1).to(x.dtype))
         if offset + tokens.size(1) > self.max_len:
             raise ValueError(f"sequence of {offset + tokens.size(1)} tokens exceeds the model's max_len {self.max_len}")
         if shift is not None and tokens.size(1) + shift[1] > self.max_len:
@@ -409,10 +429,26 @@ class TransformerDecoder(nn.Module):
         cross_kv = [layer.cross_attn.project_kv(memory["enc_out"]) for layer in self.layers]
         return {**memory, "cross_kv": cross_kv}
 
-    def init_state(self, memory: dict[str, Tensor]) -> dict[str, Any]:
+    def init_state(self, memory: dict[str, Tensor], capacity: int | None = None) -> dict[str, Any]:
+        """Each layer's self-attention keys/values, empty and growing a step at a time; or, with a
+        ``capacity``, preallocated for that many steps (B, heads, capacity, d), written in place at
+        each row's position ``pos`` (a tensor (B,)): a state of one shape at every step, which
+        ``nmt.decoding.fixed_beam`` reorders in place and a CUDA graph replays."""
         k = memory["cross_kv"][0][0]
-        empty = k.new_zeros(k.size(0), k.size(1), 0, k.size(3))  # (B, heads, 0, d)
-        return {"pos": 0, "cache": [{"k": empty, "v": empty} for _ in self.layers]}
+        if capacity is None:
+            empty = k.new_zeros(k.size(0), k.size(1), 0, k.size(3))  # (B, heads, 0, d)
+            return {"pos": 0, "cache": [{"k": empty, "v": empty} for _ in self.layers]}
+        if not 1 <= capacity <= self.fixed_state_steps:
+            raise ValueError(f"a key/value cache of {capacity} steps: the decoder has positions for 1 to "
+                             f"{self.fixed_state_steps}")
+        shape = (k.size(0), k.size(1), capacity, k.size(3))
+        return {"pos": torch.zeros(k.size(0), dtype=torch.long, device=k.device),
+                "cache": [{"k": k.new_zeros(shape), "v": k.new_zeros(shape)} for _ in self.layers]}
+
+    @property
+    def fixed_state_steps(self) -> int:
+        """The most steps a preallocated state (``init_state(capacity=...)``) holds: the positions."""
+        return self.embed_tokens.max_len
 
     def _layers(self, x: Tensor, memory: dict, state: dict | None, need_weights: bool):
         src_mask = memory["src_mask"][:, None, None, :]
@@ -440,7 +476,7 @@ class TransformerDecoder(nn.Module):
     def decode_step(
         self, prev: Tensor, memory: dict[str, Tensor], state: dict[str, Any], need_attn: bool = False
     ) -> tuple[Tensor, dict[str, Any], Tensor | None]:
-        pos = state["pos"]
+        pos = state["pos"]  # a preallocated cache (``init_state(capacity=...)``) is written in place
         state = {"pos": pos, "cache": [dict(c) for c in state["cache"]]}
         x, weights = self._layers(self.embed_tokens(prev.unsqueeze(1), pos), memory, state, need_attn)
         state["pos"] = pos + 1

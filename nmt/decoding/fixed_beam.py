@@ -1,0 +1,289 @@
+"""Beam search on tensors of fixed shapes, for GPUs: the search of ``search.beam_search`` (the same
+hypotheses, scores and n-best lists) with nothing in a step that waits for the host.
+
+``search.beam_search`` reads the device at every step (has a sentence ended? is any still
+searching?) and shrinks its tensors as sentences end: cheap on a CPU, but on a GPU each read stalls
+the queue of kernels and each new shape is a new launch plan. Here:
+
+- **the decoder's state is preallocated** for the batch's longest output
+  (``Seq2Seq.init_state(capacity=...)``: a Transformer's key/value cache, written in place at each
+  step's position) and reordered in place, so every tensor keeps its shape and address;
+- **finished sentences stay in the batch**, their hypotheses frozen by a ``searching`` mask instead
+  of leaving it, and every step's bookkeeping (the n-best lists, the finished counts, the stop
+  test) stays on the device: the host reads one flag every ``CHECK_EVERY`` steps and the
+  steps after the last sentence stopped change nothing;
+- **with** ``graphs``, batches are padded to the shape ladder of training's buckets
+  (``nmt.data.shapes``: rows, source length and output capacity), so a handful of shapes serve a
+  whole test set, and on CUDA a step (decoder, normalisation, top-k, bookkeeping) is captured once
+  per shape as a CUDA graph and replayed: one launch per step instead of hundreds.
+
+The steps run in the loop's order on the same values, so in fp32 the hypotheses are the loop's;
+the attention over a preallocated cache adds masked positions, which change a float's last bits at
+most (``tests/test_fixed_beam.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from nmt.data.shapes import bucket
+from nmt.decoding import search
+from nmt.models.base import Tree, select
+from nmt.specials import BOS, EOS, PAD
+
+CHECK_EVERY = 8  # steps between the host's reads of whether any sentence still searches
+WARMUP_STEPS = 2  # eager steps before a CUDA graph is captured (lazy initialisation, autotuning)
+KEPT_GRAPHS = 8  # captured searches kept per model, the most recently used
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Buffers:
+    """A search's tensors, each of one shape and address for the whole search (and, captured, for
+    every batch of its shape): n sentences of ``k`` beams, ``capacity`` steps at most."""
+
+    memory: Tree
+    prefix: Tensor | None  # (n, capacity) target tokens forced at each step, PAD where free
+    caps: Tensor  # (n,) each sentence's most output tokens
+    searching: Tensor  # (n,) bool: still searching (padding rows never do)
+    t: Tensor  # (1,) the step
+    prev: Tensor  # (n*k,) the previous token of each beam
+    beam_scores: Tensor  # (n, k)
+    history: Tensor  # (n*k, capacity) each beam's tokens, PAD after step t
+    best_scores: Tensor  # (n, nbest) the best ended hypotheses, score / length penalty
+    best_tokens: Tensor  # (n, nbest, capacity)
+    num_finished: Tensor  # (n,)
+    state: Tree = None  # the decoder's, set by the first step
+    graph: Callable[[], None] | None = None  # the captured step
+
+
+def fixed_beam_search(model, src: Tensor, src_mask: Tensor, beam_size: int, alpha: float, max_len_a: float,
+                      max_len_b: int, nbest: int = 1, max_len: Tensor | None = None, prefix: Tensor | None = None,
+                      graphs: bool = False, check_every: int = CHECK_EVERY) -> search.Hypotheses:
+    """``search.beam_search`` on fixed shapes (module docstring); ``graphs``: padded to the shape
+    ladder and, on CUDA, captured. A batch longer than the decoder's positions runs the loop."""
+    batch, k = src.size(0), beam_size
+    caps = search._max_lengths(src_mask, max_len_a, max_len_b, max_len)
+    search._check_prefix(prefix, caps)
+    steps = int(caps.max())
+    capacity = min(int(bucket(steps)), model.fixed_state_steps) if graphs else steps
+    if steps > model.fixed_state_steps:
+        return search.beam_search(model, src, src_mask, beam_size, alpha, max_len_a, max_len_b, False, nbest, max_len,
+                                  prefix, engine="loop")
+    rows, width = (int(bucket(batch)), int(bucket(src.size(1)))) if graphs else (batch, src.size(1))
+    src, src_mask, caps = _padded(src, src_mask, caps, rows, width)
+    if prefix is not None:
+        prefix = torch.nn.functional.pad(prefix[:, :capacity], (0, capacity - min(prefix.size(1), capacity),
+                                                                0, rows - batch), value=PAD)
+    memory = model.encode(src, src_mask)
+    capture = graphs and _captures(src.device)
+    key = (rows, width, capacity, k, nbest, float(alpha), prefix is not None, _autocast_key(src.device))
+    found = _kept(model, key) if capture else None
+    b = found or _Buffers(
+        memory=memory, prefix=prefix, caps=caps, searching=torch.arange(rows, device=src.device) < batch,
+        t=torch.zeros(1, dtype=torch.long, device=src.device), prev=src.new_full((rows * k,), BOS),
+        beam_scores=_first_beams(rows, k, src.device), history=src.new_full((rows * k, capacity), PAD),
+        best_scores=torch.full((rows, nbest), float("-inf"), device=src.device),
+        best_tokens=src.new_full((rows, nbest, capacity), PAD), num_finished=torch.zeros(rows, dtype=torch.long,
+                                                                                        device=src.device))
+    if found is not None:  # a captured search of this shape: this batch into its tensors
+        _copy_into(b.memory, memory)
+        _restart(b, caps, prefix, batch, k)
+    state = select(model.init_state(memory, capacity=capacity), torch.arange(rows, device=src.device).repeat_interleave(k))
+    step = _Step(model, b, k, nbest, float(alpha))
+    step(state)  # step 0, eagerly: it fixes the state's shapes and dtypes (an RNN's may change at the first step)
+    side = _Stream(src.device) if capture and found is None else None
+    for t in range(1, steps):
+        if t % check_every == 0 and not bool(b.searching.any()):
+            break
+        if b.graph is not None:
+            b.graph()
+        elif side is not None and t > WARMUP_STEPS:
+            try:
+                b.graph = _captured(lambda: step(b.state), side)
+            except RuntimeError as error:  # a decoder a graph cannot hold: eager steps, as correct
+                _log.warning("beam search runs its steps eagerly: a CUDA graph could not capture them (%s)",
+                             str(error).splitlines()[0] if str(error) else type(error).__name__)
+                side = None
+                step(b.state)
+                continue
+            _keep(model, key, b)
+            b.graph()
+        elif side is not None:
+            side.run(lambda: step(b.state))
+        else:
+            step(b.state)
+    token_lists = search._to_lists(b.best_tokens[:batch, 0])
+    nbest_out = None
+    if nbest > 1:
+        ranked = search._to_lists(b.best_tokens[:batch].reshape(batch * nbest, -1))
+        scores = b.best_scores[:batch].tolist()
+        nbest_out = [[(ranked[i * nbest + r], scores[i][r]) for r in range(nbest) if scores[i][r] > float("-inf")]
+                     for i in range(batch)]
+    return search.Hypotheses(token_lists, b.best_scores[:batch, 0].clone(), None, nbest_out)
+
+
+class _Step:
+    """One step of the search on ``b``'s tensors, in place (the loop's step in ``search.beam_search``,
+    with every data-dependent branch a mask)."""
+
+    def __init__(self, model, b: _Buffers, k: int, nbest: int, alpha: float) -> None:
+        self.model, self.b, self.k, self.nbest, self.alpha = model, b, k, nbest, alpha
+
+    def __call__(self, state: Tree) -> None:
+        model, b, k = self.model, self.b, self.k
+        n = b.caps.size(0)
+        logits, state, _ = model.decode_step(b.prev, b.memory, state)
+        x = search._log_probs(logits, model.tgt_vocab_size, model.kernels)  # (n*k, W)
+        if b.prefix is not None:
+            x = search.force_tokens(x, b.prefix.index_select(1, b.t).squeeze(1).repeat_interleave(k))
+        width = x.size(-1)
+        at_cap = (b.t >= b.caps - 1).repeat_interleave(k).unsqueeze(1)  # only EOS may follow at the cap
+        x = x.masked_fill(at_cap & (torch.arange(width, device=x.device) != EOS), float("-inf"))
+        top_scores, top_idx = search._top_candidates(x, b.beam_scores, 2 * k)  # (n, 2k)
+        origin = top_idx // width + (torch.arange(n, device=x.device) * k).unsqueeze(1)
+        token = (top_idx % width).clamp_(max=model.tgt_vocab_size - 1)
+        first_k = torch.arange(2 * k, device=x.device) < k
+        ended = (token == EOS) & first_k & (top_scores > float("-inf")) & b.searching.unsqueeze(1)
+        norm = (top_scores / search.length_penalty(b.t + 1, self.alpha)).masked_fill(~ended, float("-inf"))[:, :k]
+        improve = norm.max(dim=1).values > b.best_scores[:, -1]  # (n,): enters the n-best list
+        merged, pick = torch.cat([b.best_scores, norm], 1).topk(self.nbest, dim=1)
+        length = b.history.size(1)
+        candidates = b.history.index_select(0, origin[:, :k].reshape(-1)).view(n, k, length)
+        pool = torch.cat([b.best_tokens, candidates], 1).gather(1, pick.unsqueeze(-1).expand(n, self.nbest, length))
+        b.best_tokens.copy_(torch.where(improve[:, None, None], pool, b.best_tokens))
+        b.best_scores.copy_(torch.where(improve[:, None], merged, b.best_scores))
+        b.num_finished.add_(ended.sum(1))
+        beam_scores, keep = top_scores.masked_fill(token == EOS, float("-inf")).topk(k, dim=1)  # (n, k)
+        still = (b.num_finished < k) & (b.best_scores[:, -1] < search._best_possible(beam_scores[:, 0], b.t, b.caps,
+                                                                                     self.alpha))
+        b.searching.logical_and_(still)
+        reorder = origin.gather(1, keep).view(-1)
+        b.prev.copy_(token.gather(1, keep).view(-1))
+        b.beam_scores.copy_(beam_scores)
+        b.history.copy_(b.history.index_select(0, reorder))
+        b.history.index_copy_(1, b.t, b.prev.unsqueeze(1))
+        state = select(state, reorder)
+        if b.state is None:
+            b.state = state
+        else:
+            _copy_into(b.state, state)
+        b.t.add_(1)
+
+
+def _first_beams(rows: int, k: int, device: torch.device) -> Tensor:
+    scores = torch.full((rows, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # all beams start identical: keep one
+    return scores
+
+
+def _padded(src: Tensor, src_mask: Tensor, caps: Tensor, rows: int, width: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The batch padded to ``rows`` sentences of ``width`` tokens: PAD columns, and rows of one EOS
+    (capped at one token) that never search."""
+    batch, length = src.shape
+    if (rows, width) == (batch, length):
+        return src, src_mask, caps
+    src = torch.nn.functional.pad(src, (0, width - length, 0, rows - batch), value=PAD)
+    src_mask = torch.nn.functional.pad(src_mask, (0, width - length, 0, rows - batch), value=False)
+    src[batch:, 0], src_mask[batch:, 0] = EOS, True
+    return src, src_mask, torch.nn.functional.pad(caps, (0, rows - batch), value=1)
+
+
+def _restart(b: _Buffers, caps: Tensor, prefix: Tensor | None, batch: int, k: int) -> None:
+    """A kept search's tensors set for a new batch of its shape."""
+    rows = caps.size(0)
+    b.caps.copy_(caps)
+    if prefix is not None:
+        b.prefix.copy_(prefix)
+    b.searching.copy_(torch.arange(rows, device=caps.device) < batch)
+    b.t.zero_()
+    b.prev.fill_(BOS)
+    b.beam_scores.copy_(_first_beams(rows, k, caps.device))
+    b.history.fill_(PAD)
+    b.best_scores.fill_(float("-inf"))
+    b.best_tokens.fill_(PAD)
+    b.num_finished.zero_()
+
+
+def _copy_into(dst: Tree, src: Tree) -> None:
+    """Copy every tensor of ``src`` into the tensor at the same place in ``dst`` (the same shapes and
+    dtypes: a step that changed them would break the fixed shapes); other leaves stay ``dst``'s."""
+    if isinstance(dst, Tensor):
+        if dst.shape != src.shape or dst.dtype != src.dtype:
+            raise RuntimeError(f"a fixed-shape search's tensor changed from {tuple(dst.shape)} {dst.dtype} to "
+                               f"{tuple(src.shape)} {src.dtype} between steps")
+        dst.copy_(src)
+    elif isinstance(dst, dict):
+        for key, value in dst.items():
+            _copy_into(value, src[key])
+    elif isinstance(dst, (list, tuple)):
+        for a, c in zip(dst, src, strict=True):
+            _copy_into(a, c)
+
+
+# --- CUDA graphs -------------------------------------------------------------------------------
+
+def _captures(device: torch.device) -> bool:
+    """Whether steps on ``device`` are captured as CUDA graphs (elsewhere they run eagerly)."""
+    return device.type == "cuda"
+
+
+class _Stream:
+    """Warm-up steps on a side stream, as a capture needs (``torch.cuda.graphs``' recipe)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.stream = torch.cuda.Stream(device)
+
+    def run(self, fn: Callable[[], None]) -> None:
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            fn()
+        torch.cuda.current_stream().wait_stream(self.stream)
+
+
+def _captured(step: Callable[[], None], side: _Stream) -> Callable[[], None]:
+    """``step`` captured as a CUDA graph (recorded, not run): its replay. Autocast's cache of cast
+    weights is off while capturing, so the graph casts them itself and never reads a freed cast."""
+    graph = torch.cuda.CUDAGraph()
+    device = "cuda"
+    with torch.autocast(device, dtype=torch.get_autocast_dtype(device), enabled=torch.is_autocast_enabled(device),
+                        cache_enabled=False):
+        with torch.cuda.graph(graph, stream=side.stream):
+            step()
+    return graph.replay
+
+
+def _autocast_key(device: torch.device) -> tuple:
+    kind = device.type
+    return (torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)) if kind == "cuda" else (False, None)
+
+
+def _weights_key(model) -> tuple:
+    """Where the model's weights are and how often they changed in place: a captured graph reads
+    them (and what ``encode`` prepared from them) at fixed addresses, so any change retires it."""
+    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+
+
+def _kept(model, key: tuple) -> _Buffers | None:
+    kept = model.__dict__.get("_captured_searches")
+    if kept is None or kept["weights"] != _weights_key(model):
+        model.__dict__["_captured_searches"] = {"weights": _weights_key(model), "searches": OrderedDict()}
+        return None
+    found = kept["searches"].get(key)
+    if found is not None:
+        kept["searches"].move_to_end(key)
+    return found
+
+
+def _keep(model, key: tuple, b: _Buffers) -> None:
+    searches = model.__dict__["_captured_searches"]["searches"]
+    searches[key] = b
+    while len(searches) > KEPT_GRAPHS:
+        searches.popitem(last=False)
