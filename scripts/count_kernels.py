@@ -128,14 +128,23 @@ def training_kernels(model: torch.nn.Module, data: dict, compiled: bool) -> dict
 
 @torch.no_grad()
 def decoding_kernels(model: torch.nn.Module, data: dict) -> dict:
+    """Beam search's kernels and host reads per decoder step, with the loop (``decoding.engine=loop``,
+    the search before fixed shapes) and with ``graphs`` (fixed shapes, padded; on a GPU each step is
+    one graph replay, so its kernels are launched by the GPU, not by the host)."""
     model.eval()
     src = data["src"][:8]
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        hyps = beam_search(model, src, src != 0, beam_size=5, max_len_a=0.0, max_len_b=24)
-    steps = max(len(t) for t in hyps.tokens) + 1
-    kernels, syncs = count(prof)
-    return {"steps": steps, "kernels_per_step": round(kernels / steps, 1),
-            "syncs_per_step": round(sum(syncs.values()) / steps, 1), "syncs": dict(syncs)}
+    out = {}
+    for engine in ("loop", "graphs"):
+        steps = []
+        decode_step = model.decode_step
+        model.decode_step = lambda *args, **kwargs: steps.append(1) or decode_step(*args, **kwargs)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            beam_search(model, src, src != 0, beam_size=5, max_len_a=0.0, max_len_b=24, engine=engine)
+        del model.decode_step
+        kernels, syncs = count(prof)
+        out[engine] = {"steps": len(steps), "kernels_per_step": round(kernels / len(steps), 1),
+                       "syncs_per_step": round(sum(syncs.values()) / len(steps), 2), "syncs": dict(syncs)}
+    return {**out["loop"], "graphs": out["graphs"]}
 
 
 def markdown(rows: list[dict]) -> str:
@@ -145,21 +154,24 @@ def markdown(rows: list[dict]) -> str:
              "16 x 24-token batch. Compiled: the teacher-forced pass under `torch.compile` (inductor, dynamic shapes), "
              "as `compile=auto` runs it on a GPU.", "",
              "| model | training step, eager | compiled | ratio | decoder loop, eager | compiled | ratio "
-             "| first compiled step (s) | host syncs per training step | beam search kernels per step | host syncs per step |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| first compiled step (s) | host syncs per training step | beam search kernels per step | host syncs per step "
+             "| fixed shapes: kernels per step | host syncs per step |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         e, c, d = r["eager"], r["compiled"], r["decoding"]
         loop = (f"{e['decoder_loop_kernels']:,} | {c['decoder_loop_kernels']:,} | "
                 f"{e['decoder_loop_kernels'] / c['decoder_loop_kernels']:.1f}x") if "decoder_loop_kernels" in e else " | | "
         lines.append(f"| {r['model']} | {e['kernels']:,} | {c['kernels']:,} | {e['kernels'] / c['kernels']:.1f}x | {loop} | "
-                     f"{c['first_step_s']:.0f} | {c['syncs']} | {d['kernels_per_step']:,.0f} | {d['syncs_per_step']:.1f} |")
+                     f"{c['first_step_s']:.0f} | {c['syncs']} | {d['kernels_per_step']:,.0f} | {d['syncs_per_step']:.1f} | "
+                     f"{d['graphs']['kernels_per_step']:,.0f} | {d['graphs']['syncs_per_step']:.2f} |")
     lines += ["", "On a CPU, torch computes `nn.LSTM` (the encoders, and the plain LSTM's decoder) as per-step "
               "operations with their own backward, which dominate the LSTM models' step counts; on a GPU cuDNN "
               "runs each call as a few fused kernels, and compiling leaves those calls to it (dynamo does not trace "
               "`nn.LSTM`). The decoder loop columns count the attention decoders' teacher-forced loop alone "
-              "(forward and backward over a fixed memory), the part `compile` changes for them. Decoding is "
-              "eager either way: a static key/value cache, no host synchronisation per step and CUDA graphs "
-              "for beam search are not built yet."]
+              "(forward and backward over a fixed memory), the part `compile` changes for them. Beam search: "
+              "`decoding.engine=loop` (the CPU's default) against `graphs` (fixed shapes padded to the ladder: "
+              "8 x 24 sources become 8 x 24, 25 steps a 28-step cache); on a GPU, `graphs` replays each step as "
+              "one CUDA graph, so the host launches one graph per step instead of the kernels counted here."]
     return "\n".join(lines) + "\n"
 
 
@@ -167,6 +179,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "kernels")
+    parser.add_argument("--decoding-only", action="store_true",
+                        help="measure beam search alone; the training columns are kept from <out>/kernels.json")
     args = parser.parse_args()
     register_resolvers()
     import torch._inductor.config as inductor
@@ -174,13 +188,17 @@ def main() -> None:
     inductor.cpp.enable_kernel_profile = True  # each generated kernel an event of the profile
     rows = []
     data = batch()
+    path = args.out / "kernels.json"
+    before = {r["model"]: r for r in json.loads(path.read_text())["rows"]} if path.is_file() else {}
     for preset in args.models:
-        row = {"model": preset, "eager": training_kernels(build(preset), data, False),
-               "compiled": training_kernels(build(preset), data, True), "decoding": decoding_kernels(build(preset), data)}
+        if args.decoding_only and preset in before:
+            row = {**before[preset], "decoding": decoding_kernels(build(preset), data)}
+        else:
+            row = {"model": preset, "eager": training_kernels(build(preset), data, False),
+                   "compiled": training_kernels(build(preset), data, True), "decoding": decoding_kernels(build(preset), data)}
         print(json.dumps(row), flush=True)
         rows.append(row)
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "kernels.json"
     if path.is_file():  # --models: the other models' rows measured before are kept
         measured = {r["model"]: r for r in rows}
         kept = [r for r in json.loads(path.read_text())["rows"] if r["model"] not in measured]

@@ -9,12 +9,16 @@ import torch
 from nmt.bench.measure import sync, to_device
 
 
-def decode_speed(model, batches: list[dict], search, device: torch.device, autocast) -> tuple[dict[str, float], list]:
-    """Sentences/s and output tokens/s (EOS included) of ``search`` over ``batches``; and the outputs."""
+def decode_speed(model, batches: list[dict], search, device: torch.device, autocast,
+                 warm_whole: bool = False) -> tuple[dict[str, float], list]:
+    """Sentences/s and output tokens/s (EOS included) of ``search`` over ``batches``; and the outputs.
+    The warm-up decodes the first batch's first sentence, or (``warm_whole``) the whole first batch:
+    a search that captures a CUDA graph per batch shape captures it there."""
     model.eval()
     first = to_device(batches[0], device)
+    rows = first["src"].size(0) if warm_whole else 1
     with torch.no_grad(), autocast():
-        search(model, first["src"][:1], first["src_mask"][:1])  # warm-up
+        search(model, first["src"][:rows], first["src_mask"][:rows])  # warm-up
         sync(device)
         start = time.perf_counter()
         sentences = tokens = 0
