@@ -3,6 +3,7 @@ CPU: the host-side work a GPU step waits on, measurable where no GPU is.
 
     python scripts/count_kernels.py                       # the four presets and transformer_base
     python scripts/count_kernels.py --models transformer   # these rows again, the others kept
+    python scripts/count_kernels.py --decoding-only        # beam search's columns again, training's kept
 
 Each model is built at its preset's sizes with ``kernels=reference`` (the path a GPU runs), on a
 batch of 16 sentences padded to 24 tokens a side (a bucketed shape). Counted, per step:
@@ -10,8 +11,9 @@ batch of 16 sentences padded to 24 tokens a side (a bucketed shape). Counted, pe
 - training, eager: forward, backward and a fused Adam step, as today's GPU path runs them;
 - training, compiled: the same with the teacher-forced pass under ``torch.compile`` (inductor, its
   generated kernels profiled as the ``compile=auto`` GPU path runs them; dynamic shapes);
-- decoding: one beam search (beam 5) over the batch, divided by its steps, with the host
-  synchronisations per step (``item``, ``nonzero``, ``is_nonzero``: each one a wait for the GPU).
+- decoding: one beam search (beam 5) over the batch's first 8 sentences, divided by its decoder
+  steps, with the host synchronisations per step (``item``, ``nonzero``, ``is_nonzero``: each one a
+  wait for the GPU), with ``decoding.engine=loop`` and with ``graphs`` (fixed shapes).
 
 A kernel is a leaf event of the profile that computes: an ``aten`` operator other than a view or an
 allocation, or a kernel inductor generated (``cpp_fused_*`` here, ``triton_*`` on a GPU). Writes
@@ -169,9 +171,9 @@ def markdown(rows: list[dict]) -> str:
               "runs each call as a few fused kernels, and compiling leaves those calls to it (dynamo does not trace "
               "`nn.LSTM`). The decoder loop columns count the attention decoders' teacher-forced loop alone "
               "(forward and backward over a fixed memory), the part `compile` changes for them. Beam search: "
-              "`decoding.engine=loop` (the CPU's default) against `graphs` (fixed shapes padded to the ladder: "
-              "8 x 24 sources become 8 x 24, 25 steps a 28-step cache); on a GPU, `graphs` replays each step as "
-              "one CUDA graph, so the host launches one graph per step instead of the kernels counted here."]
+              "`decoding.engine=loop` (the CPU's default) against `graphs` (fixed shapes, eager on a CPU); on a "
+              "GPU, `graphs` replays each step as one CUDA graph, so the host launches one graph per step instead "
+              "of the kernels counted here."]
     return "\n".join(lines) + "\n"
 
 
