@@ -4,6 +4,8 @@ graph per step; captured steps kept per batch shape and retired when the weights
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -154,14 +156,15 @@ def test_captured_steps_are_kept_per_shape_and_retired_when_the_weights_change(m
     for src, src_mask in batches:
         assert_same_search(beam_search(model, src, src_mask, engine="loop", **options),
                            beam_search(model, src, src_mask, engine="graphs", **options))
-    assert len(captures) == 2  # 3 x 12 padded to 3 rows of 12: one shape; 2 x 3 another
-    assert len(model.__dict__["_captured_searches"]["searches"]) == 2
+    assert len(captures) == 2  # 3 x 9 and 3 x 9 padded to 3 x 12, 24 steps: one shape; 2 x 3 another
+    assert [shape[:3] for shape in fixed_beam.kept_shapes(model)] == [(3, 12, 24), (2, 3, 12)]
     with torch.no_grad():
         model.decoder.out.weight.mul_(1.5)
     src, src_mask = batches[0]
     assert_same_search(beam_search(model, src, src_mask, engine="loop", **options),
                        beam_search(model, src, src_mask, engine="graphs", **options))
-    assert len(captures) == 3 and len(model.__dict__["_captured_searches"]["searches"]) == 1
+    assert len(captures) == 3 and len(fixed_beam.kept_shapes(model)) == 1
+    copy.deepcopy(model)  # a model with captured searches still copies (they are kept beside it)
 
 
 def test_a_failed_capture_runs_the_steps_eagerly(monkeypatch, caplog):

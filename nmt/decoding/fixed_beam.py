@@ -25,6 +25,7 @@ most (``tests/test_fixed_beam.py``).
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
@@ -84,7 +85,8 @@ def fixed_beam_search(model, src: Tensor, src_mask: Tensor, beam_size: int, alph
                                                                 0, rows - batch), value=PAD)
     memory = model.encode(src, src_mask)
     capture = graphs and _captures(src.device)
-    key = (rows, width, capacity, k, nbest, float(alpha), prefix is not None, _autocast_key(src.device))
+    key = (rows, width, capacity, k, nbest, float(alpha), prefix is not None, _autocast_key(src.device),
+           torch.is_inference_mode_enabled())  # tensors made in inference mode take no update outside it
     found = _kept(model, key) if capture else None
     b = found or _Buffers(
         memory=memory, prefix=prefix, caps=caps, searching=torch.arange(rows, device=src.device) < batch,
@@ -271,10 +273,21 @@ def _weights_key(model) -> tuple:
     return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
+# Per model (weakly held, so a copy of a model copies none of them): the weights its searches were
+# captured with, and the searches, by batch shape, most recently used last.
+_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def kept_shapes(model) -> list[tuple]:
+    """The batch shapes whose captured searches ``model`` keeps."""
+    kept = _KEPT.get(model)
+    return [] if kept is None else list(kept["searches"])
+
+
 def _kept(model, key: tuple) -> _Buffers | None:
-    kept = model.__dict__.get("_captured_searches")
+    kept = _KEPT.get(model)
     if kept is None or kept["weights"] != _weights_key(model):
-        model.__dict__["_captured_searches"] = {"weights": _weights_key(model), "searches": OrderedDict()}
+        _KEPT[model] = {"weights": _weights_key(model), "searches": OrderedDict()}
         return None
     found = kept["searches"].get(key)
     if found is not None:
@@ -283,7 +296,7 @@ def _kept(model, key: tuple) -> _Buffers | None:
 
 
 def _keep(model, key: tuple, b: _Buffers) -> None:
-    searches = model.__dict__["_captured_searches"]["searches"]
+    searches = _KEPT[model]["searches"]
     searches[key] = b
     while len(searches) > KEPT_GRAPHS:
         searches.popitem(last=False)
