@@ -8,7 +8,8 @@ import torch
 
 from nmt.data.tokenizer import EOS, PAD
 from nmt.kernels import Kernels
-from nmt.decoding.search import _log_probs, _sampler, beam_search, greedy_search, length_penalty, sample_search, score_pairs
+from nmt.decoding.scoring import log_probs as _log_probs
+from nmt.decoding.search import _sampler, beam_search, greedy_search, length_penalty, sample_search, score_pairs
 from tests.test_models import VOCAB, batch, build
 
 MODELS = ["lstm", "lstm_bahdanau", "lstm_luong", "transformer", "hybrid_transformer_luong"]

@@ -9,6 +9,7 @@ import torch
 from nmt.decoding import search as decoding
 from nmt.bench.decoding import NoCache
 from nmt.data.tokenizer import EOS
+from nmt.decoding.scoring import best_possible
 from nmt.decoding.search import beam_search, greedy_search, length_penalty
 from tests.test_models import VARIANTS, batch, build, kernels  # noqa: F401  (kernels: each test in both modes)
 
@@ -124,7 +125,7 @@ def test_chunked_candidates_equal_a_top_k_over_every_score(vocab, kernels):
     K * W scores, also with beams at -inf (the first step: with 300 ids fewer finite chunks than
     candidates) and a sentence whose rows are masked to EOS."""
     from nmt.data.tokenizer import EOS
-    from nmt.decoding.search import _log_probs, _top_candidates
+    from nmt.decoding.scoring import log_probs as _log_probs, top_candidates as _top_candidates
     from nmt.kernels import Kernels
 
     gen = torch.Generator().manual_seed(vocab)
@@ -148,7 +149,7 @@ def test_log_probs_are_a_log_softmax_over_the_real_vocabulary(vocab, width, dtyp
     """Padded or not, bf16 or fp32 (normalised in place): a log-softmax over the first ``vocab``
     logits, with PAD, BOS and the columns past the vocabulary at -inf."""
     from nmt.data.tokenizer import BOS, PAD
-    from nmt.decoding.search import _log_probs
+    from nmt.decoding.scoring import log_probs as _log_probs
     from nmt.kernels import Kernels
 
     logits = torch.randn(4, width, dtype=dtype) * 5
@@ -210,7 +211,7 @@ def test_beam_search_stops_a_sentence_no_live_hypothesis_can_improve_on_without_
     kwargs = {"beam_size": 3, "alpha": alpha, "max_len_a": 2.0, "max_len_b": 6}
     bounded = beam_search(model, src, src_mask, **kwargs)
     bounded_steps, steps[:] = len(steps), []
-    monkeypatch.setattr(decoding, "_best_possible", lambda score, *_: torch.full_like(score, float("inf")))
+    monkeypatch.setattr(decoding, "best_possible", lambda score, *_: torch.full_like(score, float("inf")))
     exhaustive = beam_search(model, src, src_mask, **kwargs)
     assert bounded.tokens == exhaustive.tokens
     torch.testing.assert_close(bounded.scores, exhaustive.scores)
@@ -220,9 +221,9 @@ def test_beam_search_stops_a_sentence_no_live_hypothesis_can_improve_on_without_
 def test_best_possible_score_of_a_live_hypothesis():
     score, max_len = torch.tensor([-3.0]), torch.tensor([10])
     # alpha > 0: the longest ending divides by the largest penalty; alpha < 0: the shortest
-    assert decoding._best_possible(score, 4, max_len, 1.0).item() == pytest.approx(-3.0 / ((5 + 10) / 6))
-    assert decoding._best_possible(score, 4, max_len, -1.0).item() == pytest.approx(-3.0 / ((5 + 6) / 6) ** -1)
-    assert decoding._best_possible(score, 4, max_len, 0.0).item() == -3.0
+    assert best_possible(score, 4, max_len, 1.0).item() == pytest.approx(-3.0 / ((5 + 10) / 6))
+    assert best_possible(score, 4, max_len, -1.0).item() == pytest.approx(-3.0 / ((5 + 6) / 6) ** -1)
+    assert best_possible(score, 4, max_len, 0.0).item() == -3.0
 
 
 def test_beam_search_with_the_key_value_cache_equals_rerunning_the_prefix():

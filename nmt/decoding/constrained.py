@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from nmt.decoding.search import Hypotheses, _log_probs, _max_lengths, length_penalty
+from nmt.decoding.scoring import Hypotheses, length_penalty, log_probs, max_lengths
 from nmt.models.base import select
 from nmt.specials import BOS, EOS
 
@@ -101,7 +101,7 @@ def constrained_beam_search(model, src: Tensor, src_mask: Tensor, constraints: l
     """Beam search in which sentence i's output holds every phrase of ``constraints[i]``.
     ``continuation`` (vocabulary,) bools: the pieces that continue a word (no "▁"); a constraint
     is then met only as whole words: the token after it must start a word (or be EOS)."""
-    caps = _max_lengths(src_mask, max_len_a, max_len_b)
+    caps = max_lengths(src_mask, max_len_a, max_len_b)
     results, scores = [], []
     for i in range(src.size(0)):
         cons = [tuple(int(t) for t in p) for p in constraints[i]]
@@ -127,7 +127,7 @@ def _one(model, src: Tensor, src_mask: Tensor, constraints: list[Phrase], k: int
     ended: list[tuple[float, list[int]]] = []
     for t in range(cap):
         logits, state, _ = model.decode_step(prev, memory, state)
-        x = _log_probs(logits, model.tgt_vocab_size, model.kernels)  # (beams, W)
+        x = log_probs(logits, model.tgt_vocab_size, model.kernels)  # (beams, W)
         width = x.size(1)
         total = torch.tensor([b[1] for b in beams], device=device).unsqueeze(1) + x
         open_ = torch.tensor([len(b[2].met) < len(constraints) for b in beams], device=device)

@@ -34,7 +34,8 @@ import torch
 from torch import Tensor
 
 from nmt.data.shapes import bucket
-from nmt.decoding import search
+from nmt.decoding.scoring import (Hypotheses, best_possible, check_prefix, force_tokens, length_penalty, log_probs,
+                                  max_lengths, to_lists, top_candidates)
 from nmt.models.base import Tree, select
 from nmt.specials import BOS, EOS, PAD
 
@@ -67,17 +68,17 @@ class _Buffers:
 
 def fixed_beam_search(model, src: Tensor, src_mask: Tensor, beam_size: int, alpha: float, max_len_a: float,
                       max_len_b: int, nbest: int = 1, max_len: Tensor | None = None, prefix: Tensor | None = None,
-                      graphs: bool = False, check_every: int = CHECK_EVERY) -> search.Hypotheses:
+                      graphs: bool = False, check_every: int = CHECK_EVERY) -> Hypotheses:
     """``search.beam_search`` on fixed shapes (module docstring); ``graphs``: padded to the shape
-    ladder and, on CUDA, captured. A batch longer than the decoder's positions runs the loop."""
+    ladder and, on CUDA, captured. ``beam_search`` sends here only batches whose outputs fit the
+    decoder's positions (``Seq2Seq.fixed_state_steps``)."""
     batch, k = src.size(0), beam_size
-    caps = search._max_lengths(src_mask, max_len_a, max_len_b, max_len)
-    search._check_prefix(prefix, caps)
+    caps = max_lengths(src_mask, max_len_a, max_len_b, max_len)
+    check_prefix(prefix, caps)
     steps = int(caps.max())
-    capacity = min(int(bucket(steps)), model.fixed_state_steps) if graphs else steps
     if steps > model.fixed_state_steps:
-        return search.beam_search(model, src, src_mask, beam_size, alpha, max_len_a, max_len_b, False, nbest, max_len,
-                                  prefix, engine="loop")
+        raise ValueError(f"outputs of up to {steps} tokens: the decoder has positions for {model.fixed_state_steps}")
+    capacity = min(int(bucket(steps)), model.fixed_state_steps) if graphs else steps
     rows, width = (int(bucket(batch)), int(bucket(src.size(1)))) if graphs else (batch, src.size(1))
     src, src_mask, caps = _padded(src, src_mask, caps, rows, width)
     if prefix is not None:
@@ -122,14 +123,14 @@ def fixed_beam_search(model, src: Tensor, src_mask: Tensor, beam_size: int, alph
             side.run(lambda: step(b.state))
         else:
             step(b.state)
-    token_lists = search._to_lists(b.best_tokens[:batch, 0])
+    token_lists = to_lists(b.best_tokens[:batch, 0])
     nbest_out = None
     if nbest > 1:
-        ranked = search._to_lists(b.best_tokens[:batch].reshape(batch * nbest, -1))
+        ranked = to_lists(b.best_tokens[:batch].reshape(batch * nbest, -1))
         scores = b.best_scores[:batch].tolist()
         nbest_out = [[(ranked[i * nbest + r], scores[i][r]) for r in range(nbest) if scores[i][r] > float("-inf")]
                      for i in range(batch)]
-    return search.Hypotheses(token_lists, b.best_scores[:batch, 0].clone(), None, nbest_out)
+    return Hypotheses(token_lists, b.best_scores[:batch, 0].clone(), None, nbest_out)
 
 
 class _Step:
@@ -143,18 +144,18 @@ class _Step:
         model, b, k = self.model, self.b, self.k
         n = b.caps.size(0)
         logits, state, _ = model.decode_step(b.prev, b.memory, state)
-        x = search._log_probs(logits, model.tgt_vocab_size, model.kernels)  # (n*k, W)
+        x = log_probs(logits, model.tgt_vocab_size, model.kernels)  # (n*k, W)
         if b.prefix is not None:
-            x = search.force_tokens(x, b.prefix.index_select(1, b.t).squeeze(1).repeat_interleave(k))
+            x = force_tokens(x, b.prefix.index_select(1, b.t).squeeze(1).repeat_interleave(k))
         width = x.size(-1)
         at_cap = (b.t >= b.caps - 1).repeat_interleave(k).unsqueeze(1)  # only EOS may follow at the cap
         x = x.masked_fill(at_cap & (torch.arange(width, device=x.device) != EOS), float("-inf"))
-        top_scores, top_idx = search._top_candidates(x, b.beam_scores, 2 * k)  # (n, 2k)
+        top_scores, top_idx = top_candidates(x, b.beam_scores, 2 * k)  # (n, 2k)
         origin = top_idx // width + (torch.arange(n, device=x.device) * k).unsqueeze(1)
         token = (top_idx % width).clamp_(max=model.tgt_vocab_size - 1)
         first_k = torch.arange(2 * k, device=x.device) < k
         ended = (token == EOS) & first_k & (top_scores > float("-inf")) & b.searching.unsqueeze(1)
-        norm = (top_scores / search.length_penalty(b.t + 1, self.alpha)).masked_fill(~ended, float("-inf"))[:, :k]
+        norm = (top_scores / length_penalty(b.t + 1, self.alpha)).masked_fill(~ended, float("-inf"))[:, :k]
         improve = norm.max(dim=1).values > b.best_scores[:, -1]  # (n,): enters the n-best list
         merged, pick = torch.cat([b.best_scores, norm], 1).topk(self.nbest, dim=1)
         length = b.history.size(1)
@@ -164,7 +165,7 @@ class _Step:
         b.best_scores.copy_(torch.where(improve[:, None], merged, b.best_scores))
         b.num_finished.add_(ended.sum(1))
         beam_scores, keep = top_scores.masked_fill(token == EOS, float("-inf")).topk(k, dim=1)  # (n, k)
-        still = (b.num_finished < k) & (b.best_scores[:, -1] < search._best_possible(beam_scores[:, 0], b.t, b.caps,
+        still = (b.num_finished < k) & (b.best_scores[:, -1] < best_possible(beam_scores[:, 0], b.t, b.caps,
                                                                                      self.alpha))
         b.searching.logical_and_(still)
         reorder = origin.gather(1, keep).view(-1)

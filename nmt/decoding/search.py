@@ -13,66 +13,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from nmt.kernels import Kernels
 from nmt.specials import BOS, EOS, PAD
 from nmt.models.base import select
+from nmt.decoding.fixed_beam import fixed_beam_search
+from nmt.decoding.scoring import (Hypotheses, best_possible, check_prefix, force_tokens, length_cap,  # noqa: F401
+                                  length_penalty, log_probs, max_lengths, to_lists, top_candidates)
 from nmt.decoding.settings import DEFAULT_ALPHA, ENGINES, SearchSettings
-
-
-@dataclass
-class Hypotheses:
-    """Best hypothesis per sentence: token ids without BOS/EOS, its score (sum of log-probs;
-    divided by the length penalty for beam search) and, if asked, attention (T_i, S) over the
-    padded source. ``nbest`` (beam search with ``nbest > 1``): per sentence, its best hypotheses
-    as (tokens, score) pairs, best first."""
-
-    tokens: list[list[int]]
-    scores: Tensor
-    attn: list[Tensor] | None = None
-    nbest: list[list[tuple[list[int], float]]] | None = None
-
-
-def _max_lengths(src_mask: Tensor, max_len_a: float, max_len_b: int, max_len: Tensor | None = None) -> Tensor:
-    """Each sentence's cap: ``max_len_a * source length + max_len_b`` tokens, or ``max_len`` (B,)
-    where that is smaller."""
-    cap = (max_len_a * src_mask.sum(1).float() + max_len_b).long()
-    if max_len is not None:
-        cap = torch.minimum(cap, max_len.to(cap))
-    return cap.clamp(min=1)  # (B,)
-
-
-def length_cap(source_tokens: int, max_len_a: float, max_len_b: int) -> int:
-    """The cap ``_max_lengths`` gives a source of ``source_tokens`` tokens (EOS included), computed
-    the same way (fp32), for checks made before decoding."""
-    return int(_max_lengths(torch.ones(1, source_tokens, dtype=torch.bool), max_len_a, max_len_b)[0])
-
-
-CHUNK = 64  # beam search compares the maxima of chunks of this many log-probs before the log-probs
-
-
-def _log_probs(logits: Tensor, vocab_size: int, kernels: Kernels) -> Tensor:
-    """Log-probabilities over the real vocabulary in fp32, (rows, W) with W the vocabulary size
-    rounded up to a multiple of ``CHUNK`` (the extra columns -inf), normalised by the model's
-    ``kernels`` (with the CPU kernels fp32 logits in place: a beam step's passes over its
-    (rows, V) logits cost as much as its output matmul). PAD and BOS are never generated: -inf
-    after normalising, so the probabilities are those of a softmax over the whole vocabulary.
-    ``logits`` are the caller's to overwrite (decoders return a fresh tensor each step)."""
-    rows = logits.shape[:-1]
-    width = -(-vocab_size // CHUNK) * CHUNK
-    if logits.size(-1) != width or width != vocab_size:  # padded into a buffer, normalised there
-        x = logits.new_full((*rows, width), float("-inf"), dtype=torch.float32)
-        x[..., :vocab_size] = logits[..., :vocab_size]
-    else:
-        x = logits.contiguous()
-    x = kernels.ops(x).log_softmax(x)
-    x[..., PAD] = float("-inf")
-    x[..., BOS] = float("-inf")
-    return x
 
 
 def _forced(x: Tensor, prefix: Tensor | None, t: int, rows: Tensor | None = None, beams: int = 1) -> Tensor:
@@ -89,54 +39,6 @@ def _forced(x: Tensor, prefix: Tensor | None, t: int, rows: Tensor | None = None
     return force_tokens(x, token)
 
 
-def force_tokens(x: Tensor, token: Tensor) -> Tensor:
-    """Log-probs ``x`` (rows, W) where each row whose ``token`` (rows,) is not PAD may only continue
-    with that token, at the model's log-prob."""
-    keep = x.gather(1, token.unsqueeze(1))
-    forced = torch.full_like(x, float("-inf")).scatter_(1, token.unsqueeze(1), keep)
-    return torch.where((token != PAD).unsqueeze(1), forced, x)
-
-
-def _check_prefix(prefix: Tensor | None, max_len: Tensor) -> None:
-    """A prefix must leave room for EOS within the sentence's cap."""
-    if prefix is None:
-        return
-    lengths = (prefix != PAD).sum(1)
-    over = (lengths >= max_len).nonzero().flatten().tolist()
-    if over:
-        i = over[0]
-        raise ValueError(f"a target prefix of {int(lengths[i])} tokens for sentence {i} of the batch reaches its length "
-                         f"cap of {int(max_len[i])} tokens (decoding.max_len_a * source tokens + max_len_b)")
-
-
-def _top_candidates(x: Tensor, beam_scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """The ``k`` best continuations of each sentence's beams: scores beam_score + log-prob
-    (n, k) and their flat indices beam * W + token into (n, K * W), for log-probs ``x``
-    (n * K, W); the same as a top-k over all K * W scores, without sorting them: the k best lie
-    in the k chunks of ``CHUNK`` log-probs with the best maxima (a chunk holding one of them has
-    a maximum at least that good, and at most k - 1 candidates are better)."""
-    n, beams = beam_scores.shape
-    width = x.size(-1)
-    per_beam = width // CHUNK
-    if beams * per_beam <= 2 * k:  # too few chunks to be worth it: score everything
-        cand = beam_scores.unsqueeze(-1) + x.view(n, beams, width)
-        return cand.view(n, -1).topk(k, dim=1)
-    chunks = x.view(n, beams * per_beam, CHUNK)
-    chunk_best = beam_scores.unsqueeze(-1) + chunks.amax(-1).view(n, beams, per_beam)
-    best_chunks = chunk_best.view(n, -1).topk(k, dim=1).indices  # (n, k)
-    values = chunks.gather(1, best_chunks.unsqueeze(-1).expand(n, k, CHUNK))  # (n, k, CHUNK)
-    values = values + beam_scores.gather(1, best_chunks // per_beam).unsqueeze(-1)
-    top, pos = values.view(n, -1).topk(k, dim=1)
-    return top, best_chunks.gather(1, pos // CHUNK) * CHUNK + pos % CHUNK
-
-
-def _to_lists(tokens: Tensor) -> list[list[int]]:
-    out = []
-    for row in tokens.tolist():
-        out.append(row[: row.index(EOS)] if EOS in row else [t for t in row if t != PAD])
-    return out
-
-
 def _sequential_search(model, src: Tensor, src_mask: Tensor, pick: Callable[[Tensor], Tensor], max_len_a: float,
                        max_len_b: int, need_attn: bool, max_len: Tensor | None = None,
                        prefix: Tensor | None = None) -> Hypotheses:
@@ -144,8 +46,8 @@ def _sequential_search(model, src: Tensor, src_mask: Tensor, pick: Callable[[Ten
     the score is the sum of the model's log-probs of the picked tokens. ``prefix`` (B, P): each
     sentence's output starts with these tokens (PAD-padded; see ``_forced``)."""
     batch = src.size(0)
-    max_len = _max_lengths(src_mask, max_len_a, max_len_b, max_len)
-    _check_prefix(prefix, max_len)
+    max_len = max_lengths(src_mask, max_len_a, max_len_b, max_len)
+    check_prefix(prefix, max_len)
     memory = model.encode(src, src_mask)
     state = model.init_state(memory)
     prev = src.new_full((batch,), BOS)
@@ -155,7 +57,7 @@ def _sequential_search(model, src: Tensor, src_mask: Tensor, pick: Callable[[Ten
     for t in range(int(max_len.max())):
         logits, state, attn = model.decode_step(prev, memory, state, need_attn=need_attn)
         need_attn = need_attn and attn is not None  # models without attention give None
-        x = _forced(_log_probs(logits, model.tgt_vocab_size, model.kernels), prefix, t)
+        x = _forced(log_probs(logits, model.tgt_vocab_size, model.kernels), prefix, t)
         token = pick(x)
         at_cap = t >= max_len - 1
         token = torch.where(at_cap & ~finished, torch.full_like(token, EOS), token)
@@ -167,7 +69,7 @@ def _sequential_search(model, src: Tensor, src_mask: Tensor, pick: Callable[[Ten
         if bool(finished.all()):
             break
         prev = token
-    token_lists = _to_lists(torch.stack(tokens, 1))
+    token_lists = to_lists(torch.stack(tokens, 1))
     attn_out = None
     if need_attn and attns:
         stacked = torch.stack(attns, 1)  # (B, T, S)
@@ -236,22 +138,8 @@ def score_pairs(model, src: Tensor, src_mask: Tensor, tgt: Tensor) -> Tensor:
     sum over a sentence equals the score greedy search gives its own output."""
     tgt_in = torch.cat([tgt.new_full((tgt.size(0), 1), BOS), tgt[:, :-1]], 1)
     tgt_in = tgt_in.masked_fill(tgt_in == EOS, PAD)  # after a shorter sentence's EOS
-    x = _log_probs(model(src, src_mask, tgt_in), model.tgt_vocab_size, model.kernels)
+    x = log_probs(model(src, src_mask, tgt_in), model.tgt_vocab_size, model.kernels)
     return x.gather(-1, tgt.unsqueeze(-1)).squeeze(-1).masked_fill(tgt == PAD, 0.0)
-
-
-def length_penalty(length: Tensor, alpha: float) -> Tensor:
-    """GNMT length penalty, Wu et al. 2016 eq. 14: ((5 + |Y|) / 6) ** alpha."""
-    return ((5.0 + length.float()) / 6.0) ** alpha
-
-
-def _best_possible(score: Tensor, t: int | Tensor, max_len: Tensor, alpha: float) -> Tensor:
-    """The best normalised score that a live hypothesis with log-prob ``score`` (<= 0) after
-    step ``t`` (a number, or a tensor of one) can still end with: its log-prob can only fall, and
-    it ends with between t + 2 and ``max_len`` tokens, so score / length_penalty is at most the
-    larger of the two ends'."""
-    shortest = length_penalty(torch.full_like(max_len, t + 2) if isinstance(t, int) else (t + 2).expand_as(max_len), alpha)
-    return torch.maximum(score / shortest, score / length_penalty(max_len, alpha))
 
 
 @torch.no_grad()
@@ -282,7 +170,8 @@ def beam_search(
     fixed shapes (``nmt.decoding.fixed_beam``: the same hypotheses and scores), ``graphs`` padded
     to a bounded set of shapes and, on CUDA, replayed as one CUDA graph per step; ``auto``:
     ``graphs`` on CUDA, ``loop`` elsewhere. A search the fixed shapes do not serve (attention
-    weights asked for, a model without a preallocated state) runs the loop."""
+    weights asked for, a model without a preallocated state, outputs longer than the decoder's
+    positions) runs the loop."""
     alpha = DEFAULT_ALPHA if alpha is None else alpha
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest={nbest}: must be between 1 and the beam size ({beam_size})")
@@ -290,15 +179,14 @@ def beam_search(
         raise ValueError(f"decoding.engine={engine!r}: choose one of {', '.join(ENGINES)}")
     if engine == "auto":
         engine = "graphs" if src.is_cuda else "loop"
-    if engine != "loop" and not need_attn and getattr(model, "fixed_state_steps", 0) > 0:
-        from nmt.decoding.fixed_beam import fixed_beam_search  # it builds on this module's helpers
-
+    if engine != "loop" and not need_attn and getattr(model, "fixed_state_steps", 0) >= int(
+            max_lengths(src_mask, max_len_a, max_len_b, max_len).max()):
         return fixed_beam_search(model, src, src_mask, beam_size, alpha, max_len_a, max_len_b, nbest, max_len, prefix,
                                  graphs=engine == "graphs")
     batch, k, n_best = src.size(0), beam_size, nbest
     device = src.device
-    max_len = _max_lengths(src_mask, max_len_a, max_len_b, max_len)
-    _check_prefix(prefix, max_len)
+    max_len = max_lengths(src_mask, max_len_a, max_len_b, max_len)
+    check_prefix(prefix, max_len)
     steps = int(max_len.max())
     # One copy of a sentence's memory serves its K beams (rows s*K .. s*K + K - 1 of the state):
     # attention reads it once for all of them.
@@ -324,13 +212,13 @@ def beam_search(
         logits, state, attn = model.decode_step(prev, memory, state, need_attn=need_attn)
         if need_attn and attn is None:  # a model without attention
             need_attn, best_attn = False, None
-        x = _forced(_log_probs(logits, model.tgt_vocab_size, model.kernels), prefix, t, active, k)  # (n*K, W)
+        x = _forced(log_probs(logits, model.tgt_vocab_size, model.kernels), prefix, t, active, k)  # (n*K, W)
         width = x.size(-1)
         at_cap = t >= max_len - 1  # (n,)
         if bool(at_cap.any()):  # only EOS may follow at the length cap
             not_eos = torch.arange(width, device=device) != EOS
             x = x.masked_fill(at_cap.repeat_interleave(k).unsqueeze(1) & not_eos, float("-inf"))
-        top_scores, top_idx = _top_candidates(x, beam_scores, 2 * k)  # (n, 2K)
+        top_scores, top_idx = top_candidates(x, beam_scores, 2 * k)  # (n, 2K)
         origin = top_idx // width + offsets[:n]  # flat beam index (n, 2K)
         # a -inf candidate may point at a padding column; it never ends nor wins, but is fed back
         token = (top_idx % width).clamp_(max=model.tgt_vocab_size - 1)
@@ -363,7 +251,7 @@ def beam_search(
         beam_scores, keep = alive_scores.topk(k, dim=1)  # (n, K)
         # A sentence searches on until beam_size hypotheses have ended, or until none of its
         # live ones can still beat the last of its n best.
-        searching = (num_finished < k) & (best_scores[active, -1] < _best_possible(beam_scores[:, 0], t, max_len, alpha))
+        searching = (num_finished < k) & (best_scores[active, -1] < best_possible(beam_scores[:, 0], t, max_len, alpha))
         if not bool(searching.any()):
             break
         reorder = origin.gather(1, keep)  # (n, K), rows of the current batch
@@ -378,13 +266,13 @@ def beam_search(
         if need_attn:
             attn_hist = attn_hist.index_select(0, reorder)
         state = select(state, reorder)
-    token_lists = _to_lists(best_tokens[:, 0])
+    token_lists = to_lists(best_tokens[:, 0])
     attn_out = None
     if need_attn:
         attn_out = [best_attn[i, 0, : len(toks) + 1].cpu() for i, toks in enumerate(token_lists)]
     nbest_out = None
     if n_best > 1:
-        ranked = _to_lists(best_tokens.view(batch * n_best, -1))
+        ranked = to_lists(best_tokens.view(batch * n_best, -1))
         scores = best_scores.tolist()
         nbest_out = [[(ranked[i * n_best + r], scores[i][r]) for r in range(n_best) if scores[i][r] > float("-inf")]
                      for i in range(batch)]

@@ -144,7 +144,7 @@ def build_spec(model: nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer):
         _norm(spec.decoder.layer_norm, dec.final_norm)
     spec.decoder.projection.weight = _w(dec.out.weight[:tgt_size])  # tied: CTranslate2 aliases equal weights
     bias = torch.zeros(tgt_size) if dec.out.bias is None else dec.out.bias[:tgt_size].detach().float().cpu().clone()
-    bias[[PAD, BOS]] = float("-inf")  # never generated (nmt.decoding.search._log_probs)
+    bias[[PAD, BOS]] = float("-inf")  # never generated (nmt.decoding.scoring.log_probs)
     spec.decoder.projection.bias = bias
 
     src_pieces = [src_vocab.sp.id_to_piece(i) for i in range(src_size)]
