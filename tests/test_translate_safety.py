@@ -143,9 +143,9 @@ def test_an_input_error_found_while_translating_leaves_an_existing_output_unchan
     out.write_text(OLD, encoding="utf-8")
     out.chmod(0o640)
     src = tmp_path / "in.txt"
-    src.write_bytes(b"a b c\rd e f\r" if bad == "cr_only" else "".join(line + "\n" for line in LINES * 50).encode()
-                    + b"\xff\xfe broken\n")
-    result = translate_here(ckpt, capsys, f"input={src}", f"output={out}", "chunk_lines=8")
+    src.write_bytes(b"a b c\rd e f\r" if bad == "cr_only" else "".join(line + "\n" for line in LINES * 4).encode()
+                    + b"\xff\xfe broken\n")  # hundreds of lines: dozens of chunks written before the bad one
+    result = translate_here(ckpt, capsys, f"input={src}", f"output={out}", "chunk_lines=8", "decoding=greedy")
     assert_one_line_error(result, str(src))
     assert out.read_text(encoding="utf-8") == OLD and sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
     src.write_text("".join(line + "\n" for line in LINES), encoding="utf-8")  # the same run on good input
