@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nmt.decoding import fixed_beam
-from nmt.decoding.search import beam_search
+from nmt.decoding.search import beam_search, greedy_search
 from nmt.decoding.settings import SearchSettings
 from nmt.specials import PAD
 from tests.test_models import VARIANTS, batch, build
@@ -37,6 +37,18 @@ def test_fixed_shapes_find_the_loops_hypotheses(name, engine):
     src, src_mask, _ = batch(lengths=LENGTHS)
     loop = beam_search(model, src, src_mask, beam_size=4, nbest=3, engine="loop")
     assert_same_search(loop, beam_search(model, src, src_mask, beam_size=4, nbest=3, engine=engine))
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_greedy_search_on_fixed_shapes_is_the_loops(name):
+    """Greedy search on fixed shapes (beam search with one beam, no length penalty): the loop's
+    tokens and log-probs, also with validation's per-sentence caps and with prefixes."""
+    model = build(name)
+    src, src_mask, _ = batch(lengths=LENGTHS)
+    options = {"max_len": torch.tensor([12, 3, 6, 4]), "prefix": torch.tensor([[7, 8], [5, PAD], [PAD, PAD], [6, 6]])}
+    for chosen in ({}, options):
+        loop = greedy_search(model, src, src_mask, engine="loop", **chosen)
+        assert_same_search(loop, greedy_search(model, src, src_mask, engine="graphs", **chosen))
 
 
 @pytest.mark.parametrize("name", ["transformer", "lstm_luong"])

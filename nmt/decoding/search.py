@@ -77,14 +77,35 @@ def _sequential_search(model, src: Tensor, src_mask: Tensor, pick: Callable[[Ten
     return Hypotheses(token_lists, scores, attn_out)
 
 
+def _fixed_engine(engine: str, model, src: Tensor, src_mask: Tensor, max_len_a: float, max_len_b: int,
+                  max_len: Tensor | None, need_attn: bool) -> str | None:
+    """The fixed-shape engine (``fixed`` or ``graphs``) a greedy or beam search of ``engine`` runs
+    on, or None for the loop: ``auto`` is ``graphs`` on CUDA; a search asked for attention weights, a
+    model without a preallocated state, or outputs longer than its positions take the loop."""
+    if engine not in ENGINES:
+        raise ValueError(f"decoding.engine={engine!r}: choose one of {', '.join(ENGINES)}")
+    if engine == "auto":
+        engine = "graphs" if src.is_cuda else "loop"
+    if engine == "loop" or need_attn:
+        return None
+    if getattr(model, "fixed_state_steps", 0) < int(max_lengths(src_mask, max_len_a, max_len_b, max_len).max()):
+        return None
+    return engine
+
+
 @torch.no_grad()
 def greedy_search(
     model, src: Tensor, src_mask: Tensor, max_len_a: float = 1.5, max_len_b: int = 10, need_attn: bool = False,
-    max_len: Tensor | None = None, prefix: Tensor | None = None,
+    max_len: Tensor | None = None, prefix: Tensor | None = None, engine: str = "auto",
 ) -> Hypotheses:
     """Pick the most probable token at every step. src, src_mask: (B, S); ``max_len`` (B,): caps
     below the source-length ones (validation's, from the references); ``prefix`` (B, P): target
-    tokens each output starts with (PAD-padded)."""
+    tokens each output starts with (PAD-padded). ``engine``: as ``beam_search``'s; on fixed shapes
+    greedy search is beam search with one beam and no length penalty (the same tokens and scores)."""
+    fixed = _fixed_engine(engine, model, src, src_mask, max_len_a, max_len_b, max_len, need_attn)
+    if fixed is not None:
+        return fixed_beam_search(model, src, src_mask, 1, 0.0, max_len_a, max_len_b, 1, max_len, prefix,
+                                 graphs=fixed == "graphs")
     return _sequential_search(model, src, src_mask, lambda x: x.argmax(dim=-1), max_len_a, max_len_b, need_attn,
                               max_len, prefix)
 
@@ -175,14 +196,10 @@ def beam_search(
     alpha = DEFAULT_ALPHA if alpha is None else alpha
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest={nbest}: must be between 1 and the beam size ({beam_size})")
-    if engine not in ENGINES:
-        raise ValueError(f"decoding.engine={engine!r}: choose one of {', '.join(ENGINES)}")
-    if engine == "auto":
-        engine = "graphs" if src.is_cuda else "loop"
-    if engine != "loop" and not need_attn and getattr(model, "fixed_state_steps", 0) >= int(
-            max_lengths(src_mask, max_len_a, max_len_b, max_len).max()):
+    fixed = _fixed_engine(engine, model, src, src_mask, max_len_a, max_len_b, max_len, need_attn)
+    if fixed is not None:
         return fixed_beam_search(model, src, src_mask, beam_size, alpha, max_len_a, max_len_b, nbest, max_len, prefix,
-                                 graphs=engine == "graphs")
+                                 graphs=fixed == "graphs")
     batch, k, n_best = src.size(0), beam_size, nbest
     device = src.device
     max_len = max_lengths(src_mask, max_len_a, max_len_b, max_len)
@@ -288,7 +305,7 @@ def search_of(settings: SearchSettings, beam_size: int | None = None, nbest: int
     if settings.search == "sample" and beam_size == settings.beam_size:
         return functools.partial(sample_search, **limits, **settings.sampling)
     if beam_size == 1 and nbest == 1:
-        return functools.partial(greedy_search, **limits)
+        return functools.partial(greedy_search, engine=settings.engine, **limits)
     alpha = DEFAULT_ALPHA if settings.alpha is None else settings.alpha  # None: settings not yet for_model'd
     return functools.partial(beam_search, beam_size=beam_size, alpha=alpha, nbest=nbest, engine=settings.engine,
                              **limits)

@@ -21,9 +21,9 @@ BOUNDS: dict[str, tuple[type, float, float]] = {
     "beam_size": (int, 1, 256), "nbest": (int, 1, 256), "alpha": (float, 0.0, 10.0), "max_len_a": (float, 0.0, 100.0),
     "max_len_b": (int, 0, 10_000), "temperature": (float, 0.0, 100.0), "top_k": (int, 0, 1 << 20),
     "top_p": (float, 0.0, 1.0), "seed": (int, 0, (1 << 63) - 1)}
-ENGINES = ("auto", "loop", "fixed", "graphs")  # ``nmt.decoding.search.beam_search``'s engines
+ENGINES = ("auto", "loop", "fixed", "graphs")  # how ``nmt.decoding.search``'s greedy and beam search run
 KEYS = {"beam": ("beam_size", "alpha", "nbest", "max_len_a", "max_len_b", "alignments", "engine"),
-        "greedy": ("max_len_a", "max_len_b", "alignments"), "sample": ("max_len_a", "max_len_b", "alignments", *SAMPLING_KEYS)}
+        "greedy": ("max_len_a", "max_len_b", "alignments", "engine"), "sample": ("max_len_a", "max_len_b", "alignments", *SAMPLING_KEYS)}
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class SearchSettings:
     max_len_b: int = 10
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_k, top_p, seed
     alignments: bool = False  # a Pharaoh word alignment beside each hypothesis (not a search option)
-    engine: str = "auto"  # how beam search runs on torch (``ENGINES``); the result is the same
+    engine: str = "auto"  # how greedy and beam search run on torch (``ENGINES``); the result is the same
 
     @classmethod
     def from_config(cls, decoding: Mapping[str, Any] | None) -> SearchSettings:
