@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from nmt.bench.decoding import NoCache, decode_speed
 from nmt.bench.gpu.check import Check, first_line
@@ -94,7 +94,9 @@ def _ctranslate2(check: Check, preset: str, model, cfg, dm, sources: list[str], 
         return {"error": f"ctranslate2 {ctranslate2.__version__} sees no CUDA device (a CPU-only build?)"}
     compute = "float16" if device == "cuda" else "float32"
     folder = Path(check.work) / f"ct2-{preset}"
-    run_config = OmegaConf.to_container(cfg, resolve=True)
+    with open_dict(cfg):  # the sizes build_model fills in (the config of a model trained above left them unset)
+        cfg.model.src_vocab_size, cfg.model.tgt_vocab_size = dm.src_vocab.vocab_size, dm.tgt_vocab.vocab_size
+    run_config = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in ("data", "model", "test_decoding")}
     to_ctranslate2(model.float(), dm.src_vocab, dm.tgt_vocab, run_config, folder, quantization=compute)
     translator = ctranslate2.Translator(str(folder), device=device, compute_type=compute)
     pieces = [dm.src_vocab.sp.encode(line, out_type=str) for line in sources]
