@@ -28,8 +28,16 @@ whole run:
 5. ``checkpointing``: peak memory (and bytes saved for backward) of a few training steps with
    ``model.gradient_checkpointing`` false vs true, same weights and batches: transformer_base and
    lstm_bahdanau.
-6. ``kv_cache``: beam 5 at batch 64 with and without the key/value cache (``nmt.bench.decoding.NoCache``);
-   target >= 5x.
+6. ``kv_cache``: beam 5 at batch 64 through ``decoding.engine=loop``, through ``graphs`` (fixed
+   shapes, one CUDA graph per step, captured in a warm-up on the same batch), through the loop
+   without the key/value cache (``nmt.bench.decoding.NoCache``; the cache factor is graphs against
+   it, target >= 3x), and through CTranslate2 on the same weights (the ``nmt-export`` conversion in
+   float16, one ``translate_batch`` of the same sentences; our faster engine against it, target >=
+   0.5x), with the share of outputs equal to the loop's. Its models are those parts 2-3 trained.
+
+After the parts, a table holds the seeds' claims against this run's rows: the Transformer against the
+LSTMs in training speed (part 2), gradient checkpointing's memory and time (part 5), mixed
+precision's memory (part 2).
 7. ``parity``: for a fixed batch and weights (seeded, then 5 Adam steps on that batch so that the
    predictions are no longer uniform), ``module.loss`` with ``kernels=reference`` on the CPU in
    fp32 against the same weights on the device with the training default ``kernels=auto`` in fp32
