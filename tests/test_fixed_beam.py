@@ -156,7 +156,7 @@ def test_captured_steps_are_kept_per_shape_and_retired_when_the_weights_change(m
         def run(self, fn):
             fn()
 
-    def capture(step, side):
+    def capture(step, side, kept):
         captures.append(step)
         return step
 
@@ -180,8 +180,11 @@ def test_captured_steps_are_kept_per_shape_and_retired_when_the_weights_change(m
     copy.deepcopy(model)  # a model with captured searches still copies (they are kept beside it)
 
 
-def test_a_failed_capture_runs_the_steps_eagerly(monkeypatch, caplog):
-    def refuse(step, side):
+def test_a_failed_capture_runs_the_steps_eagerly_and_is_not_tried_again_for_its_shape(monkeypatch, caplog):
+    tries = []
+
+    def refuse(step, side, kept):
+        tries.append(1)
         raise RuntimeError("operation not permitted when stream is capturing")
 
     monkeypatch.setattr(fixed_beam, "_captures", lambda device: True)
@@ -189,8 +192,10 @@ def test_a_failed_capture_runs_the_steps_eagerly(monkeypatch, caplog):
     monkeypatch.setattr(fixed_beam, "_captured", refuse)
     model = build("transformer")
     src, src_mask, _ = batch(lengths=LENGTHS)
-    assert_same_search(beam_search(model, src, src_mask, engine="loop"), beam_search(model, src, src_mask, engine="graphs"))
+    for _ in range(2):
+        assert_same_search(beam_search(model, src, src_mask, engine="loop"), beam_search(model, src, src_mask, engine="graphs"))
     assert "a CUDA graph could not capture them (operation not permitted when stream is capturing)" in caplog.text
+    assert len(tries) == 1 and fixed_beam.kept_shapes(model) == []
 
 
 def test_auto_loops_on_a_cpu_and_attention_or_too_few_positions_run_the_loop(monkeypatch):
@@ -215,3 +220,44 @@ def test_an_unknown_engine_is_refused_in_one_line():
     model = build("transformer")
     with pytest.raises(ValueError, match=r"^decoding.engine='gpu'"):
         beam_search(model, *batch()[:2], engine="gpu")
+
+
+def simulate_capture(monkeypatch) -> list:
+    """CUDA graph capture simulated on the CPU: the step itself stands for its replay."""
+    captures = []
+    monkeypatch.setattr(fixed_beam, "_captures", lambda device: True)
+    monkeypatch.setattr(fixed_beam, "_Stream", lambda device: type("Side", (), {"run": lambda self, fn: fn()})())
+    monkeypatch.setattr(fixed_beam, "_captured", lambda step, side, kept: captures.append(step) or step)
+    return captures
+
+
+def test_kept_searches_copy_the_callers_tensors_and_are_released(monkeypatch):
+    """A kept search holds copies of a batch's memory, so the next batch of its shape is copied into
+    them, not into the tensors an earlier caller passed; ``release`` (after a validation) drops them."""
+    simulate_capture(monkeypatch)
+    model = build("transformer")
+    first, second = batch(lengths=(8, 8, 8, 8), seed=0)[:2], batch(lengths=(8, 8, 8, 8), seed=1)[:2]
+    kept_mask = first[1].clone()
+    beam_search(model, *first, engine="graphs")
+    beam_search(model, *second, engine="graphs")
+    assert torch.equal(first[1], kept_mask) and len(fixed_beam.kept_shapes(model)) == 1
+    fixed_beam.release(model)
+    assert fixed_beam.kept_shapes(model) == []
+
+
+def test_sources_are_padded_within_the_encoders_positions():
+    """A source of 10 tokens for an encoder with 10 positions stays 10 wide (its bucket, 12, would
+    not fit) and decodes as the loop does."""
+    model = build("transformer")
+    model.encoder.embed_tokens.max_len = 10
+    src, src_mask, _ = batch(lengths=(10, 4))
+    assert_same_search(beam_search(model, src, src_mask, engine="loop"), beam_search(model, src, src_mask, engine="graphs"))
+
+
+def test_a_model_made_in_inference_mode_is_captured(monkeypatch):
+    simulate_capture(monkeypatch)
+    with torch.inference_mode():
+        model = build("transformer")
+        src, src_mask, _ = batch(lengths=LENGTHS)
+        assert_same_search(beam_search(model, src, src_mask, engine="loop"), beam_search(model, src, src_mask, engine="graphs"))
+    assert len(fixed_beam.kept_shapes(model)) == 1

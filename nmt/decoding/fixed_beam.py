@@ -15,7 +15,10 @@ the queue of kernels and each new shape is a new launch plan. Here:
 - **with** ``graphs``, batches are padded to the shape ladder of training's buckets
   (``nmt.data.shapes``: rows, source length and output capacity), so a handful of shapes serve a
   whole test set, and on CUDA a step (decoder, normalisation, top-k, bookkeeping) is captured once
-  per shape as a CUDA graph and replayed: one launch per step instead of hundreds.
+  per shape as a CUDA graph and replayed: one launch per step instead of hundreds. A model keeps
+  its last ``KEPT_GRAPHS`` captured searches (their tensors and one shared memory pool) beside it,
+  until its weights move or ``release`` (training's after each validation and test); a shape whose
+  capture failed runs eagerly from then on.
 
 The steps run in the loop's order on the same values, so in fp32 the hypotheses are the loop's;
 the attention over a preallocated cache adds masked positions, which change a float's last bits at
@@ -25,6 +28,7 @@ most (``tests/test_fixed_beam.py``).
 from __future__ import annotations
 
 import logging
+import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -78,51 +82,36 @@ def fixed_beam_search(model, src: Tensor, src_mask: Tensor, beam_size: int, alph
     steps = int(caps.max())
     if steps > model.fixed_state_steps:
         raise ValueError(f"outputs of up to {steps} tokens: the decoder has positions for {model.fixed_state_steps}")
-    capacity = min(int(bucket(steps)), model.fixed_state_steps) if graphs else steps
-    rows, width = (int(bucket(batch)), int(bucket(src.size(1)))) if graphs else (batch, src.size(1))
+    capacity, rows, width = steps, batch, src.size(1)
+    if graphs:  # each to its bucket, within the positions the decoder and the encoder have
+        capacity = min(int(bucket(steps)), model.fixed_state_steps)
+        rows, width = int(bucket(batch)), min(int(bucket(width)), model.max_source_tokens or (1 << 62))
     src, src_mask, caps = _padded(src, src_mask, caps, rows, width)
     if prefix is not None:
         prefix = torch.nn.functional.pad(prefix[:, :capacity], (0, capacity - min(prefix.size(1), capacity),
                                                                 0, rows - batch), value=PAD)
     memory = model.encode(src, src_mask)
-    capture = graphs and _captures(src.device)
     key = (rows, width, capacity, k, nbest, float(alpha), prefix is not None, _autocast_key(src.device),
-           torch.is_inference_mode_enabled())  # tensors made in inference mode take no update outside it
-    found = _kept(model, key) if capture else None
-    b = found or _Buffers(
-        memory=memory, prefix=prefix, caps=caps, searching=torch.arange(rows, device=src.device) < batch,
-        t=torch.zeros(1, dtype=torch.long, device=src.device), prev=src.new_full((rows * k,), BOS),
-        beam_scores=_first_beams(rows, k, src.device), history=src.new_full((rows * k, capacity), PAD),
-        best_scores=torch.full((rows, nbest), float("-inf"), device=src.device),
-        best_tokens=src.new_full((rows, nbest, capacity), PAD), num_finished=torch.zeros(rows, dtype=torch.long,
-                                                                                        device=src.device))
-    if found is not None:  # a captured search of this shape: this batch into its tensors
-        _copy_into(b.memory, memory)
-        _restart(b, caps, prefix, batch, k)
-    state = select(model.init_state(memory, capacity=capacity), torch.arange(rows, device=src.device).repeat_interleave(k))
-    step = _Step(model, b, k, nbest, float(alpha))
-    step(state)  # step 0, eagerly: it fixes the state's shapes and dtypes (an RNN's may change at the first step)
-    side = _Stream(src.device) if capture and found is None else None
-    for t in range(1, steps):
-        if t % check_every == 0 and not bool(b.searching.any()):
-            break
-        if b.graph is not None:
-            b.graph()
-        elif side is not None and t > WARMUP_STEPS:
-            try:
-                b.graph = _captured(lambda: step(b.state), side)
-            except RuntimeError as error:  # a decoder a graph cannot hold: eager steps, as correct
-                _log.warning("beam search runs its steps eagerly: a CUDA graph could not capture them (%s)",
-                             str(error).splitlines()[0] if str(error) else type(error).__name__)
-                side = None
-                step(b.state)
-                continue
-            _keep(model, key, b)
-            b.graph()
-        elif side is not None:
-            side.run(lambda: step(b.state))
+           torch.is_inference_mode_enabled(), model.training, model.kernels.mode)
+    if not (graphs and _captures(src.device)):
+        b = _new_buffers(memory, prefix, caps, batch, k, nbest, capacity)
+        _search(model, b, steps, k, nbest, float(alpha), memory, capacity, check_every)
+        return _results(b, batch, nbest)
+    with _CAPTURING:  # one search at a time writes a model's kept tensors
+        kept = _kept(model)
+        b = kept.searches.get(key)
+        if b is None:
+            b = _new_buffers(_cloned(memory), prefix, caps, batch, k, nbest, capacity)  # the caller's stay theirs
         else:
-            step(b.state)
+            kept.searches.move_to_end(key)
+            _copy_into(b.memory, memory)  # this batch into the kept search's tensors
+            _restart(b, caps, prefix, batch, k)
+        _search(model, b, steps, k, nbest, float(alpha), memory, capacity, check_every, kept, key)
+        return _results(b, batch, nbest)
+
+
+def _results(b: _Buffers, batch: int, nbest: int) -> Hypotheses:
+    """The hypotheses of the batch's ``batch`` real sentences (copies: the tensors are reused)."""
     token_lists = to_lists(b.best_tokens[:batch, 0])
     nbest_out = None
     if nbest > 1:
@@ -131,6 +120,52 @@ def fixed_beam_search(model, src: Tensor, src_mask: Tensor, beam_size: int, alph
         nbest_out = [[(ranked[i * nbest + r], scores[i][r]) for r in range(nbest) if scores[i][r] > float("-inf")]
                      for i in range(batch)]
     return Hypotheses(token_lists, b.best_scores[:batch, 0].clone(), None, nbest_out)
+
+
+def _new_buffers(memory: Tree, prefix: Tensor | None, caps: Tensor, batch: int, k: int, nbest: int,
+                 capacity: int) -> _Buffers:
+    rows, device = caps.size(0), caps.device
+    return _Buffers(
+        memory=memory, prefix=prefix, caps=caps, searching=torch.arange(rows, device=device) < batch,
+        t=torch.zeros(1, dtype=torch.long, device=device), prev=torch.full((rows * k,), BOS, device=device),
+        beam_scores=_first_beams(rows, k, device), history=torch.full((rows * k, capacity), PAD, device=device),
+        best_scores=torch.full((rows, nbest), float("-inf"), device=device),
+        best_tokens=torch.full((rows, nbest, capacity), PAD, device=device),
+        num_finished=torch.zeros(rows, dtype=torch.long, device=device))
+
+
+def _search(model, b: _Buffers, steps: int, k: int, nbest: int, alpha: float, memory: Tree, capacity: int,
+            check_every: int, kept: _Kept | None = None, key: tuple = ()) -> None:
+    """Run the search on ``b`` to its end: step 0 eagerly (from the state ``memory`` starts), then
+    the others, replayed from the kept CUDA graph of ``key`` (captured after ``WARMUP_STEPS`` eager
+    steps on a side stream the first time) where ``kept`` is given, eagerly otherwise."""
+    rows = b.caps.size(0)
+    state = select(model.init_state(memory, capacity=capacity), torch.arange(rows, device=b.caps.device).repeat_interleave(k))
+    step = _Step(model, b, k, nbest, alpha)
+    step(state)  # step 0, eagerly: it fixes the state's shapes and dtypes (an RNN's may change at the first step)
+    capture = kept is not None and b.graph is None and key not in kept.failed
+    side = _Stream(b.caps.device) if capture else None
+    for t in range(1, steps):
+        if t % check_every == 0 and not bool(b.searching.any()):
+            break
+        if b.graph is not None:
+            b.graph()
+        elif capture and t > WARMUP_STEPS:
+            try:
+                b.graph = _captured(lambda: step(b.state), side, kept)
+            except RuntimeError as error:  # a step a graph cannot hold: eager steps, as correct, for this shape
+                _log.warning("beam search runs its steps eagerly: a CUDA graph could not capture them (%s)",
+                             str(error).splitlines()[0] if str(error) else type(error).__name__)
+                kept.failed.add(key)
+                capture = False
+                step(b.state)
+                continue
+            kept.keep(key, b)
+            b.graph()
+        elif capture:
+            side.run(lambda: step(b.state))
+        else:
+            step(b.state)
 
 
 class _Step:
@@ -239,27 +274,40 @@ def _captures(device: torch.device) -> bool:
 
 
 class _Stream:
-    """Warm-up steps on a side stream, as a capture needs (``torch.cuda.graphs``' recipe)."""
+    """Warm-up steps on a side stream of the search's device, as a capture needs (``torch.cuda.graphs``'
+    recipe)."""
 
     def __init__(self, device: torch.device) -> None:
+        self.device = device
         self.stream = torch.cuda.Stream(device)
 
     def run(self, fn: Callable[[], None]) -> None:
-        self.stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.stream):
+        current = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(current)
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             fn()
-        torch.cuda.current_stream().wait_stream(self.stream)
+        current.wait_stream(self.stream)
 
 
-def _captured(step: Callable[[], None], side: _Stream) -> Callable[[], None]:
-    """``step`` captured as a CUDA graph (recorded, not run): its replay. Autocast's cache of cast
-    weights is off while capturing, so the graph casts them itself and never reads a freed cast."""
+def _captured(step: Callable[[], None], side: _Stream, kept: _Kept) -> Callable[[], None]:
+    """``step`` captured as a CUDA graph (recorded, not run) in the model's memory pool: its replay.
+    Autocast's cache of cast weights is off while capturing, so the graph casts them itself and never
+    reads a freed cast; the capture is this thread's alone (``thread_local``), so a data loader's
+    threads pinning memory meanwhile do not break it; a failed capture gives the stream back."""
     graph = torch.cuda.CUDAGraph()
-    device = "cuda"
-    with torch.autocast(device, dtype=torch.get_autocast_dtype(device), enabled=torch.is_autocast_enabled(device),
-                        cache_enabled=False):
-        with torch.cuda.graph(graph, stream=side.stream):
-            step()
+    kind = "cuda"
+    current = torch.cuda.current_stream(side.device)
+    if kept.pool is None:
+        kept.pool = torch.cuda.graph_pool_handle()
+    try:
+        with torch.cuda.device(side.device), torch.autocast(
+                kind, dtype=torch.get_autocast_dtype(kind), enabled=torch.is_autocast_enabled(kind), cache_enabled=False):
+            with torch.cuda.graph(graph, pool=kept.pool, stream=side.stream, capture_error_mode="thread_local"):
+                step()
+    except BaseException:
+        torch.cuda.set_stream(current)
+        kept.pool = None  # later captures start a pool of their own
+        raise
     return graph.replay
 
 
@@ -269,35 +317,63 @@ def _autocast_key(device: torch.device) -> tuple:
 
 
 def _weights_key(model) -> tuple:
-    """Where the model's weights are and how often they changed in place: a captured graph reads
-    them (and what ``encode`` prepared from them) at fixed addresses, so any change retires it."""
-    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+    """Where the model's weights and buffers are and how often the weights changed in place: a
+    captured graph reads them at fixed addresses, so a move retires it (an in-place change it reads
+    live; what ``encode`` prepares from them is copied in for every batch)."""
+    return (tuple((p.data_ptr(), 0 if p.is_inference() else p._version) for p in model.parameters()),
+            tuple(x.data_ptr() for x in model.buffers()))
 
 
-# Per model (weakly held, so a copy of a model copies none of them): the weights its searches were
-# captured with, and the searches, by batch shape, most recently used last.
+class _Kept:
+    """A model's captured searches, by batch shape (most recently used last, at most ``KEPT_GRAPHS``),
+    the shapes whose capture failed, the memory pool their graphs share, and the weights they read."""
+
+    def __init__(self, weights: tuple) -> None:
+        self.weights = weights
+        self.searches: OrderedDict[tuple, _Buffers] = OrderedDict()
+        self.failed: set[tuple] = set()
+        self.pool = None
+
+    def keep(self, key: tuple, b: _Buffers) -> None:
+        self.searches[key] = b
+        while len(self.searches) > KEPT_GRAPHS:
+            self.searches.popitem(last=False)
+
+
+# Per model (weakly held, so a copy of a model copies none of them); a lock for the searches that
+# write a model's kept tensors (a server decodes in one thread, but nothing here relies on it).
 _KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_CAPTURING = threading.Lock()
 
 
 def kept_shapes(model) -> list[tuple]:
     """The batch shapes whose captured searches ``model`` keeps."""
     kept = _KEPT.get(model)
-    return [] if kept is None else list(kept["searches"])
+    return [] if kept is None else list(kept.searches)
 
 
-def _kept(model, key: tuple) -> _Buffers | None:
+def release(model) -> None:
+    """Drop ``model``'s captured searches and their memory (training calls it after each validation
+    and test: its weights change before the next one)."""
+    with _CAPTURING:
+        _KEPT.pop(model, None)
+
+
+def _kept(model) -> _Kept:
+    """``model``'s captured searches, emptied if its weights moved since they were captured."""
+    weights = _weights_key(model)
     kept = _KEPT.get(model)
-    if kept is None or kept["weights"] != _weights_key(model):
-        _KEPT[model] = {"weights": _weights_key(model), "searches": OrderedDict()}
-        return None
-    found = kept["searches"].get(key)
-    if found is not None:
-        kept["searches"].move_to_end(key)
-    return found
+    if kept is None or kept.weights != weights:
+        kept = _KEPT[model] = _Kept(weights)
+    return kept
 
 
-def _keep(model, key: tuple, b: _Buffers) -> None:
-    searches = _KEPT[model]["searches"]
-    searches[key] = b
-    while len(searches) > KEPT_GRAPHS:
-        searches.popitem(last=False)
+def _cloned(tree: Tree) -> Tree:
+    """``tree`` with each tensor copied (other leaves shared)."""
+    if isinstance(tree, Tensor):
+        return tree.clone()
+    if isinstance(tree, dict):
+        return {key: _cloned(value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_cloned(value) for value in tree)
+    return tree

@@ -170,6 +170,11 @@ class Seq2Seq(nn.Module):
         return self.decoder.init_state(memory, capacity=capacity)
 
     @property
+    def max_source_tokens(self) -> int | None:
+        """The most source tokens the encoder has positions for (None: any number)."""
+        return getattr(self.encoder, "max_positions", None)
+
+    @property
     def fixed_state_steps(self) -> int:
         """The most steps ``init_state(capacity=...)`` can hold (0: the decoder has no such state)."""
         return int(getattr(self.decoder, "fixed_state_steps", 0))

@@ -366,6 +366,11 @@ class TransformerEncoder(nn.Module):
         self.attention = _patterns("encoder", self.layers, attention, max_len, options)
         self.gradient_checkpointing = False
 
+    @property
+    def max_positions(self) -> int:
+        """The most source tokens the position table (or the rotary angles) covers."""
+        return self.embed_tokens.max_len
+
     def forward(self, src: Tensor, src_mask: Tensor) -> dict[str, Tensor]:
         shift = None
         if self.training and self.position_shift:  # SHAPE: one random start per sentence pair

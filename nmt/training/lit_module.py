@@ -39,6 +39,7 @@ from nmt.evaluation import directions
 from nmt.checkpoints.files import FORMAT, nonfinite
 from nmt.checkpoints.finetune import load_optimizer_state
 from nmt.data.tokenizer import PAD
+from nmt.decoding import fixed_beam
 from nmt.evaluation.length_report import length_report, write_report
 from nmt.evaluation.metrics import corpus_scores
 from nmt.runs.files import TEST_TEXT
@@ -332,6 +333,12 @@ class TranslationModule(L.LightningModule):
         for i in range(min(self.hparams.num_samples, len(results["hyps"]))):
             log.info("sample %d\n  src: %s\n  ref: %s\n  hyp: %s", i, results["sources"][i], results["refs"][i], results["hyps"][i])
         self._log_evaluation("val", scores)
+
+    def on_validation_end(self) -> None:
+        fixed_beam.release(self.model)  # the searches' CUDA graphs: the weights change before the next validation
+
+    def on_test_end(self) -> None:
+        fixed_beam.release(self.model)
 
     def on_test_epoch_end(self) -> None:
         scores = self._score("test", "test")
