@@ -143,26 +143,20 @@ def tensors(tree) -> list[torch.Tensor]:
     return [x for part in tree for x in tensors(part)] if isinstance(tree, (list, tuple)) else []
 
 
+def simulate_capture(monkeypatch) -> list:
+    """CUDA graph capture simulated on the CPU: the step itself stands for its replay."""
+    captures = []
+    monkeypatch.setattr(fixed_beam, "_captures", lambda device: True)
+    monkeypatch.setattr(fixed_beam, "_Stream", lambda device: type("Side", (), {"run": lambda self, fn: fn()})())
+    monkeypatch.setattr(fixed_beam, "_captured", lambda step, side, kept: captures.append(step) or step)
+    return captures
+
+
 def test_captured_steps_are_kept_per_shape_and_retired_when_the_weights_change(monkeypatch):
     """With capture simulated on the CPU: a step is captured once per padded batch shape, after
     ``WARMUP_STEPS`` eager steps, and replayed for every later batch of that shape with the loop's
     results; a change of the weights in place retires it."""
-    captures = []
-
-    class SideStream:
-        def __init__(self, device):
-            pass
-
-        def run(self, fn):
-            fn()
-
-    def capture(step, side, kept):
-        captures.append(step)
-        return step
-
-    monkeypatch.setattr(fixed_beam, "_captures", lambda device: True)
-    monkeypatch.setattr(fixed_beam, "_Stream", SideStream)
-    monkeypatch.setattr(fixed_beam, "_captured", capture)
+    captures = simulate_capture(monkeypatch)
     model = build("transformer")
     options = {"beam_size": 3, "nbest": 2, "max_len_a": 2.0, "max_len_b": 6}
     batches = [batch(lengths=lengths, seed=seed)[:2] for lengths, seed in (((9, 7, 6), 0), ((8, 9, 5), 1), ((3, 2), 2))]
@@ -187,8 +181,7 @@ def test_a_failed_capture_runs_the_steps_eagerly_and_is_not_tried_again_for_its_
         tries.append(1)
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(fixed_beam, "_captures", lambda device: True)
-    monkeypatch.setattr(fixed_beam, "_Stream", lambda device: type("S", (), {"run": lambda self, fn: fn()})())
+    simulate_capture(monkeypatch)
     monkeypatch.setattr(fixed_beam, "_captured", refuse)
     model = build("transformer")
     src, src_mask, _ = batch(lengths=LENGTHS)
@@ -220,15 +213,6 @@ def test_an_unknown_engine_is_refused_in_one_line():
     model = build("transformer")
     with pytest.raises(ValueError, match=r"^decoding.engine='gpu'"):
         beam_search(model, *batch()[:2], engine="gpu")
-
-
-def simulate_capture(monkeypatch) -> list:
-    """CUDA graph capture simulated on the CPU: the step itself stands for its replay."""
-    captures = []
-    monkeypatch.setattr(fixed_beam, "_captures", lambda device: True)
-    monkeypatch.setattr(fixed_beam, "_Stream", lambda device: type("Side", (), {"run": lambda self, fn: fn()})())
-    monkeypatch.setattr(fixed_beam, "_captured", lambda step, side, kept: captures.append(step) or step)
-    return captures
 
 
 def test_kept_searches_copy_the_callers_tensors_and_are_released(monkeypatch):
