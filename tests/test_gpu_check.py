@@ -101,6 +101,9 @@ def check_report(report: dict, md: str) -> None:
         # CTranslate2 (float32 on a CPU) decoded it too
         assert set(r["engines"]) == {"loop", "graphs", "no_cache"} and 0 <= r["same_outputs_share"] <= 1, r
         assert r["ctranslate2"]["tokens_per_s"] > 0 and r["against_ctranslate2"] > 0, r["ctranslate2"]
+        loop, graphs = r["engines"]["loop"]["host"], r["engines"]["graphs"]["host"]
+        assert graphs["reads_per_step"] < loop["reads_per_step"] and graphs["ops_per_step"] > 0, (loop, graphs)
+    assert len(table(md, "| model | loop: operators / launches / reads per step |")) == 2
     claims = table(md, "| claim |")
     assert [c["from"] for c in claims] == ["part 2", "part 2", "part 5", "part 5", "part 2"], claims
     for row in table(md, "| model | weights |"):

@@ -13,10 +13,11 @@ from typing import Any
 
 import torch
 from omegaconf import OmegaConf, open_dict
+from torch.profiler import ProfilerActivity, profile
 
 from nmt.bench.decoding import NoCache, decode_speed
 from nmt.bench.gpu.check import Check, first_line
-from nmt.bench.measure import sync
+from nmt.bench.measure import sync, to_device
 from nmt.exporters.ctranslate2 import to_ctranslate2
 from nmt.decoding.search import beam_search, length_cap
 from nmt.training.builders import build_model
@@ -61,6 +62,8 @@ def _decode(check: Check, preset: str, beam_size: int = 5, batch_size: int = 64)
                                                         autocast, warm_whole=True)
     engines["no_cache"], outputs["no_cache"] = decode_speed(NoCache(model), batches, partial(search, engine="loop"),
                                                             check.device, autocast)
+    for engine in ("loop", "graphs"):
+        engines[engine]["host"] = _host_work(check, model, batches[0], partial(search, engine=engine), autocast)
     speedup = engines["no_cache"]["seconds"] / engines["graphs"]["seconds"]
     row = {"model": preset, "weights": weights, "beam_size": beam_size, "batch_size": batch_size,
            "sentences": len(outputs["loop"]), "output_tokens": sum(len(t) + 1 for t in outputs["loop"]),
@@ -110,3 +113,26 @@ def _ctranslate2(check: Check, preset: str, model, cfg, dm, sources: list[str], 
     tokens = sum(len(r.hypotheses[0]) + 1 for r in results)
     return {"version": ctranslate2.__version__, "device": device, "compute_type": compute, "seconds": seconds,
             "tokens_per_s": tokens / seconds, "sentences_per_s": len(results) / seconds, "output_tokens": tokens}
+
+
+LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch",
+            "cudaMemcpyAsync", "cudaMemsetAsync")  # the CUDA runtime calls that put work on the GPU
+READS = ("aten::_local_scalar_dense", "aten::nonzero")  # a tensor's value read on the host: a wait for the GPU
+
+
+def _host_work(check: Check, model, batch: dict, search, autocast) -> dict[str, Any]:
+    """The host's work per decoder step of one search of ``batch`` (already warmed up), profiled:
+    leaf aten operators (each a kernel or more on a GPU; a replayed CUDA graph runs none), CUDA
+    launches (kernels, graph replays, copies; none on a CPU) and reads of a value. Steps: the longest
+    output plus its EOS (the fixed shapes may run up to ``CHECK_EVERY`` - 1 more)."""
+    batch = to_device(batch, check.device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if check.mode.cuda else [])
+    with torch.no_grad(), autocast(), profile(activities=activities) as prof:
+        hyps = search(model, batch["src"], batch["src_mask"])
+        sync(check.device)
+    steps = max(len(t) for t in hyps.tokens) + 1
+    events = prof.events()
+    ops = sum(1 for e in events if e.name.startswith("aten::") and not e.cpu_children)
+    launches = sum(1 for e in events if e.name in LAUNCHES)
+    reads = sum(1 for e in events if e.name in READS)
+    return {"steps": steps, "ops_per_step": ops / steps, "launches_per_step": launches / steps, "reads_per_step": reads / steps}

@@ -179,6 +179,17 @@ def markdown(report: dict[str, Any]) -> str:
                          f"{r['graphs_over_loop']:.2f}x | {_num(e['no_cache']['tokens_per_s'])} | {r['speedup']:.2f}x | "
                          f">= {r['target']:g}x: {'met' if r['target_met'] else 'not met'} | "
                          f"{_num(ct2.get('tokens_per_s'))} | {against} | {pct(r['same_outputs_share'])} |")
+        hosts = [r for r in result["runs"] if "error" not in r and "host" in r["engines"]["loop"]]
+        if hosts:
+            lines += ["", "The host's work per decoding step (one profiled search of the same batch): leaf aten "
+                      "operators, CUDA launches (kernels, graph replays, copies) and reads of a value (each a wait "
+                      "for the GPU).", "",
+                      "| model | loop: operators / launches / reads per step | graphs: operators / launches / reads per step |",
+                      "|---|---:|---:|"]
+            for r in hosts:
+                cells = [f"{h['ops_per_step']:.0f} / {h['launches_per_step']:.1f} / {h['reads_per_step']:.2f}"
+                         for h in (r["engines"]["loop"]["host"], r["engines"]["graphs"]["host"])]
+                lines.append(f"| {r['model']} | {cells[0]} | {cells[1]} |")
     lines.append("")
 
     lines += ["## 7. Loss parity", ""]
