@@ -75,10 +75,10 @@ def test_the_host_reads_the_device_every_few_steps_not_every_step():
     steps = []
     step = fixed_beam._Step.__call__
 
-    def spy(self, state):
+    def spy(self, parity, state=None):
         steps.append([t.data_ptr() for t in (self.b.history, self.b.best_tokens, self.b.prev)]
-                     + ([] if self.b.state is None else [c["k"].data_ptr() for c in self.b.state["cache"]]))
-        step(self, state)
+                     + ([] if self.b.states is None else [c["k"].data_ptr() for s in self.b.states for c in s["cache"]]))
+        step(self, parity, state)
 
     reads = {}
     for engine in ("loop", "fixed"):
@@ -109,8 +109,8 @@ def test_a_step_is_one_graph(name):
 
     step = fixed_beam._Step.__call__
 
-    def keep_first(self, state):
-        step(self, state)
+    def keep_first(self, parity, state=None):
+        step(self, parity, state)
         found["step"] = self
         raise Stop
 
@@ -119,16 +119,16 @@ def test_a_step_is_one_graph(name):
         beam_search(model, src, src_mask, beam_size=4, engine="fixed")
     first = found["step"]
     buffers = [first.b.history, first.b.best_tokens, first.b.best_scores, first.b.beam_scores, first.b.prev,
-               first.b.searching, first.b.num_finished, first.b.t, *tensors(first.b.state)]
+               first.b.searching, first.b.num_finished, first.b.t, *tensors(first.b.states)]
     before = [x.clone() for x in buffers]
     torch._dynamo.reset()
-    compiled = torch.compile(lambda: step(first, first.b.state), fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(lambda: step(first, 1), fullgraph=True, backend="aot_eager")  # step 1: states[1] -> [0]
     with torch.no_grad():
         compiled()
         traced = [x.clone() for x in buffers]
         for x, value in zip(buffers, before):  # the same step again, eagerly, from the same values
             x.copy_(value)
-        step(first, first.b.state)
+        step(first, 1)
     torch._dynamo.reset()
     assert int(first.b.t) == 2
     for x, y in zip(buffers, traced):
@@ -153,9 +153,9 @@ def simulate_capture(monkeypatch) -> list:
 
 
 def test_captured_steps_are_kept_per_shape_and_retired_when_the_weights_change(monkeypatch):
-    """With capture simulated on the CPU: a step is captured once per padded batch shape, after
-    ``WARMUP_STEPS`` eager steps, and replayed for every later batch of that shape with the loop's
-    results; a change of the weights in place retires it."""
+    """With capture simulated on the CPU: a step is captured once per padded batch shape and copy of
+    the state it reads, after ``WARMUP_STEPS`` eager steps, and replayed for every later batch of that
+    shape with the loop's results; a change of the weights in place retires the captures."""
     captures = simulate_capture(monkeypatch)
     model = build("transformer")
     options = {"beam_size": 3, "nbest": 2, "max_len_a": 2.0, "max_len_b": 6}
@@ -163,14 +163,16 @@ def test_captured_steps_are_kept_per_shape_and_retired_when_the_weights_change(m
     for src, src_mask in batches:
         assert_same_search(beam_search(model, src, src_mask, engine="loop", **options),
                            beam_search(model, src, src_mask, engine="graphs", **options))
-    assert len(captures) == 2  # 3 x 9 and 3 x 9 padded to 3 x 12, 24 steps: one shape; 2 x 3 another
+    # 3 x 9 and 3 x 9 padded to 3 x 12, 24 steps: one shape; 2 x 3 another; two graphs each (the steps
+    # that read the first copy of the decoder's state and those that read the second)
+    assert len(captures) == 4
     assert [shape[:3] for shape in fixed_beam.kept_shapes(model)] == [(3, 12, 24), (2, 3, 12)]
     with torch.no_grad():
         model.decoder.out.weight.mul_(1.5)
     src, src_mask = batches[0]
     assert_same_search(beam_search(model, src, src_mask, engine="loop", **options),
                        beam_search(model, src, src_mask, engine="graphs", **options))
-    assert len(captures) == 3 and len(fixed_beam.kept_shapes(model)) == 1
+    assert len(captures) == 6 and len(fixed_beam.kept_shapes(model)) == 1
     copy.deepcopy(model)  # a model with captured searches still copies (they are kept beside it)
 
 

@@ -7,7 +7,8 @@ the queue of kernels and each new shape is a new launch plan. Here:
 
 - **the decoder's state is preallocated** for the batch's longest output
   (``Seq2Seq.init_state(capacity=...)``: a Transformer's key/value cache, written in place at each
-  step's position) and reordered in place, so every tensor keeps its shape and address;
+  step's position) in two copies that a step reads and writes in turn (the beams' reorder is one
+  pass over the cache), so every tensor keeps its shape and address;
 - **finished sentences stay in the batch**, their hypotheses frozen by a ``searching`` mask instead
   of leaving it, and every step's bookkeeping (the n-best lists, the finished counts, the stop
   test) stays on the device: the host reads one flag every ``CHECK_EVERY`` steps and the
@@ -31,7 +32,8 @@ import logging
 import threading
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable
 
 import torch
@@ -66,8 +68,8 @@ class _Buffers:
     best_scores: Tensor  # (n, nbest) the best ended hypotheses, score / length penalty
     best_tokens: Tensor  # (n, nbest, capacity)
     num_finished: Tensor  # (n,)
-    state: Tree = None  # the decoder's, set by the first step
-    graph: Callable[[], None] | None = None  # the captured step
+    states: list[Tree] | None = None  # the decoder's, two copies a step reads and writes in turn (set by step 0)
+    graphs: list[Callable[[], None] | None] = field(default_factory=lambda: [None, None])  # captured, per parity
 
 
 def fixed_beam_search(model, src: Tensor, src_mask: Tensor, beam_size: int, alpha: float, max_len_a: float,
@@ -142,30 +144,31 @@ def _search(model, b: _Buffers, steps: int, k: int, nbest: int, alpha: float, me
     rows = b.caps.size(0)
     state = select(model.init_state(memory, capacity=capacity), torch.arange(rows, device=b.caps.device).repeat_interleave(k))
     step = _Step(model, b, k, nbest, alpha)
-    step(state)  # step 0, eagerly: it fixes the state's shapes and dtypes (an RNN's may change at the first step)
-    capture = kept is not None and b.graph is None and key not in kept.failed
-    side = _Stream(b.caps.device) if capture else None
+    step(0, state)  # step 0, eagerly: it fixes the state's shapes and dtypes (an RNN's may change at the first step)
+    capture = kept is not None and key not in kept.failed
+    side = _Stream(b.caps.device) if capture and None in b.graphs else None
     for t in range(1, steps):
         if t % check_every == 0 and not bool(b.searching.any()):
             break
-        if b.graph is not None:
-            b.graph()
+        parity = t % 2  # the step reads states[parity] and writes states[1 - parity]
+        if b.graphs[parity] is not None:
+            b.graphs[parity]()
         elif capture and t > WARMUP_STEPS:
             try:
-                b.graph = _captured(lambda: step(b.state), side, kept)
+                b.graphs[parity] = _captured(partial(step, parity), side, kept)
             except RuntimeError as error:  # a step a graph cannot hold: eager steps, as correct, for this shape
                 _log.warning("beam search runs its steps eagerly: a CUDA graph could not capture them (%s)",
                              str(error).splitlines()[0] if str(error) else type(error).__name__)
                 kept.failed.add(key)
                 capture = False
-                step(b.state)
+                step(parity)
                 continue
             kept.keep(key, b)
-            b.graph()
+            b.graphs[parity]()
         elif capture:
-            side.run(lambda: step(b.state))
+            side.run(partial(step, parity))
         else:
-            step(b.state)
+            step(parity)
 
 
 class _Step:
@@ -175,10 +178,12 @@ class _Step:
     def __init__(self, model, b: _Buffers, k: int, nbest: int, alpha: float) -> None:
         self.model, self.b, self.k, self.nbest, self.alpha = model, b, k, nbest, alpha
 
-    def __call__(self, state: Tree) -> None:
+    def __call__(self, parity: int, state: Tree | None = None) -> None:
+        """The step from ``b.states[parity]`` (step 0: from ``state``) into ``b.states[1 - parity]``:
+        reordering the beams' states is one pass over them, a read of one copy and a write of the other."""
         model, b, k = self.model, self.b, self.k
         n = b.caps.size(0)
-        logits, state, _ = model.decode_step(b.prev, b.memory, state)
+        logits, state, _ = model.decode_step(b.prev, b.memory, b.states[parity] if state is None else state)
         x = log_probs(logits, model.tgt_vocab_size, model.kernels)  # (n*k, W)
         if b.prefix is not None:
             x = force_tokens(x, b.prefix.index_select(1, b.t).squeeze(1).repeat_interleave(k))
@@ -208,11 +213,11 @@ class _Step:
         b.beam_scores.copy_(beam_scores)
         b.history.copy_(b.history.index_select(0, reorder))
         b.history.index_copy_(1, b.t, b.prev.unsqueeze(1))
-        state = select(state, reorder)
-        if b.state is None:
-            b.state = state
+        if b.states is None:  # step 0 of a new search: the states' shapes and dtypes from here on
+            ahead = select(state, reorder)
+            b.states = [_cloned(ahead), ahead]
         else:
-            _copy_into(b.state, state)
+            _select_into(b.states[1 - parity], state, reorder)
         b.t.add_(1)
 
 
@@ -248,6 +253,22 @@ def _restart(b: _Buffers, caps: Tensor, prefix: Tensor | None, batch: int, k: in
     b.best_scores.fill_(float("-inf"))
     b.best_tokens.fill_(PAD)
     b.num_finished.zero_()
+
+
+def _select_into(dst: Tree, src: Tree, index: Tensor) -> None:
+    """Rows ``index`` of every tensor of ``src`` written into the tensor at the same place in
+    ``dst`` (``select`` without a new tensor); other leaves stay ``dst``'s."""
+    if isinstance(dst, Tensor):
+        if dst.shape[1:] != src.shape[1:] or dst.size(0) != index.numel() or dst.dtype != src.dtype:
+            raise RuntimeError(f"a fixed-shape search's tensor changed from {tuple(dst.shape)} {dst.dtype} to "
+                               f"{tuple(src.shape)} {src.dtype} between steps")
+        torch.index_select(src, 0, index, out=dst)
+    elif isinstance(dst, dict):
+        for key, value in dst.items():
+            _select_into(value, src[key], index)
+    elif isinstance(dst, (list, tuple)):
+        for a, c in zip(dst, src, strict=True):
+            _select_into(a, c, index)
 
 
 def _copy_into(dst: Tree, src: Tree) -> None:

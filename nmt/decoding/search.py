@@ -88,7 +88,10 @@ def _fixed_engine(engine: str, model, src: Tensor, src_mask: Tensor, max_len_a: 
         engine = "graphs" if src.is_cuda else "loop"
     if engine == "loop" or need_attn:
         return None
-    if getattr(model, "fixed_state_steps", 0) < int(max_lengths(src_mask, max_len_a, max_len_b, max_len).max()):
+    positions = getattr(model, "fixed_state_steps", 0)
+    # a source as wide as the batch bounds every sentence's cap (+1: float rounding), known without a read
+    if int(max_len_a * src.size(1) + max_len_b) + 1 > positions and \
+            int(max_lengths(src_mask, max_len_a, max_len_b, max_len).max()) > positions:
         return None
     return engine
 
