@@ -28,7 +28,13 @@ def assert_same_search(loop, fixed) -> None:
             torch.testing.assert_close(torch.tensor([s for _, s in a]), torch.tensor([s for _, s in b]), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("name", "engine"), [*((name, "graphs") for name in VARIANTS),
+# every model variant: a few in the default tier, the others in the slow one
+DEFAULT = ("lstm", "lstm_bahdanau", "lstm_luong", "transformer", "transformer_rope_local", "hybrid_transformer_luong")
+ALL = [name if name in DEFAULT else pytest.param(name, marks=pytest.mark.slow) for name in VARIANTS]
+
+
+@pytest.mark.parametrize(("name", "engine"), [*((name, "graphs") if name in DEFAULT else
+                                                pytest.param(name, "graphs", marks=pytest.mark.slow) for name in VARIANTS),
                                               *((name, "fixed") for name in ("lstm", "transformer_rope_local"))])
 def test_fixed_shapes_find_the_loops_hypotheses(name, engine):
     """Every model, n-best lists of 3 from beams of 4, sentences of different caps (they stop at
@@ -39,7 +45,7 @@ def test_fixed_shapes_find_the_loops_hypotheses(name, engine):
     assert_same_search(loop, beam_search(model, src, src_mask, beam_size=4, nbest=3, engine=engine))
 
 
-@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("name", ALL)
 def test_greedy_search_on_fixed_shapes_is_the_loops(name):
     """Greedy search on fixed shapes (beam search with one beam, no length penalty): the loop's
     tokens and log-probs, also with validation's per-sentence caps and with prefixes."""
