@@ -6,7 +6,9 @@ All drive a model through the ``Seq2Seq`` interface (``encode``, ``init_state``,
 (``nmt.kernels``) and reorder its memory/state with ``nmt.models.base.select``, so they never
 ask which architecture they decode. Outputs are capped
 at ``max_len_a * source_length + max_len_b`` tokens, or at given per-sentence caps where those are
-smaller (EOS forced at the cap).
+smaller (EOS forced at the cap). Greedy and beam search run here step by step, or on fixed shapes
+(``nmt.decoding.fixed_beam``: the same results, built for GPUs) where their ``engine`` says; what
+every search computes alike is in ``nmt.decoding.scoring``.
 """
 
 from __future__ import annotations
@@ -89,6 +91,8 @@ def _fixed_engine(engine: str, model, src: Tensor, src_mask: Tensor, max_len_a: 
     if engine == "loop" or need_attn:
         return None
     positions = getattr(model, "fixed_state_steps", 0)
+    if positions <= 0:
+        return None
     # a source as wide as the batch bounds every sentence's cap (+1: float rounding), known without a read
     if int(max_len_a * src.size(1) + max_len_b) + 1 > positions and \
             int(max_lengths(src_mask, max_len_a, max_len_b, max_len).max()) > positions:
