@@ -3,6 +3,7 @@
     python evaluate.py ckpts=[runA/checkpoints/last.ckpt,runB/checkpoints/last.ckpt]
     python evaluate.py 'ckpts={final: run/checkpoints/last.ckpt, averaged: run/checkpoints/average_last5.ckpt}'
     python evaluate.py data=europarl_it_en 'hyps={lstm: lstm.txt, transformer: tf.txt}' baseline=lstm
+    python evaluate.py 'ckpts={a: a.ckpt, b: b.ckpt, ensemble: [a.ckpt, b.ckpt]}'    # an ensemble is a list
 
 With several systems: one comparison table (markdown, CSV, JSON) and one plot with a curve per
 system, all scored on the same sentences per bucket, and every system tested against the baseline
@@ -15,11 +16,12 @@ loads the systems and the split, and runs them.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from nmt import CONF_DIR, register_resolvers
 from nmt.checkpoints import file_config
@@ -67,6 +69,15 @@ def load_data(data_cfg: DictConfig | dict, source: str | None = None, split: str
     return datamodule
 
 
+def system_files(entry: Any) -> list[str]:
+    """The files of one system of ``ckpts``: a checkpoint or release file, or a list of them (an
+    ensemble, ``nmt.models.ensemble``)."""
+    files = list(entry) if isinstance(entry, (ListConfig, list, tuple)) else [entry]
+    if not files or not all(isinstance(f, str) for f in files):
+        raise ValueError(f"ckpts: {entry!r} is not a checkpoint file or a list of them (an ensemble)")
+    return [str(f) for f in files]
+
+
 SPLITS = ("test", "valid")  # what evaluate may translate and score
 MAX_RESAMPLES = 100_000
 
@@ -96,8 +107,8 @@ def evaluate(cfg: DictConfig) -> None:
     out_dir = Path(cfg.paths.output_dir)
     logging.getLogger("sacrebleu").setLevel(logging.WARNING)  # PairedTest logs each step of each bucket at INFO
     named = cfg.ckpts if isinstance(cfg.ckpts, DictConfig) else {}  # {name: file}, else names from the paths
-    ckpts = [Path(p) for p in (named.values() if named else cfg.ckpts or [])]
-    names = [str(n) for n in named] if named else [system_name(p) for p in ckpts]
+    ckpts = [system_files(entry) for entry in (named.values() if named else cfg.ckpts or [])]
+    names = [str(n) for n in named] if named else ["+".join(system_name(Path(p)) for p in c) for c in ckpts]
     if len(set(names)) < len(names):
         raise ValueError(f"ckpts: several checkpoints would be named {sorted({n for n in names if names.count(n) > 1})}; "
                          "name them: ckpts={name: file, ...}")
@@ -119,13 +130,13 @@ def evaluate(cfg: DictConfig) -> None:
                              "hypothesis files (hyps=) are of the clean test set")
     data_cfg, data_source = cfg.get("data"), None
     decoding = OmegaConf.to_container(cfg.decoding)
-    loaded = [Translator.load(p, device=str(cfg.device), kernels=str(cfg.get("kernels", "auto")),
+    loaded = [Translator.load(c[0] if len(c) == 1 else c, device=str(cfg.device), kernels=str(cfg.get("kernels", "auto")),
                               precision=str(cfg.get("precision", "auto")),
-                              allow_pickle=cfg.allow_pickle, decoding=decoding, max_tokens=cfg.max_tokens) for p in ckpts]
+                              allow_pickle=cfg.allow_pickle, decoding=decoding, max_tokens=cfg.max_tokens) for c in ckpts]
     if data_cfg is None:
         if not loaded:
             raise ValueError("hypothesis files need a test split: set data=<name> (e.g. data=europarl_it_en)")
-        data_cfg, data_source = loaded[0].run_config.get("data"), str(ckpts[0])
+        data_cfg, data_source = loaded[0].run_config.get("data"), str(ckpts[0][0])
         if isinstance(data_cfg, dict):  # prepared data goes to this machine's cache, not the one the file names
             data_cfg = {**data_cfg, "cache_dir": str(cfg.paths.cache_dir)}
     word_frequency = bool(cfg.get("word_frequency", True))  # counts the training split's target words
@@ -140,8 +151,11 @@ def evaluate(cfg: DictConfig) -> None:
     frequency = training_counts(datamodule) if word_frequency else None
     hyps: dict[str, list[str]] = {}
     entropies: dict[str, list[float | None]] = {}
+    seconds: dict[str, float] = {}
     for name, translator in zip(names, loaded):
+        start = time.perf_counter()
         texts, entropy = translate_with_entropy(translator, inputs[name], bool(cfg.get("reordering", True)))
+        seconds[name] = time.perf_counter() - start
         hyps[name] = texts
         if any(e is not None for e in entropy):
             entropies[name] = entropy
@@ -155,6 +169,8 @@ def evaluate(cfg: DictConfig) -> None:
     test = Scored(sources, tagged, refs, unit, hyps, baseline, edges, tokenize)
     reports = {name: length_report(sources, h, refs, edges, unit=unit, tokenize=tokenize,
                                    n_bootstrap=cfg.n_bootstrap) for name, h in hyps.items()}
+    for name, value in seconds.items():  # with the attention the analyses read, when asked for
+        reports[name]["translation_seconds"] = round(value, 2)
     if frequency is not None:
         by_frequency(cfg, test, frequency, reports)
     if cfg.get("reordering", True):

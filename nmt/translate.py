@@ -57,7 +57,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from nmt import CONF_DIR, register_resolvers
-from nmt.inference.backends import backend_of, model_file, open_translator, search_settings
+from nmt.inference.backends import backend_of, model_files, open_translator, search_settings
 from nmt.cli_io import OutputFile, StopSignals, Stopped, check_paths, ending_cleanly, stop_if_held
 from nmt.inference.requests import GUIDES, Naming, Request
 from nmt.inference.line_streams import OrderedWriter, Progress, chunked, count_lines, read_pairs
@@ -255,7 +255,7 @@ def translate_file(cfg: DictConfig, signals: StopSignals) -> None:
     check_options(cfg)
     check_paths({"input": cfg.input, **({"target": cfg.get("target")} if cfg.mode == "score" else {}),
                  **({"prefixes": cfg.prefixes} if cfg.get("prefixes") else {}),
-                 **({"constraints": cfg.constraints} if cfg.get("constraints") else {}), "ckpt": model_file(cfg)}, cfg.output)
+                 **({"constraints": cfg.constraints} if cfg.get("constraints") else {}), **model_files(cfg)}, cfg.output)
     guides = read_guides(cfg)
     signals.check()
     translator = open_translator(cfg)

@@ -28,6 +28,7 @@ class Loaded:
     run_config: dict[str, Any]
     step: int | None = None  # the global step of the weights
     report: dict[str, Any] | None = None  # the run's test report: {"summary": dict, "png": bytes | None}
+    members: list[Loaded] | None = None  # an ensemble's files, each as loaded alone (``load_ensemble``)
 
 
 def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", allow_pickle: bool = False) -> Loaded:
@@ -108,3 +109,33 @@ def run_report(checkpoint: dict[str, Any], path: str | Path) -> dict[str, Any] |
     found = {kind: f.read_bytes() if f.is_file() and f.stat().st_size <= MAX_REPORT_BYTES[kind] else None
              for kind, f in files.items()}
     return _report(found["json"], found["png"]) if found["json"] is not None else None
+
+
+def load_ensemble(paths: list[str | Path], device: torch.device | str = "cpu", allow_pickle: bool = False) -> Loaded:
+    """Several checkpoints or release files as one model (``nmt.models.ensemble``): each loaded as
+    ``load_checkpoint`` does, then checked to read the same source ids and write the same target
+    vocabulary (pieces, scores and a multilingual model's language tags); a one-line CheckpointError
+    names the two files that differ. One path is that file's model alone. The run config, step and
+    report are the first file's."""
+    from nmt.languages import vocabulary_languages
+    from nmt.models.ensemble import Ensemble
+
+    if not paths:
+        raise CheckpointError("ckpt=[]: give one or more checkpoint or release files")
+    members = [load_checkpoint(p, device=device, allow_pickle=allow_pickle) for p in paths]
+    first = members[0]
+    for path, other in zip(paths[1:], members[1:]):
+        for side in ("src", "tgt"):
+            a, b = getattr(first, f"{side}_vocab"), getattr(other, f"{side}_vocab")
+            if a.pieces_digest == b.pieces_digest:
+                continue
+            tags_a, tags_b = vocabulary_languages(a.sp), vocabulary_languages(b.sp)
+            what = (f"language tags ({', '.join(tags_a) or 'none'} against {', '.join(tags_b) or 'none'})"
+                    if tags_a != tags_b else f"{'source' if side == 'src' else 'target'} vocabularies")
+            raise CheckpointError(f"{paths[0]} and {path} have different {what}: the models of an ensemble must "
+                                  "share their tokenizers (train them on the same data and tokenizer settings, or "
+                                  "fine-tune one from the other)")
+    if len(members) == 1:
+        return first
+    model = Ensemble([m.model for m in members]).to(device).eval()
+    return Loaded(model, first.src_vocab, first.tgt_vocab, first.run_config, first.step, first.report, members)

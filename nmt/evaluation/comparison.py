@@ -44,8 +44,20 @@ def compare(reports: dict[str, dict[str, Any]], out_dir: Path, title: str = "") 
     beyond = reordering.markdown(reports, source)
     tested = significance_table(reports, "reordering_vs_baseline")
     beyond += ("\nBy reordering distance: " + tested) if tested else ""
-    paths["md"].write_text(markdown_table(reports) + ("\n" + table if table else "")
+    timed = timing_table(reports)
+    paths["md"].write_text(markdown_table(reports) + ("\n" + table if table else "") + ("\n" + timed if timed else "")
                            + ("\nWord F-measure by the word's count on the training target side:\n\n" + frequency
                               if frequency else "") + ("\n" + beyond if beyond else ""))
     plot_bleu_by_length(reports, paths["png"], title=title)
     return paths
+
+
+def timing_table(reports: dict[str, dict[str, Any]]) -> str:
+    """A markdown table of each system's translation time (``translation_seconds``: the whole split,
+    the analyses' attention included when they asked for it), or "" when no report has one."""
+    rows = [(name, r["count"], r["translation_seconds"]) for name, r in reports.items() if "translation_seconds" in r]
+    if not rows:
+        return ""
+    lines = ["| system | sentences | translation s | sentences/s |", "|---|---:|---:|---:|"]
+    lines += [f"| {name} | {count} | {seconds:.1f} | {count / seconds if seconds else 0:.1f} |" for name, count, seconds in rows]
+    return "Translation time:\n\n" + "\n".join(lines) + "\n"

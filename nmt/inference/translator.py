@@ -25,7 +25,7 @@ import copy
 import functools
 import logging
 import numbers
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from nmt.decoding import search as search_functions
-from nmt.checkpoints.loading import load_checkpoint
+from nmt.checkpoints.loading import load_checkpoint, load_ensemble
 from nmt.data.batching import TokenBatchSampler
 from nmt.inference.alignments import pharaoh
 from nmt.decoding.constrained import check_constraints, constrained_beam_search
@@ -127,7 +127,8 @@ class Translator(RequestMeaning):
     def __init__(self, model: torch.nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer,
                  run_config: dict[str, Any] | None = None, decoding: Mapping[str, Any] | SearchSettings | None = None,
                  precision: str = "32", max_tokens: int = 2048, workers: int | None = None,
-                 max_src_len: int | None = None, step: int | None = None, report: dict[str, Any] | None = None) -> None:
+                 max_src_len: int | None = None, step: int | None = None, report: dict[str, Any] | None = None,
+                 max_tgt_len: int | None = None) -> None:
         self.run_config = run_config or {}
         device = next(model.parameters()).device.type
         self.precision = resolve_decoding_precision(check_precision(precision), device)
@@ -142,24 +143,31 @@ class Translator(RequestMeaning):
             raise ValueError(f"max_tokens={max_tokens!r}: a positive whole number of source tokens a batch")
         self.max_tokens, self.workers = int(max_tokens), workers
         self.max_src_len = int(max_src_len) if max_src_len else model_max_src_len(self.run_config)
-        table = getattr(getattr(self.model.decoder, "embed_tokens", None), "max_len", None)
-        self.max_tgt_len = model_max_tgt_len(self.run_config, table)
+        self.max_tgt_len = int(max_tgt_len) if max_tgt_len else target_limit(self.model, self.run_config)
         self.step, self.report = step, report  # the report: the run folder's or the release file's
         self.target_languages = vocabulary_languages(src_vocab.sp)  # a multilingual model's <2xx> tags
         self._attention: bool | None = None
 
     @classmethod
-    def load(cls, path: str | Path, device: str = "auto", precision: str = "auto", kernels: str = "auto",
-             allow_pickle: bool = False, **options: Any) -> Translator:
-        """A checkpoint or release file, on ``device`` with ``kernels`` (``nmt.kernels``); the
-        process-wide memory settings of those kernels are applied here, once."""
+    def load(cls, path: str | Path | Sequence[str | Path], device: str = "auto", precision: str = "auto",
+             kernels: str = "auto", allow_pickle: bool = False, **options: Any) -> Translator:
+        """A checkpoint or release file, or a list of them decoding as one ensemble
+        (``nmt.models.ensemble``), on ``device`` with ``kernels`` (``nmt.kernels``); the process-wide
+        memory settings of those kernels are applied here, once. An ensemble's length limits are its
+        members' smallest."""
         precision = check_precision(precision)
         target = torch.device(decoding_device(str(device), precision))
         bound_onednn_cache()
         if on_cpu(kernels, target.type):
             keep_freed_memory()
-        loaded = load_checkpoint(path, device=target, allow_pickle=allow_pickle)
+        if isinstance(path, (str, Path)):
+            loaded = load_checkpoint(path, device=target, allow_pickle=allow_pickle)
+        else:
+            loaded = load_ensemble(list(path), device=target, allow_pickle=allow_pickle)
         loaded.model.set_kernels(kernels)
+        if loaded.members:
+            options.setdefault("max_src_len", min(model_max_src_len(m.run_config) for m in loaded.members))
+            options.setdefault("max_tgt_len", min(target_limit(m.model, m.run_config) for m in loaded.members))
         return cls(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, precision=precision,
                    step=loaded.step, report=loaded.report, **options)
 
@@ -380,9 +388,11 @@ class Translator(RequestMeaning):
         ``nmt.serve`` passes on only values of the expected types)."""
         rc = self.run_config
         data = rc.get("data", {})
+        members = list(getattr(self.source_model, "members", [self.source_model]))  # an ensemble's, or the model
         return {
             "backend": self.backend,
-            "preset": {part: type(getattr(self.source_model, part)).__name__ for part in ("encoder", "decoder")},
+            "preset": {part: " + ".join(type(getattr(m, part)).__name__ for m in members) for part in ("encoder", "decoder")},
+            "members": len(members),
             "hidden_size": rc.get("model", {}).get("hidden_size"),
             "parameters": sum(p.numel() for p in self.source_model.parameters()),
             "src_lang": data.get("src_lang"), "tgt_lang": data.get("tgt_lang"), "target_languages": self.target_languages,
@@ -391,6 +401,15 @@ class Translator(RequestMeaning):
             "decoding": self.settings.as_config(), "precision": self.precision,
             "run": rc.get("task_name"), "step": self.step, "tags": rc.get("tags"),
         }
+
+
+def target_limit(model: torch.nn.Module, run_config: dict[str, Any]) -> int:
+    """The most target tokens (EOS included) ``model`` writes: its run config's limit, capped by a
+    Transformer decoder's position table (an ensemble: its members' smallest)."""
+    if hasattr(model, "members"):
+        return min(target_limit(m, run_config) for m in model.members)
+    table = getattr(getattr(model.decoder, "embed_tokens", None), "max_len", None)
+    return model_max_tgt_len(run_config, table)
 
 
 def translate_lines(model: torch.nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer, lines: list[str],

@@ -33,7 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from nmt import CONF_DIR, register_resolvers
 from nmt.cli_io import ending_cleanly
@@ -118,7 +118,8 @@ def describe(translator: Any) -> dict[str, Any]:
     if translator.report is not None:
         summary.update(report_summary(translator.report["summary"]))
     return {
-        "backend": facts["backend"], "preset": facts["preset"], "hidden_size": number(facts.get("hidden_size")),
+        "backend": facts["backend"], "preset": facts["preset"], "members": number(facts.get("members", 1)),
+        "hidden_size": number(facts.get("hidden_size")),
         "parameters": number(facts.get("parameters")),
         "src_lang": text(facts.get("src_lang")), "tgt_lang": text(facts.get("tgt_lang")),
         "src_vocab_size": facts["src_vocab_size"], "tgt_vocab_size": facts["tgt_vocab_size"],
@@ -180,7 +181,7 @@ def create_app(translator: Any, cfg: DictConfig) -> FastAPI:
     if cfg.batching.process:
         keys = ("ckpt", "backend", "allow_pickle", "device", "kernels", "precision", "max_tokens", "workers", "decoding",
                 "ctranslate2")
-        worker_cfg = {k: OmegaConf.to_container(cfg[k]) if isinstance(cfg[k], DictConfig) else cfg[k]
+        worker_cfg = {k: OmegaConf.to_container(cfg[k]) if isinstance(cfg[k], (DictConfig, ListConfig)) else cfg[k]
                       for k in keys if k in cfg}
         executor = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_load_worker,
                                        initargs=(worker_cfg,))
