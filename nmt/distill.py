@@ -58,17 +58,20 @@ def compare(cfg: DictConfig) -> Path:
     test split, into ``<run>/comparison/``; returns its table."""
     from nmt.evaluate import evaluate
     from nmt.inference.ctranslate2 import is_export
+    from nmt.training.distillation import teacher_files
 
     run_dir = Path(cfg.paths.output_dir)
     student = json.loads((run_dir / SUMMARY).read_text())["tested_checkpoint"]["path"]
     # the student first: evaluate reads the test split from its data config (the distilled folder's references)
-    systems = {"student": student}
-    if not is_export(cfg.distill.teacher):
-        systems["teacher"] = str(cfg.distill.teacher)
+    systems = {"student": f"'{student}'"}
+    teachers = teacher_files(cfg)
+    if not is_export(teachers[0]):  # an ensemble teacher is one system too
+        quoted = [f"'{t}'" for t in teachers]
+        systems["teacher"] = f"[{', '.join(quoted)}]" if len(teachers) > 1 else quoted[0]
     for name, path in (cfg.distill.get("compare_with") or {}).items():
-        systems[str(name)] = str(path)
+        systems[str(name)] = f"'{path}'"
     out = run_dir / "comparison"
-    names = ", ".join(f"{name}: '{path}'" for name, path in systems.items())
+    names = ", ".join(f"{name}: {path}" for name, path in systems.items())
     baseline = ["baseline=teacher"] if "teacher" in systems else []
     evaluation = compose("evaluate", overrides=[f"ckpts={{{names}}}", *baseline, f"paths.cache_dir={cfg.paths.cache_dir}",
                                                 "word_frequency=false", "reordering=false"])

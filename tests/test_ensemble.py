@@ -15,6 +15,7 @@ from nmt.decoding.search import beam_search, greedy_search, score_pairs
 from nmt.models.ensemble import Ensemble
 from nmt.specials import BOS, EOS, PAD
 from tests.test_fixed_beam import assert_same_search
+from tests.conftest import ROOT, TORCH_INIT, compose_train, evaluate_here, serve_cfg, translate_here
 from tests.test_models import VOCAB, batch, build
 
 LENGTHS = (9, 2, 5, 3)
@@ -134,33 +135,23 @@ def test_the_ensemble_is_the_log_of_a_mean_not_a_mean_of_logs():
 
 # --- the commands -------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def ckpts(tmp_path_factory) -> dict[str, Path]:
-    """Tiny trained models on the tiny corpus: a Transformer and an LSTM+Luong sharing one
-    tokenizer, and a Transformer with a smaller vocabulary."""
-    from nmt.train import train
-    from tests.conftest import TORCH_INIT, compose_train
-
-    out = {}
-    for name, model, extra in (("transformer", "transformer", TORCH_INIT), ("luong", "lstm_luong", []),
-                               ("small_vocab", "transformer", ["data.tokenizer.vocab_size=60", *TORCH_INIT])):
-        cfg = compose_train(tmp_path_factory.mktemp(name), ["trainer.max_epochs=2", "test=false", *extra], model=model)
-        train(cfg)
-        out[name] = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
-    return out
+SAVED = ROOT / "tests" / "data" / "saved"
+TRANSFORMER, LUONG = SAVED / "transformer.ckpt", SAVED / "lstm_luong.release.ckpt"  # one tokenizer, tiny models
+LINES = (ROOT / "tests/data/tiny/test.src").read_text().splitlines()[:8]
 
 
-@pytest.mark.slow  # three models trained first
-def test_translate_and_evaluate_take_a_list_of_files_as_one_model(ckpts, tmp_path, capsys):
-    """translate.py ``ckpt=[a,a]`` writes what ``ckpt=a`` writes, ``ckpt=[a,b]`` translates every
-    line; evaluate.py scores an ensemble as a system of its own, tested against the members, with
-    each system's translation time."""
-    from tests.conftest import ROOT, evaluate_here, translate_here
+@pytest.fixture
+def src(tmp_path) -> Path:
+    path = tmp_path / "in.txt"
+    path.write_text("\n".join(LINES) + "\n")
+    return path
 
-    lines = (ROOT / "tests/data/tiny/test.src").read_text().splitlines()[:8]
-    src = tmp_path / "in.txt"
-    src.write_text("\n".join(lines) + "\n")
-    a, b = ckpts["transformer"], ckpts["luong"]
+
+def test_translate_and_evaluate_take_a_list_of_files_as_one_model(src, tmp_path, capsys):
+    """translate.py ``ckpt=[a,a]`` writes what ``ckpt=a`` writes, and ``ckpt=[a,b]`` (a Transformer
+    checkpoint with an LSTM+Luong release file) n-best lists with word alignments for every line;
+    evaluate.py scores an ensemble as a system of its own, with each system's translation time."""
+    a, b = TRANSFORMER, LUONG
     alone = translate_here(capsys, f"ckpt={a}", f"input={src}", "precision=32")
     assert alone.returncode == 0, alone.stderr[-2000:]
     twice = translate_here(capsys, f"ckpt=[{a},{a}]", f"input={src}", "precision=32")
@@ -169,52 +160,62 @@ def test_translate_and_evaluate_take_a_list_of_files_as_one_model(ckpts, tmp_pat
     both = translate_here(capsys, f"ckpt=[{a},{b}]", f"input={src}", "precision=32", "decoding.nbest=2",
                           "decoding.alignments=true")
     assert both.returncode == 0, both.stderr[-2000:]
-    assert len(both.stdout.splitlines()) == 2 * len(lines)
+    rows = [line.split("\t") for line in both.stdout.splitlines()]
+    assert [(int(r[0]), int(r[1])) for r in rows] == [(n, k) for n in range(1, len(LINES) + 1) for k in (1, 2)]
+    assert all(r[-1] for r in rows)  # an alignment for every hypothesis
     done = evaluate_here(capsys, tmp_path / "eval", f"ckpts={{transformer: {a}, luong: {b}, both: [{a}, {b}]}}",
-                         "precision=32", "n_bootstrap=50", "significance.bootstrap=50", "significance.randomization=50",
-                         "word_frequency=false")
+                         "precision=32", "n_bootstrap=20", "significance.bootstrap=20", "significance.randomization=20",
+                         "word_frequency=false", "reordering=false")
     assert done.returncode == 0, done.stderr[-2000:]
     compared = (tmp_path / "eval" / "comparison.md").read_text()
     assert "| both |" in compared and "Translation time:" in compared
-    assert (tmp_path / "eval" / "both.hyp.txt").is_file()
+    assert len((tmp_path / "eval" / "both.hyp.txt").read_text().splitlines()) == 20  # the test split
 
 
-@pytest.mark.slow  # three models trained first
-def test_files_that_do_not_share_their_tokenizers_are_refused_naming_both(ckpts, tmp_path, capsys):
-    from tests.conftest import translate_here
-
-    src = tmp_path / "in.txt"
-    src.write_text("a b c\n")
-    a, c = ckpts["transformer"], ckpts["small_vocab"]
-    refused = translate_here(capsys, f"ckpt=[{a},{c}]", f"input={src}")
-    assert refused.returncode == 2
-    assert refused.stderr.strip().splitlines()[-1] == (
-        f"error: {a} and {c} have different source vocabularies: the models of an ensemble must share their tokenizers "
-        "(train them on the same data and tokenizer settings, or fine-tune one from the other)")
-    missing = translate_here(capsys, f"ckpt=[{a},{tmp_path / 'none.ckpt'}]", f"input={src}")
-    assert missing.returncode == 2
-    assert missing.stderr.strip().splitlines()[-1].startswith(f"error: ckpt[1]={tmp_path / 'none.ckpt'}: No such file")
-    empty = translate_here(capsys, "ckpt=[]", f"input={src}")
-    assert empty.stderr.strip().splitlines()[-1] == \
-        "error: ckpt=[]: give a checkpoint or release file, or a list of them (an ensemble)"
+def test_bad_ensembles_are_refused_in_one_line(src, tmp_path, capsys):
+    a = TRANSFORMER
+    expected = {
+        f"ckpt=[{a},{tmp_path / 'none.ckpt'}]": f"error: ckpt[1]={tmp_path / 'none.ckpt'}: No such file or directory",
+        f"ckpt=[{','.join([str(a)] * 17)}]":
+            "error: an ensemble of 17 files: at most 16 models decode as one (each step runs every member's decoder)",
+        "ckpt=[]": "error: ckpt=[]: give a checkpoint or release file, or a list of them (an ensemble)",
+    }
+    for override, message in expected.items():
+        refused = translate_here(capsys, override, f"input={src}")
+        assert refused.returncode == 2
+        assert refused.stderr.strip().splitlines()[-1] == message
     folder = translate_here(capsys, f"ckpt=[{a},{a}]", "backend=ctranslate2", f"input={src}")
-    assert folder.stderr.strip().splitlines()[-1].endswith(
-        "an ensemble decodes with the torch backend; give checkpoint or release files, not CTranslate2 folders")
+    assert folder.stderr.strip().splitlines()[-1] == (
+        f"error: ckpt=['{a}', '{a}']: an ensemble decodes with the torch backend; give checkpoint or release files, "
+        "not CTranslate2 folders")
 
 
-@pytest.mark.slow  # three models trained first
-def test_the_server_serves_an_ensemble(ckpts):
-    """nmt-serve's translator for ``ckpt=[a,b]``: /info names both members' parts."""
+def test_the_server_serves_an_ensemble():
+    """nmt-serve for ``ckpt=[a,b]``: /info names both members' parts, and it translates."""
     from fastapi.testclient import TestClient
 
     from nmt.serve.app import create_app, load
-    from tests.conftest import serve_cfg
 
-    cfg = serve_cfg(ckpts["transformer"], "batching.process=false")
-    cfg.ckpt = [str(ckpts["transformer"]), str(ckpts["luong"])]
-    translator = load(cfg)
-    with TestClient(create_app(translator, cfg)) as client:
+    cfg = serve_cfg(TRANSFORMER, "batching.process=false")
+    cfg.ckpt = [str(TRANSFORMER), str(LUONG)]
+    with TestClient(create_app(load(cfg), cfg)) as client:
         info = client.get("/info").json()
-        assert info["members"] == 2 and " + " in info["preset"]["decoder"]
-        answer = client.post("/translate", json={"text": ["a b c"]})
+        assert info["members"] == 2
+        assert info["preset"] == {"encoder": "TransformerEncoder + RNNEncoder", "decoder": "TransformerDecoder + RNNDecoder"}
+        answer = client.post("/translate", json={"text": LINES[:2]})
         assert answer.status_code == 200, answer.text
+
+
+@pytest.mark.slow  # a model with another tokenizer is trained first
+def test_files_that_do_not_share_their_tokenizers_are_refused_naming_both(src, tmp_path, capsys):
+    from nmt.train import train
+
+    cfg = compose_train(tmp_path, ["trainer.max_epochs=1", "test=false", "data.tokenizer.vocab_size=60", *TORCH_INIT],
+                        model="transformer")
+    train(cfg)
+    other = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+    refused = translate_here(capsys, f"ckpt=[{TRANSFORMER},{other}]", f"input={src}")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"error: {TRANSFORMER} and {other} have different source vocabularies: the models of an ensemble must share "
+        "their tokenizers (train them on the same data and tokenizer settings, or fine-tune one from the other)")

@@ -111,6 +111,9 @@ def run_report(checkpoint: dict[str, Any], path: str | Path) -> dict[str, Any] |
     return _report(found["json"], found["png"]) if found["json"] is not None else None
 
 
+MAX_MEMBERS = 16  # the most files an ensemble loads (each is a whole model in memory)
+
+
 def load_ensemble(paths: list[str | Path], device: torch.device | str = "cpu", allow_pickle: bool = False) -> Loaded:
     """Several checkpoints or release files as one model (``nmt.models.ensemble``): each loaded as
     ``load_checkpoint`` does, then checked to read the same source ids and write the same target
@@ -122,6 +125,9 @@ def load_ensemble(paths: list[str | Path], device: torch.device | str = "cpu", a
 
     if not paths:
         raise CheckpointError("ckpt=[]: give one or more checkpoint or release files")
+    if len(paths) > MAX_MEMBERS:
+        raise CheckpointError(f"an ensemble of {len(paths)} files: at most {MAX_MEMBERS} models decode as one "
+                              "(each step runs every member's decoder)")
     members = [load_checkpoint(p, device=device, allow_pickle=allow_pickle) for p in paths]
     first = members[0]
     for path, other in zip(paths[1:], members[1:]):

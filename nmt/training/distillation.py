@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from nmt.data.prepare import streaming
 from nmt.data.sources import SPLITS, DataError, _file_stamp
@@ -48,10 +48,21 @@ def _teacher_stamp(teacher: Path) -> list[Any]:
     return _file_stamp(teacher / "model.bin" if teacher.is_dir() else teacher)
 
 
-def _translator_config(cfg: DictConfig, ckpt: Path, backend: str) -> DictConfig:
+def teacher_files(cfg: DictConfig) -> list[Path]:
+    """The teacher's files: ``distill.teacher``, one checkpoint, release file or CTranslate2 folder,
+    or a list of checkpoint or release files decoding as one ensemble (``nmt.models.ensemble``)."""
+    value = cfg.distill.teacher
+    files = list(value) if isinstance(value, (ListConfig, list, tuple)) else [value]
+    if not files or not all(isinstance(f, (str, Path)) for f in files):
+        raise ValueError(f"distill.teacher={value}: a checkpoint, release file or CTranslate2 folder, or a list of "
+                         "checkpoint or release files (an ensemble)")
+    return [Path(str(f)).expanduser().resolve() for f in files]
+
+
+def _translator_config(cfg: DictConfig, ckpt: Path | list[Path], backend: str) -> DictConfig:
     d = cfg.distill
     return OmegaConf.create({
-        "ckpt": str(ckpt), "backend": backend, "device": d.device, "precision": d.precision, "kernels": "auto",
+        "ckpt": [str(c) for c in ckpt] if isinstance(ckpt, list) else str(ckpt), "backend": backend, "device": d.device, "precision": d.precision, "kernels": "auto",
         "allow_pickle": bool(cfg.get("allow_pickle", False)), "decoding": OmegaConf.to_container(d.decoding),
         "max_tokens": int(d.max_tokens), "workers": d.workers,
         "ctranslate2": {"compute_type": "default", "intra_threads": 1}})
@@ -59,10 +70,17 @@ def _translator_config(cfg: DictConfig, ckpt: Path, backend: str) -> DictConfig:
 
 def _open_teacher(cfg: DictConfig, work: Path) -> Any:
     """The teacher's translator: a CTranslate2 folder as it is; a checkpoint through CTranslate2
-    (exported into ``work``) where ``backend`` allows it and the model exports, else torch."""
-    teacher, backend = Path(str(cfg.distill.teacher)), str(cfg.distill.backend)
+    (exported into ``work``) where ``backend`` allows it and the model exports, else torch; an
+    ensemble on torch."""
+    teachers, backend = teacher_files(cfg), str(cfg.distill.backend)
     if backend not in BACKENDS:
         raise ValueError(f"distill.backend={backend}: choose one of {', '.join(BACKENDS)}")
+    if len(teachers) > 1:
+        if backend == "ctranslate2":
+            raise ValueError("distill.backend=ctranslate2: an ensemble teacher translates with the torch backend "
+                             "(distill.backend=auto or torch)")
+        return open_translator(_translator_config(cfg, teachers, "torch"))
+    teacher = teachers[0]
     if is_export(teacher) or backend == "torch":
         return open_translator(_translator_config(cfg, teacher, backend if backend != "auto" else "auto"))
     converted = work / "teacher_ct2"
@@ -138,8 +156,9 @@ def distil(cfg: DictConfig) -> Path:
         raise ValueError(f"distill.chunk_lines={chunk_lines}: a positive number of sentences")
     source = streaming(instantiate(cfg.data.source))
     src_lang, tgt_lang = str(cfg.data.src_lang), str(cfg.data.tgt_lang)
-    teacher = Path(str(d.teacher)).expanduser().resolve()
-    key = {"format": FORMAT, "source": source.describe(), "teacher": _teacher_stamp(teacher),
+    teachers = teacher_files(cfg)
+    stamps = [_teacher_stamp(t) for t in teachers]
+    key = {"format": FORMAT, "source": source.describe(), "teacher": stamps[0] if len(stamps) == 1 else stamps,
            "decoding": OmegaConf.to_container(d.decoding, resolve=True), "backend": str(d.backend),
            "chunk_lines": chunk_lines}
     name = hashlib.blake2b(json.dumps(key, sort_keys=True).encode(), digest_size=8).hexdigest()
@@ -188,7 +207,7 @@ def distil(cfg: DictConfig) -> Path:
     for part in work.glob("train.*.jsonl"):
         part.unlink()
     shutil.rmtree(work / "teacher_ct2", ignore_errors=True)
-    manifest = {"format": FORMAT, "key": key, "pairs": total, "teacher": str(teacher),
+    manifest = {"format": FORMAT, "key": key, "pairs": total, "teacher": [str(t) for t in teachers] if len(teachers) > 1 else str(teachers[0]),
                 "translator": type(translator).__name__, "seconds": round(time.perf_counter() - start, 1)}
     _write_atomic(work / "manifest.json", json.dumps(manifest, indent=1) + "\n")
     work.rename(folder)
