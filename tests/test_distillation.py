@@ -94,6 +94,18 @@ def test_min_score_keeps_the_pairs_the_teacher_scored_at_least_it(tmp_path):
         distil(config(tmp_path, "distill.min_score=0.0"))
 
 
+def test_an_ensemble_teacher_of_one_model_twice_writes_that_models_corpus(tmp_path):
+    """``distill.teacher=[a,a]`` translates with the ensemble (torch), as ``a`` alone; an ensemble
+    on the CTranslate2 backend is refused in one line."""
+    alone = distil(config(tmp_path / "alone"))
+    twice = distil(config(tmp_path / "twice", f"distill.teacher=[{TEACHER},{TEACHER}]"))
+    assert read_lines(twice / "train.tgt") == read_lines(alone / "train.tgt")
+    assert json.loads((twice / "manifest.json").read_text())["teacher"] == [str(TEACHER), str(TEACHER)]
+    with pytest.raises(ValueError, match=r"^distill.backend=ctranslate2: an ensemble teacher translates with the torch "
+                                         r"backend \(distill.backend=auto or torch\)$"):
+        distil(config(tmp_path / "ct2", f"distill.teacher=[{TEACHER},{TEACHER}]", "distill.backend=ctranslate2"))
+
+
 def test_bad_teachers_are_refused_in_one_line(tmp_path):
     not_a_model = tmp_path / "notes.ckpt"
     not_a_model.write_text("not a model\n")
