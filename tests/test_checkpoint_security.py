@@ -283,6 +283,7 @@ def test_a_resumed_checkpoint_sets_only_the_modules_counters():
 
 
 SAVED_RELEASE = Path(__file__).parent / "data" / "saved" / "lstm_luong.release.ckpt"
+SAVED = Path(__file__).parent / "data" / "saved" / "transformer.ckpt"  # a training checkpoint
 
 
 def test_a_small_file_declaring_huge_weights_through_views_is_refused_before_any_memory_is_spent(tmp_path, capsys):
@@ -333,3 +334,34 @@ def test_a_weight_that_is_not_a_dense_tensor_is_refused_in_one_line(tmp_path, ca
     assert str(error.value) == message
     result = translate_here(capsys, f"ckpt={tmp_path / kind}.ckpt", f"input={SAVED_RELEASE.parent.parent / 'tiny' / 'test.src'}")
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == f"error: {message}"
+
+
+@pytest.mark.parametrize("section", ["loops", "hyper_parameters", "counters"])
+def test_a_file_that_names_one_list_many_times_is_read_in_the_steps_its_objects_count(tmp_path, section, monkeypatch):
+    """A list of two references to one list, 45 levels deep (46 lists in the file, 2^45 paths), under
+    any key: the walk over the file's containers visits each object once, so reading it takes as many
+    steps as the file holds objects (counted here: the walk's tensor tests), and it is read or refused
+    in one line."""
+    from nmt.checkpoints import files
+
+    saved = torch.load(SAVED, map_location="cpu", weights_only=True)
+    repeated: list = [1, 2]
+    for _ in range(45):
+        repeated = [repeated, repeated]
+    saved[section] = {**(saved.get(section) or {}), "x": repeated}
+    crafted = tmp_path / "repeats.ckpt"
+    torch.save(saved, crafted)
+    visits, is_tensor = [0], torch.is_tensor
+
+    def counted(node) -> bool:
+        visits[0] += 1
+        if visits[0] > 100_000:
+            raise AssertionError("the walk visits a path, not an object, at a time")
+        return is_tensor(node)
+
+    monkeypatch.setattr(files.torch, "is_tensor", counted)
+    try:
+        read_checkpoint(crafted)
+    except CheckpointError as e:
+        assert "\n" not in str(e)
+    assert visits[0] < 20_000

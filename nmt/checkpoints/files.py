@@ -151,13 +151,21 @@ def file_tensors(checkpoint: dict[str, Any], path: str | Path) -> list[tuple[str
     """Every tensor of ``checkpoint``, wherever it is (weights, optimizer and scheduler state, RNG
     states, callbacks, loops, counters): (its name, the tensor, the top-level key it is under). A
     weight is named by its state-dict key, anything else by its place
-    (``optimizer_states[0].state[3].exp_avg``). Containers deeper than ``MAX_DEPTH`` are refused."""
+    (``optimizer_states[0].state[3].exp_avg``). Containers deeper than ``MAX_DEPTH`` are refused.
+    Each container is walked once, at its first place: a file stores an object once however often
+    it is named (a list of two references to one list, 45 levels deep, is 46 lists and 2^45 paths),
+    so the walk costs what the file's objects count, not its paths."""
     found: list[tuple[str, Any, str]] = []
     stack: list[tuple[str, Any, str, int]] = [(str(k), v, str(k), 1) for k, v in reversed(checkpoint.items())]
+    walked: set[int] = set()  # the ids of the containers walked (all alive: the checkpoint holds them)
     while stack:
         where, node, section, depth = stack.pop()
         if depth > MAX_DEPTH:
             raise CheckpointError(f"{path}: {where} is nested deeper than any nmt file ({MAX_DEPTH} levels); refused")
+        if isinstance(node, (dict, list, tuple)):
+            if id(node) in walked:
+                continue
+            walked.add(id(node))
         if torch.is_tensor(node):
             found.append((where, node, section))
         elif isinstance(node, dict):
