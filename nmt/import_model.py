@@ -38,6 +38,13 @@ def import_model(cfg: DictConfig) -> Path:
     out = Path(str(cfg.out))
     if out.is_dir():
         raise ValueError(f"out={out}: is a folder; give the release file to write (model.ckpt)")
+    if out.suffix.lower() == ".safetensors":
+        raise ValueError(f"out={out}: a .safetensors name, but the release file is a torch checkpoint that every "
+                         "nmt command reads as one; name it model.ckpt")
+    src = Path(str(cfg.src))
+    if src.is_dir() and out.resolve().is_relative_to(src.resolve()):
+        raise ValueError(f"out={out}: inside the folder being imported (src={cfg.src}); writing there could replace "
+                         "its files: write the release file outside it")
     checkpoint = import_marian(str(cfg.src), allow_pickle=bool(cfg.allow_pickle), revision=cfg.get("revision"))
     atomic_save(checkpoint, out)
     loaded = load_checkpoint(out)  # what every command does with it
