@@ -498,3 +498,14 @@ def test_our_export_imports_back_to_the_same_model(tmp_path, separate):
         ours = model(src, src_mask, tgt_in)[..., : tgt_vocab.vocab_size]
         theirs = loaded.model(src, src_mask, tgt_in)
     torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=1e-4)
+
+
+def test_a_vocabulary_holding_the_bos_names_gets_one_it_lacks():
+    """A Marian decoder starts from <pad>; our BOS piece takes a name no piece of the vocabulary has,
+    even where ``<s>``, ``<nmt_bos>`` and their numbered forms are all taken."""
+    from nmt.checkpoints.marian import Vocabulary
+
+    vocab = {"</s>": 0, "<unk>": 1, "<s>": 2, "<nmt_bos>": 3, "<nmt_bos_>": 4, "<nmt_bos_1>": 5, "\u2581a": 6, "<pad>": 7}
+    found = Vocabulary(vocab, {"pad": 7, "eos": 0, "start": 7, "unk": 1}, [], Path("hf"))
+    assert found.pieces == ["<pad>", "<unk>", "<nmt_bos_2>", "</s>", "<s>", "<nmt_bos>", "<nmt_bos_>", "<nmt_bos_1>",
+                            "\u2581a"]

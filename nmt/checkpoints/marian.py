@@ -215,6 +215,15 @@ def _piece_name(piece: str) -> tuple[str, bool]:
     return piece, bool(found)
 
 
+def _unused_name(vocab: dict[str, int]) -> str:
+    """A name for the BOS piece a Marian vocabulary lacks (its decoder starts from PAD): ``<s>``, else
+    the first of ``<nmt_bos>``, ``<nmt_bos_1>``, ``<nmt_bos_2>``, ... that no piece has."""
+    for name in ("<s>", "<nmt_bos>"):
+        if name not in vocab:
+            return name
+    return next(f"<nmt_bos_{i}>" for i in range(1, len(vocab) + 2) if f"<nmt_bos_{i}>" not in vocab)
+
+
 class Vocabulary:
     """One side's vocabulary in our id order: ``order[i]`` is their id of our id ``i`` (``extra``
     ids past theirs read their unk row), ``pieces`` our piece names."""
@@ -228,7 +237,7 @@ class Vocabulary:
         for name, i in (("pad", pad), ("eos", eos), ("unk", unk), ("decoder start", start)):
             if i not in by_id:
                 raise ImportRefused(f"{where}: no piece has the {name} id {i}")
-        bos_name = by_id[start] if start != pad else next(n for n in ("<s>", "<nmt_bos>", "<nmt_bos_>") if n not in vocab)
+        bos_name = by_id[start] if start != pad else _unused_name(vocab)
         specials = [(by_id[pad], pad), (by_id[unk], unk), (bos_name, start), (by_id[eos], eos)]
         self.order = [i for _, i in specials] + sorted(set(by_id) - {pad, unk, start, eos})
         self.pieces, self.tags = [p for p, _ in specials], []
