@@ -6,6 +6,7 @@ export and import again gives the same weights; what the folder must not hold is
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -509,3 +510,28 @@ def test_a_vocabulary_holding_the_bos_names_gets_one_it_lacks():
     found = Vocabulary(vocab, {"pad": 7, "eos": 0, "start": 7, "unk": 1}, [], Path("hf"))
     assert found.pieces == ["<pad>", "<unk>", "<nmt_bos_2>", "</s>", "<s>", "<nmt_bos>", "<nmt_bos_>", "<nmt_bos_1>",
                             "\u2581a"]
+
+
+@pytest.mark.parametrize("name", ["vocab.json", "config.json"])
+def test_a_folder_file_that_links_to_a_proc_file_is_one_line(folder, tmp_path, name):
+    copy = edited(folder, tmp_path, "linked")
+    (copy / name).unlink()
+    (copy / name).symlink_to("/proc/self/pagemap")
+    with pytest.raises(ImportRefused) as refused:
+        import_marian(copy)
+    assert str(refused.value).startswith(f"{copy / name}: ") and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("dtype, stored", [(torch.int64, "I64"), (torch.uint8, "U8"), (torch.bool, "BOOL"),
+                                           (torch.complex64, "C64")])
+def test_weights_stored_as_integers_bools_or_complex_numbers_are_refused(folder, tmp_path, dtype, stored):
+    from safetensors.torch import load_file, save_file
+
+    copy = edited(folder, tmp_path, "typed")
+    weights = load_file(copy / "model.safetensors")
+    weights["final_logits_bias"] = weights["final_logits_bias"].to(dtype)
+    save_file(weights, copy / "model.safetensors")
+    with pytest.raises(ImportRefused, match=rf"^{re.escape(str(copy))}/model.safetensors: final_logits_bias is stored "
+                                            rf"as {stored}; a Marian model's weights are floating point "
+                                            r"\(F16, BF16, F32, F64\)$"):
+        import_marian(copy)

@@ -102,10 +102,18 @@ def _read(folder: Path, name: str, required: bool = True) -> bytes | None:
         if required:
             raise ImportRefused(f"{path}: missing; a MarianMTModel folder has {name}")
         return None
-    if path.stat().st_size > MAX_BYTES[name]:
-        raise ImportRefused(f"{path}: {path.stat().st_size:,} bytes, more than any Marian model's {name} "
-                            f"({MAX_BYTES[name]:,})")
-    return path.read_bytes()
+    limit = MAX_BYTES[name]
+    try:
+        if path.stat().st_size > limit:
+            raise ImportRefused(f"{path}: {path.stat().st_size:,} bytes, more than any Marian model's {name} ({limit:,})")
+        with path.open("rb") as f:  # at most the limit, whatever the size says (a link to a /proc file says 0)
+            raw = f.read(limit + 1)
+    except OSError as e:
+        raise ImportRefused(f"{path}: cannot be read ({e.strerror or type(e).__name__}); a MarianMTModel folder's "
+                            f"{name} is a plain file") from None
+    if len(raw) > limit:
+        raise ImportRefused(f"{path}: more than {limit:,} bytes, more than any Marian model's {name}")
+    return raw
 
 
 def _json(folder: Path, name: str, required: bool = True) -> dict[str, Any]:
@@ -326,6 +334,9 @@ TABLES = {"model.shared.weight", "model.encoder.embed_tokens.weight", "model.dec
           "lm_head.weight", "final_logits_bias"}
 
 
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors' names of the dtypes a weight may be stored in
+
+
 def read_weights(folder: Path, config: dict[str, Any], allow_pickle: bool = False) -> dict[str, Tensor]:
     """Their tensors (fp32), every name and shape checked against ``config`` before it is read."""
     safetensors, pickled = folder / "model.safetensors", folder / "pytorch_model.bin"
@@ -343,6 +354,10 @@ def read_weights(folder: Path, config: dict[str, Any], allow_pickle: bool = Fals
             with safe_open(str(safetensors), framework="pt") as f:
                 shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
                 _check_names(safetensors, shapes, expected, tables, positions)
+                for name in shapes:
+                    if (dtype := f.get_slice(name).get_dtype()) not in FLOAT_DTYPES:
+                        raise ImportRefused(f"{safetensors}: {name} is stored as {dtype}; a Marian model's weights are "
+                                            f"floating point ({', '.join(FLOAT_DTYPES)})")
                 state = {name: f.get_tensor(name).float() for name in shapes if name not in positions}
         except (SafetensorError, OSError, ValueError) as e:
             if isinstance(e, ImportRefused):
