@@ -365,3 +365,17 @@ def test_a_file_that_names_one_list_many_times_is_read_in_the_steps_its_objects_
     except CheckpointError as e:
         assert "\n" not in str(e)
     assert visits[0] < 20_000
+
+
+def test_a_release_files_embedded_report_is_read_only_up_to_a_run_folders_limit(caplog):
+    """A summary of text over 4 MB (a run folder's report limit) is left out with a warning, not parsed."""
+    from nmt.checkpoints.loading import MAX_REPORT_BYTES, run_report
+
+    released = torch.load(SAVED_RELEASE, map_location="cpu", weights_only=True)
+    fits = '{"bleu": ' + " " * (MAX_REPORT_BYTES["json"] - 20) + "1.0}"
+    released["report"] = {"summary": fits, "png": None}
+    assert run_report(released, SAVED_RELEASE) == {"summary": {"bleu": 1.0}, "png": None}
+    released["report"] = {"summary": fits + " " * 20, "png": None}
+    with caplog.at_level(logging.WARNING, logger="nmt"):
+        assert run_report(released, SAVED_RELEASE) is None
+    assert f"more than a report's {MAX_REPORT_BYTES['json']:,}: left out" in caplog.text

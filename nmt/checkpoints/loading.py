@@ -82,7 +82,13 @@ MAX_REPORT_BYTES = {"json": 4 << 20, "png": 16 << 20}
 
 
 def _report(summary: Any, png: Any) -> dict[str, Any] | None:
-    """A report of plain data, or None when ``summary`` is not a JSON object or ``png`` not a PNG."""
+    """A report of plain data, or None when ``summary`` is not a JSON object of at most
+    ``MAX_REPORT_BYTES`` (a run folder's limit, also for a release file's embedded text) or ``png``
+    not a PNG."""
+    if isinstance(summary, (str, bytes)) and len(summary) > MAX_REPORT_BYTES["json"]:
+        log.warning("the report's summary is %s characters, more than a report's %s: left out", f"{len(summary):,}",
+                    f"{MAX_REPORT_BYTES['json']:,}")
+        return None
     if isinstance(summary, (str, bytes)):
         try:
             summary = json.loads(summary)
