@@ -117,6 +117,19 @@ def test_a_dollar_piece_is_drawn_as_it_is(tmp_path):
     assert path.stat().st_size > 0
 
 
+def test_the_heatmap_of_a_very_long_line_stays_within_its_size(tmp_path):
+    """300 source and 400 target pieces: a PNG of at most 30 x 30 inches at 120 dpi, however long the
+    line (1,000 words drew 9,396 x 14,328 pixels, 5.0 GB at the peak)."""
+    import struct
+
+    from nmt.evaluation.plots import plot_attention
+
+    pieces = [f"w{i}" for i in range(400)]
+    path = plot_attention(torch.rand(400, 300), pieces[:300], pieces, tmp_path / "long.png")
+    width, height = struct.unpack(">II", path.read_bytes()[16:24])  # the PNG's IHDR
+    assert width <= 3600 and height == 3600
+
+
 @pytest.mark.parametrize("key", ["n_bootstrap", "significance.bootstrap"])
 def test_a_negative_number_of_resamples_is_refused_in_one_line(tmp_path, capsys, key):
     from tests.conftest import evaluate_here
