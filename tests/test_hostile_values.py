@@ -117,6 +117,20 @@ def test_a_dollar_piece_is_drawn_as_it_is(tmp_path):
     assert path.stat().st_size > 0
 
 
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_an_output_cap_beyond_the_decoders_positions_is_cut_to_the_models_limit(tmp_path, capsys, search):
+    """``decoding.max_len_b=2000`` with a decoder of 1,024 positions (and a target limit of 256
+    tokens): every line is translated, none past 255 pieces and EOS (the whole run was refused when a
+    cap reached the position table)."""
+    src = tmp_path / "in.txt"
+    src.write_text("a b c d e f\nx y\n")
+    finished = translate_here(capsys, f"ckpt={SAVED}", f"input={src}", "precision=32", f"decoding={search}",
+                              "decoding.max_len_b=2000")
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    lines = finished.stdout.splitlines()
+    assert len(lines) == 2 and all(0 < len(line.split()) <= 255 for line in lines)
+
+
 def test_the_heatmap_of_a_very_long_line_stays_within_its_size(tmp_path):
     """300 source and 400 target pieces: a PNG of at most 30 x 30 inches at 120 dpi, however long the
     line (1,000 words drew 9,396 x 14,328 pixels, 5.0 GB at the peak)."""

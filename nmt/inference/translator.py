@@ -52,6 +52,8 @@ from nmt.inference.translations import Attention, Hypothesis, Translation, in_li
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "32", "bf16", "int8")
+# the searches that take per-sentence caps (``max_len``): every output within the model's target limit
+CAPPED = (search_functions.greedy_search, search_functions.beam_search, search_functions.sample_search)
 
 
 def check_precision(precision: Any) -> str:
@@ -211,6 +213,8 @@ class Translator(RequestMeaning):
         def work(batch: list[int]) -> list[tuple[int, Translation]]:
             src, src_mask = pad([encoded[j] for j in batch], self.device)
             extra = {}
+            if getattr(search, "func", None) in CAPPED:  # outputs within the decoder's positions, EOS included
+                extra["max_len"] = torch.full((len(batch),), self.max_tgt_len, device=self.device)
             if forced is not None and any(forced[j] for j in batch):
                 extra["prefix"] = pad([forced[j] or [PAD] for j in batch], self.device)[0]
             batch_search = search
