@@ -7,7 +7,8 @@
 With several systems: one comparison table (markdown, CSV, JSON) and one plot with a curve per
 system, all scored on the same sentences per bucket, and every system tested against the baseline
 (``baseline=``, default the first) with sacreBLEU's paired bootstrap and approximate randomisation,
-overall and per bucket (``nmt/evaluation/significance.py``). Without ``data=``, the test split is the one the
+overall and per bucket (``nmt/evaluation/significance.py``); with ``comet.model=<folder>``, COMET
+beside BLEU and chrF (``nmt/evaluation/comet.py``). Without ``data=``, the test split is the one the
 first checkpoint was trained on. The analyses themselves live in ``nmt.evaluation``; this module
 loads the systems and the split, and runs them.
 """
@@ -26,7 +27,7 @@ from nmt.checkpoints import file_config
 from nmt.checkpoints.files import CheckpointError, saved_vocabularies
 from nmt.cli_io import ending_cleanly
 from nmt.evaluation import directions, reordering
-from nmt.evaluation.analyses import (Scored, by_frequency, by_reordering, reference_alignments, robustness,
+from nmt.evaluation.analyses import (Scored, by_comet, by_frequency, by_reordering, reference_alignments, robustness,
                                      training_counts, translate_with_entropy)
 from nmt.evaluation.comparison import compare
 from nmt.evaluation.length_report import data_unit, length_buckets, length_report, write_report
@@ -106,6 +107,11 @@ def evaluate(cfg: DictConfig) -> None:
         raise ValueError("nothing to evaluate: set ckpts=[<file>.ckpt, ...] and/or hyps={name: file, ...}")
     for key in ("n_bootstrap", "significance.bootstrap"):
         resamples(OmegaConf.select(cfg, key), key)
+    comet_model = OmegaConf.select(cfg, "comet.model")
+    if comet_model is not None and not Path(str(comet_model)).is_dir():  # before any translation
+        from nmt.evaluation.comet_files import load_comet
+
+        load_comet(str(comet_model))  # raises the one line that names the key and what to download
     split_name = str(cfg.get("split", "test"))
     if split_name not in SPLITS:
         raise ValueError(f"split={split_name}: choose one of {', '.join(SPLITS)} (tune on valid, read test once)")
@@ -161,6 +167,7 @@ def evaluate(cfg: DictConfig) -> None:
         by_reordering(cfg, test, reference_alignments(datamodule, dict(zip(names, loaded)), sources, refs, inputs), reports)
     for name, values in entropies.items():
         reports[name]["attention_entropy"] = reordering.entropy_by_length(sources, values, edges, unit)
+    by_comet(cfg, test, reports)
     if len(hyps) > 1:
         for name, result in significance(hyps, sources, refs, baseline, edges, unit=unit,
                                          tokenize=tokenize, **cfg.significance).items():
@@ -171,6 +178,9 @@ def evaluate(cfg: DictConfig) -> None:
         directions.write_direction_reports(split, tagged, hyps, refs, out_dir, reports, per_direction=True,
                                            **by_direction, n_bootstrap=cfg.n_bootstrap)
     paths = compare(reports, out_dir, title=cfg.get("title") or "")
+    for name, report in reports.items():
+        comet = "" if report.get("comet") is None else f", COMET {report['comet']:.4f}"
+        log.info("%s: BLEU %.2f, chrF %.2f%s (%d sentences)", name, report["bleu"], report["chrf"], comet, report["count"])
     log.info("comparison -> %s\n%s", paths["md"], paths["md"].read_text())
     if variants:
         robust = robustness(cfg, dict(zip(names, loaded)), variants, test, inputs, reports, out_dir)
