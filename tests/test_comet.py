@@ -268,3 +268,31 @@ def test_folders_nmt_cannot_read_are_refused_in_one_line(comet_folders, tmp_path
     torch.save(ckpt, folder / "checkpoints/model.ckpt")
     with pytest.raises(CometRefused, match=r"estimator\.ff\.9\.weight is not a weight of the COMET model hparams\.yaml describes$"):
         load_comet(folder)
+
+
+def test_study_adds_comet_to_its_table_and_tests_it_against_the_first_model(comet_folders, tmp_path, monkeypatch):
+    from nmt import study
+    from tests.test_study import REFS as STUDY_REFS, SOURCES as STUDY_SOURCES, fake_run
+
+    systems = {"lstm": ["x", "x y", "x"], "lstm_bahdanau": STUDY_REFS}
+    for model, hyps in systems.items():
+        fake_run(tmp_path / model, model, hyps)
+        for name, lines in (("sources", STUDY_SOURCES), ("hyps", hyps), ("refs", STUDY_REFS)):
+            (tmp_path / model / f"test_{name}.txt").write_text("".join(line + "\n" for line in lines))
+    comet = load_comet(comet_folders["sparsemax"])
+    study.collect(tmp_path, 0, comet)  # nmt-study --collect <dir> --heatmaps 0 --comet <folder>
+    means = {m: load_comet(comet_folders["sparsemax"]).score(STUDY_SOURCES, h, STUDY_REFS).mean() for m, h in systems.items()}
+    lines = (tmp_path / "summary.md").read_text().splitlines()
+    assert lines[0].endswith("| BLEU 1-10 | BLEU >20 | test COMET |")
+    assert lines[2].endswith(f" {means['lstm']:.4f} |") and lines[3].endswith(f" {means['lstm_bahdanau']:.4f} |")
+    report = json.loads((tmp_path / "comparison" / "comparison.json").read_text())
+    rows = report["lstm_bahdanau"]["comet_vs_baseline"]["rows"]
+    assert [r["bucket"] for r in rows] == ["1-10", "11-20", ">20", "all"]
+    assert rows[-1]["delta"] == pytest.approx(means["lstm_bahdanau"] - means["lstm"], abs=1e-6)
+    (tmp_path / "lstm" / "test_refs.txt").unlink()
+    with pytest.raises(SystemExit, match=r"^nmt-study: --comet: .*lstm/test_refs\.txt is missing \(a run trained before "
+                                         r"runs kept their references\); score it with evaluate\.py comet\.model=<folder>$"):
+        study.collect(tmp_path, 0, comet)
+    monkeypatch.setattr(sys, "argv", ["nmt-study", "--collect", str(tmp_path), "--comet", "/nonexistent"])
+    with pytest.raises(SystemExit, match=r"^nmt-study: --comet: comet\.model=/nonexistent: no such folder"):
+        study.main()
