@@ -79,6 +79,19 @@ def resamples(value: object, key: str) -> int:
     return value
 
 
+def load_comet_model(cfg: DictConfig) -> Any:
+    """The COMET model of ``cfg.comet`` (``nmt.evaluation.comet_files.load_comet``), or None when
+    ``comet.model`` is null."""
+    settings = cfg.get("comet") or {}
+    if settings.get("model") is None:
+        return None
+    from nmt.machine import decoding_device
+    from nmt.evaluation.comet_files import load_comet  # transformers: only where COMET is asked for
+
+    return load_comet(str(settings.model), settings.get("encoder"), batch_size=settings.get("batch_size", 16),
+                      device=decoding_device(str(settings.get("device", "auto")), "32"))
+
+
 def main() -> None:
     """``nmt-evaluate``, ``python evaluate.py``: the config resolvers, then Hydra composes and runs ``run``."""
     register_resolvers()
@@ -107,11 +120,7 @@ def evaluate(cfg: DictConfig) -> None:
         raise ValueError("nothing to evaluate: set ckpts=[<file>.ckpt, ...] and/or hyps={name: file, ...}")
     for key in ("n_bootstrap", "significance.bootstrap"):
         resamples(OmegaConf.select(cfg, key), key)
-    comet_model = OmegaConf.select(cfg, "comet.model")
-    if comet_model is not None and not Path(str(comet_model)).is_dir():  # before any translation
-        from nmt.evaluation.comet_files import load_comet
-
-        load_comet(str(comet_model))  # raises the one line that names the key and what to download
+    comet = load_comet_model(cfg)  # before any translation: a folder it cannot read is one line now
     split_name = str(cfg.get("split", "test"))
     if split_name not in SPLITS:
         raise ValueError(f"split={split_name}: choose one of {', '.join(SPLITS)} (tune on valid, read test once)")
@@ -167,7 +176,8 @@ def evaluate(cfg: DictConfig) -> None:
         by_reordering(cfg, test, reference_alignments(datamodule, dict(zip(names, loaded)), sources, refs, inputs), reports)
     for name, values in entropies.items():
         reports[name]["attention_entropy"] = reordering.entropy_by_length(sources, values, edges, unit)
-    by_comet(cfg, test, reports)
+    if comet is not None:
+        by_comet(cfg, test, reports, comet)
     if len(hyps) > 1:
         for name, result in significance(hyps, sources, refs, baseline, edges, unit=unit,
                                          tokenize=tokenize, **cfg.significance).items():

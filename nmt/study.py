@@ -205,11 +205,11 @@ def main() -> None:
     register_resolvers()  # checkpoint configs may use them
     comet = None
     if args.comet is not None:  # before any training: a wrong folder is one line now, not after hours
-        from nmt.evaluation.analyses import comet_device
+        from nmt.machine import decoding_device
         from nmt.evaluation.comet_files import CometRefused, load_comet
 
         try:
-            comet = load_comet(args.comet, batch_size=args.comet_batch_size, device=comet_device("auto"))
+            comet = load_comet(args.comet, batch_size=args.comet_batch_size, device=decoding_device("auto", "32"))
         except CometRefused as e:
             raise SystemExit(f"nmt-study: --comet: {e}") from None
     if args.collect is not None:

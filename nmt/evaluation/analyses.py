@@ -84,26 +84,9 @@ def reference_alignments(datamodule: Any, translators: dict[str, Any], sources: 
     return None
 
 
-def comet_device(device: str) -> str:
-    """``comet.device=auto``: cuda when there is one."""
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def by_comet(cfg: DictConfig, test: Scored, reports: dict[str, dict[str, Any]]) -> None:
-    """COMET of every system (``cfg.comet``: the model folder, batch size, device), overall and by
-    length with bootstrap intervals, and paired against the baseline
-    (``nmt.evaluation.segment_scores``); nothing when ``comet.model`` is null."""
-    settings = cfg.get("comet") or {}
-    if settings.get("model") is None:
-        return
-    from nmt.evaluation.comet_files import load_comet  # transformers: only where COMET is asked for
-
-    comet = load_comet(str(settings.model), settings.get("encoder"), batch_size=settings.get("batch_size", 16),
-                       device=comet_device(str(settings.get("device", "auto"))))
+def by_comet(cfg: DictConfig, test: Scored, reports: dict[str, dict[str, Any]], comet: Any) -> None:
+    """COMET of every system (``comet``: a loaded ``nmt.evaluation.comet.Comet``), overall and by
+    length with bootstrap intervals, and paired against the baseline (``nmt.evaluation.segment_scores``)."""
     scores = {name: comet.score(test.sources, h, test.refs) for name, h in test.hyps.items()}
     for name, values in scores.items():
         segment_scores.add_to_report(reports[name], values, test.sources, test.edges, unit=test.unit,
