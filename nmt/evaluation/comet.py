@@ -151,10 +151,11 @@ class Comet:
     @torch.inference_mode()
     def embeddings(self, texts: Sequence[str]) -> Tensor:
         """Sentence embeddings (N, H) of ``texts``, on the CPU; those seen before are not encoded again."""
-        new = sorted({t for t in texts if t not in self._cache}, key=lambda t: len(self.tokenizer.encode(t)))
+        pieces = {t: self.tokenizer.encode(t) for t in texts if t not in self._cache}
+        new = sorted(pieces, key=lambda t: len(pieces[t]))
         for start in range(0, len(new), self.batch_size):  # similar lengths together: little padding
             batch = new[start : start + self.batch_size]
-            ids = pad([self.tokenizer.encode(t) for t in batch]).to(self.device)
+            ids = pad([pieces[t] for t in batch]).to(self.device)
             for text, row in zip(batch, self.model.embed(ids).float().cpu()):
                 self._cache[text] = row
         return torch.stack([self._cache[t] for t in texts]) if texts else torch.zeros(0)
