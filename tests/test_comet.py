@@ -41,9 +41,11 @@ def comet_folders(tmp_path_factory) -> dict[str, Path]:
 
 
 def triples() -> tuple[list[str], list[str], list[str]]:
-    """The tiny test split, a hypothesis per line: the reference, another line's, half of it, nothing."""
+    """The tiny test split, a hypothesis per line: the reference, another line's, half of it, nothing,
+    and last, the reference four times (longer than the tiny XLM-R's 62 pieces: cut)."""
     hyps = [REFS[i] if i % 4 == 0 else REFS[(i + 3) % len(REFS)] if i % 4 == 1
             else " ".join(REFS[i].split()[: len(REFS[i].split()) // 2]) if i % 4 == 2 else "" for i in range(len(REFS))]
+    hyps[-1] = " ".join([REFS[-1]] * 4)
     return SOURCES, hyps, REFS
 
 
