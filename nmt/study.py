@@ -101,7 +101,7 @@ def with_comet(runs: dict[str, Path], reports: dict[str, dict], comet: Any, seed
     from nmt.evaluation import segment_scores
     from nmt.evaluation.length_report import bucket_bounds, bucket_indices, length_buckets
 
-    scores, hyps = {}, {}
+    scores, hyps, first = {}, {}, None
     for name, run in runs.items():
         if not (run / TEST_TEXT.format("refs")).is_file():
             raise SystemExit(f"nmt-study: --comet: {run / TEST_TEXT.format('refs')} is missing (a run trained before "
@@ -114,6 +114,10 @@ def with_comet(runs: dict[str, Path], reports: dict[str, dict], comet: Any, seed
         if unit == "tokens":
             raise SystemExit(f"nmt-study: --comet: {run} counts its sources in SentencePiece tokens; "
                              "score it with evaluate.py comet.model=<folder>")
+        if first is not None and (sources, refs) != first[1:]:
+            raise SystemExit(f"nmt-study: --comet: {run} and {first[0]} were tested on different sentences; "
+                             "the paired test needs one test set")
+        first = first or (run, sources, refs)
         scores[name] = comet.score(sources, hyps[name], refs)
         segment_scores.add_to_report(report, scores[name], sources, edges, unit=unit,
                                      n_bootstrap=report.get("bootstrap", {}).get("resamples", 1000), about=comet.describe())

@@ -291,6 +291,10 @@ def test_study_adds_comet_to_its_table_and_tests_it_against_the_first_model(come
     rows = report["lstm_bahdanau"]["comet_vs_baseline"]["rows"]
     assert [r["bucket"] for r in rows] == ["1-10", "11-20", ">20", "all"]
     assert rows[-1]["delta"] == pytest.approx(means["lstm_bahdanau"] - means["lstm"], abs=1e-6)
+    (tmp_path / "lstm_bahdanau" / "test_refs.txt").write_text("other\n" * len(STUDY_REFS))
+    with pytest.raises(SystemExit, match=r"^nmt-study: --comet: .*lstm_bahdanau and .*lstm were tested on different "
+                                         r"sentences; the paired test needs one test set$"):
+        study.collect(tmp_path, 0, comet)
     (tmp_path / "lstm" / "test_refs.txt").unlink()
     with pytest.raises(SystemExit, match=r"^nmt-study: --comet: .*lstm/test_refs\.txt is missing \(a run trained before "
                                          r"runs kept their references\); score it with evaluate\.py comet\.model=<folder>$"):
