@@ -302,3 +302,19 @@ def test_study_adds_comet_to_its_table_and_tests_it_against_the_first_model(come
     monkeypatch.setattr(sys, "argv", ["nmt-study", "--collect", str(tmp_path), "--comet", "/nonexistent"])
     with pytest.raises(SystemExit, match=r"^nmt-study: --comet: comet\.model=/nonexistent: no such folder"):
         study.main()
+
+
+def test_weights_from_safetensors_score_as_the_checkpoint(comet_folders, tmp_path):
+    from safetensors.torch import save_file
+
+    folder = copy_folder(comet_folders["softmax_layer_norm"], tmp_path / "c")
+    state = torch.load(folder / "checkpoints/model.ckpt", weights_only=True)["state_dict"]
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "checkpoints/model.safetensors"))
+    (folder / "checkpoints/model.ckpt").unlink()
+    sources, hyps, refs = triples()
+    np.testing.assert_array_equal(load_comet(folder).score(sources, hyps, refs),
+                                  load_comet(comet_folders["softmax_layer_norm"]).score(sources, hyps, refs))
+    del state["layerwise_attention.gamma"]
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "checkpoints/model.safetensors"))
+    with pytest.raises(CometRefused, match=r"model\.safetensors: layerwise_attention\.gamma is missing \(1 weights in all\)$"):
+        load_comet(folder)

@@ -142,14 +142,19 @@ IGNORED = re.compile(r"layerwise_attention\.(dropout_mask|dropout_fill)|encoder\
 
 def read_weights(folder: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, Tensor]:
     """COMET's tensors from ``checkpoints/model.safetensors`` or ``checkpoints/model.ckpt``
-    (``weights_only=True``), names and shapes checked."""
+    (``weights_only=True``, memory-mapped), every name and shape checked before a tensor is read."""
     safetensors, ckpt = folder / "checkpoints" / "model.safetensors", folder / "checkpoints" / "model.ckpt"
     if safetensors.is_file():
-        from safetensors.torch import load_file
+        from safetensors import SafetensorError, safe_open
 
-        path, state = safetensors, load_file(str(safetensors))
+        try:
+            with safe_open(str(safetensors), framework="pt") as f:
+                check_names(safetensors, {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}, expected)
+                state = {name: f.get_tensor(name) for name in expected}
+        except (SafetensorError, OSError) as e:
+            raise CometRefused(f"{safetensors}: not a readable safetensors file ({str(e).splitlines()[0][:200]})") from None
+        path = safetensors
     elif ckpt.is_file():
-        path = ckpt
         try:
             raw = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
         except pickle.UnpicklingError as e:
@@ -161,24 +166,31 @@ def read_weights(folder: Path, expected: dict[str, tuple[int, ...]]) -> dict[str
         state = raw.get("state_dict") if isinstance(raw, dict) else None
         if not isinstance(state, dict):
             raise CometRefused(f"{ckpt}: no state_dict (not a COMET checkpoint)")
+        for name, tensor in state.items():
+            if not isinstance(name, str) or not torch.is_tensor(tensor):
+                raise CometRefused(f"{ckpt}: {name!r} is not a named tensor")
+        check_names(ckpt, {name: tuple(t.shape) for name, t in state.items()}, expected)
+        path = ckpt
     else:
         raise CometRefused(f"comet.model: {ckpt} is missing (a COMET folder: {DOWNLOAD}; see docs/evaluating.md)")
-    for name, tensor in state.items():
-        if not isinstance(name, str) or not torch.is_tensor(tensor):
-            raise CometRefused(f"{path}: {name!r} is not a named tensor")
-        if name in expected:
-            if tuple(tensor.shape) != expected[name]:
-                raise CometRefused(f"{path}: {name} has shape {tuple(tensor.shape)}, the model hparams.yaml and "
-                                   f"config.json describe needs {expected[name]}")
-        elif not IGNORED.fullmatch(name):
-            raise CometRefused(f"{path}: {name} is not a weight of the COMET model hparams.yaml describes")
-    missing = sorted(set(expected) - set(state))
-    if missing:
-        raise CometRefused(f"{path}: {missing[0]} is missing ({len(missing)} weights in all)")
     bad = [name for name in expected if not torch.isfinite(state[name]).all()]
     if bad:
         raise CometRefused(f"{path}: weights hold NaN or infinity ({', '.join(bad[:3])})")
     return {name: state[name].float() for name in expected}
+
+
+def check_names(path: Path, shapes: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]]) -> None:
+    """Every tensor of ``shapes`` is a weight of ``expected`` with its shape (or one of ``IGNORED``), and none is missing."""
+    for name, shape in shapes.items():
+        if name in expected:
+            if shape != expected[name]:
+                raise CometRefused(f"{path}: {name} has shape {shape}, the model hparams.yaml and "
+                                   f"config.json describe needs {expected[name]}")
+        elif not IGNORED.fullmatch(name):
+            raise CometRefused(f"{path}: {name} is not a weight of the COMET model hparams.yaml describes")
+    missing = sorted(set(expected) - set(shapes))
+    if missing:
+        raise CometRefused(f"{path}: {missing[0]} is missing ({len(missing)} weights in all)")
 
 
 def build_model(config: dict[str, Any], head: Head, state: dict[str, Tensor]) -> CometEstimator:
