@@ -8,7 +8,8 @@
 With several systems: one comparison table (markdown, CSV, JSON) and one plot with a curve per
 system, all scored on the same sentences per bucket, and every system tested against the baseline
 (``baseline=``, default the first) with sacreBLEU's paired bootstrap and approximate randomisation,
-overall and per bucket (``nmt/evaluation/significance.py``). Without ``data=``, the test split is the one the
+overall and per bucket (``nmt/evaluation/significance.py``); with ``comet.model=<folder>``, COMET
+beside BLEU and chrF (``nmt/evaluation/comet.py``). Without ``data=``, the test split is the one the
 first checkpoint was trained on. The analyses themselves live in ``nmt.evaluation``; this module
 loads the systems and the split, and runs them.
 """
@@ -28,7 +29,7 @@ from nmt.checkpoints import file_config
 from nmt.checkpoints.files import CheckpointError, saved_vocabularies
 from nmt.cli_io import ending_cleanly
 from nmt.evaluation import directions, reordering
-from nmt.evaluation.analyses import (Scored, by_frequency, by_reordering, reference_alignments, robustness,
+from nmt.evaluation.analyses import (Scored, by_comet, by_frequency, by_reordering, reference_alignments, robustness,
                                      training_counts, translate_with_entropy)
 from nmt.evaluation.comparison import compare
 from nmt.evaluation.length_report import data_unit, length_buckets, length_report, write_report
@@ -89,6 +90,19 @@ def resamples(value: object, key: str) -> int:
     return value
 
 
+def load_comet_model(cfg: DictConfig) -> Any:
+    """The COMET model of ``cfg.comet`` (``nmt.evaluation.comet_files.load_comet``), or None when
+    ``comet.model`` is null."""
+    settings = cfg.get("comet") or {}
+    if settings.get("model") is None:
+        return None
+    from nmt.machine import decoding_device
+    from nmt.evaluation.comet_files import load_comet  # transformers: only where COMET is asked for
+
+    return load_comet(str(settings.model), settings.get("encoder"), batch_size=settings.get("batch_size", 16),
+                      device=decoding_device(str(settings.get("device", "auto")), "32"))
+
+
 def main() -> None:
     """``nmt-evaluate``, ``python evaluate.py``: the config resolvers, then Hydra composes and runs ``run``."""
     register_resolvers()
@@ -117,6 +131,7 @@ def evaluate(cfg: DictConfig) -> None:
         raise ValueError("nothing to evaluate: set ckpts=[<file>.ckpt, ...] and/or hyps={name: file, ...}")
     for key in ("n_bootstrap", "significance.bootstrap"):
         resamples(OmegaConf.select(cfg, key), key)
+    comet = load_comet_model(cfg)  # before any translation: a folder it cannot read is one line now
     split_name = str(cfg.get("split", "test"))
     if split_name not in SPLITS:
         raise ValueError(f"split={split_name}: choose one of {', '.join(SPLITS)} (tune on valid, read test once)")
@@ -177,6 +192,8 @@ def evaluate(cfg: DictConfig) -> None:
         by_reordering(cfg, test, reference_alignments(datamodule, dict(zip(names, loaded)), sources, refs, inputs), reports)
     for name, values in entropies.items():
         reports[name]["attention_entropy"] = reordering.entropy_by_length(sources, values, edges, unit)
+    if comet is not None:
+        by_comet(cfg, test, reports, comet)
     if len(hyps) > 1:
         for name, result in significance(hyps, sources, refs, baseline, edges, unit=unit,
                                          tokenize=tokenize, **cfg.significance).items():
@@ -187,6 +204,9 @@ def evaluate(cfg: DictConfig) -> None:
         directions.write_direction_reports(split, tagged, hyps, refs, out_dir, reports, per_direction=True,
                                            **by_direction, n_bootstrap=cfg.n_bootstrap)
     paths = compare(reports, out_dir, title=cfg.get("title") or "")
+    for name, report in reports.items():
+        comet = "" if report.get("comet") is None else f", COMET {report['comet']:.4f}"
+        log.info("%s: BLEU %.2f, chrF %.2f%s (%d sentences)", name, report["bleu"], report["chrf"], comet, report["count"])
     log.info("comparison -> %s\n%s", paths["md"], paths["md"].read_text())
     if variants:
         robust = robustness(cfg, dict(zip(names, loaded)), variants, test, inputs, reports, out_dir)

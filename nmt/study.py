@@ -19,7 +19,9 @@ collected like the first stage:
     nmt-study --experiment bleu_vs_length_europarl \
         --then "data.train_max_words=50 'steps_by_model={lstm: 7335, lstm_bahdanau: 4600, lstm_luong: 5290, transformer: 4001}'"
 
-``--collect DIR`` redoes steps 2-3 on an existing multirun folder. Runs go to ``<out>/<model>``,
+``--collect DIR`` redoes steps 2-3 on an existing multirun folder. ``--comet FOLDER`` (a
+wmt22-comet-da folder, docs/evaluating.md) adds COMET to the table, by length and paired against
+the first model. Runs go to ``<out>/<model>``,
 so models trained by separate calls with the same ``--out`` (e.g. in parallel, one per core
 with ``OMP_NUM_THREADS=1``) are collected together.
 """
@@ -33,6 +35,7 @@ import subprocess
 import sys
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from nmt import CONF_DIR, register_resolvers
 from nmt.runs.files import REPORT, SUMMARY, TEST_TEXT, read, read_text_lines
@@ -91,21 +94,62 @@ def heatmaps(ckpt: Path, sources: list[str], out_dir: Path, count: int, unit: st
                            title=f"test line {longest[j] + 1} ({lengths[longest[j]]} {UNIT_NAMES.get(unit, unit)})")
 
 
-def collect(sweep_dir: Path, num_heatmaps: int) -> Path:
+def with_comet(runs: dict[str, Path], reports: dict[str, dict], comet: Any, seed: int = 12345) -> None:
+    """Each run's COMET (``comet``: a loaded ``nmt.evaluation.comet.Comet``) by length in its
+    report, and paired against the first run (``nmt.evaluation.segment_scores``), from the test
+    sources, hypotheses and references the run wrote (``TEST_TEXT``)."""
+    from nmt.evaluation import segment_scores
+    from nmt.evaluation.length_report import bucket_bounds, bucket_indices, length_buckets
+
+    scores, hyps, first = {}, {}, None
+    for name, run in runs.items():
+        if not (run / TEST_TEXT.format("refs")).is_file():
+            raise SystemExit(f"nmt-study: --comet: {run / TEST_TEXT.format('refs')} is missing (a run trained before "
+                             "runs kept their references); score it with evaluate.py comet.model=<folder>")
+        sources, refs = (read_text_lines(run, TEST_TEXT.format(k)) for k in ("sources", "refs"))
+        hyps[name] = read_text_lines(run, TEST_TEXT.format("hyps"))
+        report = reports[name]
+        edges = [b["high"] for b in report["buckets"] if b["high"] is not None]
+        unit = report.get("unit", "words")
+        if unit == "tokens":
+            raise SystemExit(f"nmt-study: --comet: {run} counts its sources in SentencePiece tokens; "
+                             "score it with evaluate.py comet.model=<folder>")
+        if first is not None and (sources, refs) != first[1:]:
+            raise SystemExit(f"nmt-study: --comet: {run} and {first[0]} were tested on different sentences; "
+                             "the paired test needs one test set")
+        first = first or (run, sources, refs)
+        scores[name] = comet.score(sources, hyps[name], refs)
+        segment_scores.add_to_report(report, scores[name], sources, edges, unit=unit,
+                                     n_bootstrap=report.get("bootstrap", {}).get("resamples", 1000), about=comet.describe())
+    if len(scores) > 1:
+        baseline = next(iter(scores))
+        edges = length_buckets([b["high"] for b in reports[baseline]["buckets"] if b["high"] is not None])
+        unit = reports[baseline].get("unit", "words")
+        buckets = list(zip([label for label, _, _ in bucket_bounds(edges)], bucket_indices(sources, edges, unit)))
+        for name, result in segment_scores.paired(scores, hyps, baseline, buckets, seed=seed).items():
+            reports[name]["comet_vs_baseline"] = result
+
+
+def collect(sweep_dir: Path, num_heatmaps: int, comet: Any = None) -> Path:
     runs = sorted(p.parent for p in sweep_dir.glob(f"*/{SUMMARY}"))
     if not runs:
         raise SystemExit(f"nmt-study: no finished runs ({SUMMARY}) under {sweep_dir}")
-    reports, rows = {}, []
+    reports, summaries, folders = {}, {}, {}
     for run in runs:
         summary = read(run, SUMMARY)
         name = model_name(summary)
-        report = read(run, REPORT)
-        reports[name] = report
+        reports[name], summaries[name], folders[name] = read(run, REPORT), summary, run
+    if comet is not None:
+        with_comet(folders, reports, comet)
+    rows = []
+    for name, report in reports.items():
+        summary, run = summaries[name], folders[name]
         buckets = report["buckets"]
         rows.append(
             f"| {name} | {summary['parameters'] / 1e6:.1f}M | {summary['train_tokens_per_sec']:,.0f} | "
             f"{summary.get('train_wall_seconds', summary['fit_seconds']) / 60:.1f} | {summary['steps']} | {report['bleu']:.1f} | "
             f"{buckets[0]['bleu']:.1f} | {next(b for b in reversed(buckets) if b['count'])['bleu']:.1f} |"
+            + (f" {report['comet']:.4f} |" if comet is not None else "")
         )
         if num_heatmaps and name != "lstm":
             sources = read_text_lines(run, TEST_TEXT.format("sources"))
@@ -117,8 +161,9 @@ def collect(sweep_dir: Path, num_heatmaps: int) -> Path:
     first = next(iter(reports.values()))
     longest = next(b for b in reversed(first["buckets"]) if b["count"])["label"]
     table = "\n".join([
-        f"| model | parameters | train tokens/s | train minutes | steps | test BLEU | BLEU {first['buckets'][0]['label']} | BLEU {longest} |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"| model | parameters | train tokens/s | train minutes | steps | test BLEU | BLEU {first['buckets'][0]['label']} | BLEU {longest} |"
+        + (" test COMET |" if comet is not None else ""),
+        "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if comet is not None else ""),
         *rows,
     ])
     summary_md = sweep_dir / "summary.md"
@@ -156,18 +201,32 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="multirun folder (default outputs/<experiment>/<time>)")
     parser.add_argument("--then", default=None, metavar="OVERRIDES",
                         help="a second stage: go on from each model's last.ckpt with these overrides")
+    parser.add_argument("--comet", default=None, metavar="FOLDER",
+                        help="score the test translations with COMET too: a wmt22-comet-da folder (docs/evaluating.md)")
+    parser.add_argument("--comet-batch-size", type=int, default=16, help="sentences COMET encodes at once")
     args, overrides = parser.parse_known_args()
     models = check_arguments(args, overrides)
     register_resolvers()  # checkpoint configs may use them
+    comet = None
+    if args.comet is not None:  # before any training: a wrong folder is one line now, not after hours
+        from nmt.machine import decoding_device
+        from nmt.evaluation.comet_files import CometRefused, load_comet
+
+        try:
+            comet = load_comet(args.comet, batch_size=args.comet_batch_size, device=decoding_device("auto", "32"))
+        except CometRefused as e:
+            raise SystemExit(f"nmt-study: --comet: {e}") from None
     if args.collect is not None:
-        collect(args.collect, args.heatmaps)
+        collect(args.collect, args.heatmaps, comet)
         return
     sweep_dir = (args.out or Path("outputs") / args.experiment / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")).resolve()
     train_all(overrides, sweep_dir, models, args.experiment)
-    collect(sweep_dir, args.heatmaps)
+    collect(sweep_dir, args.heatmaps, comet)
     if args.then is not None:
         train_all(second_stage(overrides, shlex.split(args.then), sweep_dir), sweep_dir / "stage2", models, args.experiment)
-        collect(sweep_dir / "stage2", args.heatmaps)
+        if comet is not None:
+            comet.forget()
+        collect(sweep_dir / "stage2", args.heatmaps, comet)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The analyses of a scored split beyond length, one function each, filling each system's report:
-word F-measure by training frequency, BLEU by reordering distance (from gold or forced
-alignments), attention entropy, and BLEU on augmented copies of the test set (robustness)."""
+COMET by length with its paired test, word F-measure by training frequency, BLEU by reordering
+distance (from gold or forced alignments), attention entropy, and BLEU on augmented copies of the
+test set (robustness)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from typing import Any, Sequence
 
 from omegaconf import DictConfig
 
-from nmt.evaluation import reordering, word_frequency
-from nmt.evaluation.length_report import Unit, bleu_cell, length_report, write_report
+from nmt.evaluation import reordering, segment_scores, word_frequency
+from nmt.evaluation.length_report import Unit, bleu_cell, bucket_bounds, bucket_indices, length_report, write_report
 from nmt.evaluation.significance import significance
 from nmt.inference.translator import encode_sources
 from nmt.languages import split_tag, tag
@@ -81,6 +82,21 @@ def reference_alignments(datamodule: Any, translators: dict[str, Any], sources: 
                 links += [parse(a) for a in translator.alignments(src_ids, tgt_ids)]
             return f"{name}'s forced", links
     return None
+
+
+def by_comet(cfg: DictConfig, test: Scored, reports: dict[str, dict[str, Any]], comet: Any) -> None:
+    """COMET of every system (``comet``: a loaded ``nmt.evaluation.comet.Comet``), overall and by
+    length with bootstrap intervals, and paired against the baseline (``nmt.evaluation.segment_scores``)."""
+    scores = {name: comet.score(test.sources, h, test.refs) for name, h in test.hyps.items()}
+    for name, values in scores.items():
+        segment_scores.add_to_report(reports[name], values, test.sources, test.edges, unit=test.unit,
+                                     n_bootstrap=cfg.n_bootstrap, about=comet.describe())
+        reports[name]["comet_segments"] = [float(v) for v in values]
+    if len(scores) > 1:
+        buckets = list(zip([label for label, _, _ in bucket_bounds(test.edges)],
+                           bucket_indices(test.sources, test.edges, test.unit)))
+        for name, result in segment_scores.paired(scores, test.hyps, test.baseline, buckets, **cfg.significance).items():
+            reports[name]["comet_vs_baseline"] = result
 
 
 def by_frequency(cfg: DictConfig, test: Scored, frequency: Counter[str], reports: dict[str, dict[str, Any]]) -> None:

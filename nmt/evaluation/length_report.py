@@ -1,4 +1,4 @@
-"""BLEU and chrF by source-sentence length (Bahdanau et al. 2015, Fig. 2).
+"""BLEU and chrF (and COMET, where scored) by source-sentence length (Bahdanau et al. 2015, Fig. 2).
 
 Sentences are bucketed by the length of their *source* (words before subword segmentation;
 characters for a language written without spaces, such as Chinese or Thai; or the source's own
@@ -203,11 +203,24 @@ def _fmt(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}"
 
 
+def _fmt4(value: float | None) -> str:
+    return "" if value is None or math.isnan(value) else f"{value:.4f}"
+
+
 def bleu_cell(bleu: float, low: float | None, high: float | None) -> str:
     """``38.2 [36.7, 39.8]``, or ``38.2`` without an interval (no bootstrap: None or NaN)."""
     if low is None or high is None or math.isnan(low) or math.isnan(high):
         return f"{bleu:.1f}"
     return f"{bleu:.1f} [{low:.1f}, {high:.1f}]"
+
+
+def comet_cell(value: float | None, low: float | None, high: float | None) -> str:
+    """``0.8412 [0.8301, 0.8519]``, the score alone without an interval, ``empty`` for no sentences."""
+    if value is None:
+        return "empty"
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return f"{value:.4f}"
+    return f"{value:.4f} [{low:.4f}, {high:.4f}]"
 
 
 def _number(value: float | None) -> float:
@@ -220,27 +233,36 @@ def tokenizer_name(signature: str) -> str:
 
 
 def markdown_table(reports: dict[str, dict[str, Any]]) -> str:
-    """One row per bucket, a BLEU [95% CI] column per system, and the counts."""
+    """One row per bucket, a BLEU [95% CI] column per system (then a COMET one per system scored
+    with COMET, ``nmt.evaluation.segment_scores``), and the counts."""
     names = list(reports)
+    comet = [n for n in names if reports[n].get("comet") is not None]
     first = reports[names[0]]
     unit = first["unit"]
     lines = [
         f"By source length in {UNIT_NAMES.get(unit, unit)}; BLEU on sacreBLEU's "
         f"{tokenizer_name(first['bleu_signature'])} tokens (signature below).",
         "",
-        f"| source length ({unit}) | sentences | " + " | ".join(f"{n} BLEU [95% CI]" for n in names) + " |",
-        "|---|---:|" + "---:|" * len(names),
+        f"| source length ({unit}) | sentences | " + " | ".join(f"{n} BLEU [95% CI]" for n in names)
+        + "".join(f" | {n} COMET [95% CI]" for n in comet) + " |",
+        "|---|---:|" + "---:|" * (len(names) + len(comet)),
     ]
     for i, bucket in enumerate(first["buckets"]):
         cells = []
         for name in names:
             b = reports[name]["buckets"][i]
             cells.append("empty" if b["count"] == 0 else bleu_cell(b["bleu"], b["bleu_ci_low"], b["bleu_ci_high"]))
+        for name in comet:
+            b = reports[name]["buckets"][i]
+            cells.append(comet_cell(b.get("comet"), b.get("comet_ci_low"), b.get("comet_ci_high")))
         lines.append(f"| {bucket['label']} | {bucket['count']} | " + " | ".join(cells) + " |")
-    overall = " | ".join(bleu_cell(reports[n]["bleu"], *reports[n]["bleu_ci"]) for n in names)
-    lines.append(f"| all | {first['count']} | {overall} |")
+    overall = [bleu_cell(reports[n]["bleu"], *reports[n]["bleu_ci"]) for n in names]
+    overall += [comet_cell(reports[n]["comet"], *reports[n]["comet_ci"]) for n in comet]
+    lines.append(f"| all | {first['count']} | {' | '.join(overall)} |")
     lines.append("")
     lines.append(f"sacreBLEU: `{first['bleu_signature']}`")
+    if comet:
+        lines.append(f"COMET (Rei et al. 2020; the mean of segment scores): `{reports[comet[0]]['comet_settings'].get('model')}`")
     return "\n".join(lines) + "\n"
 
 
@@ -274,13 +296,17 @@ def write_report(report: dict[str, Any], out_dir: str | Path, name: str = "model
     paths["json"].write_text(json_text(report))
     with paths["csv"].open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["bucket", "low", "high", "count", "bleu", "chrf", "bleu_ci_low", "bleu_ci_high", "length_ratio"])
+        comet = report.get("comet") is not None  # COMET columns (nmt.evaluation.segment_scores) when scored
+        writer.writerow(["bucket", "low", "high", "count", "bleu", "chrf", "bleu_ci_low", "bleu_ci_high", "length_ratio",
+                         *(["comet", "comet_ci_low", "comet_ci_high"] if comet else [])])
         for b in report["buckets"]:
             writer.writerow([b["label"], b["low"], b["high"] if b["high"] is not None else "", b["count"],
                              _fmt(b["bleu"]), _fmt(b["chrf"]), _fmt(b["bleu_ci_low"]), _fmt(b["bleu_ci_high"]),
-                             _fmt(b.get("length_ratio"))])
+                             _fmt(b.get("length_ratio")),
+                             *([_fmt4(b["comet"]), _fmt4(b["comet_ci_low"]), _fmt4(b["comet_ci_high"])] if comet else [])])
         writer.writerow(["all", "", "", report["count"], _fmt(report["bleu"]), _fmt(report["chrf"]),
-                         _fmt(report["bleu_ci"][0]), _fmt(report["bleu_ci"][1]), _fmt(report.get("length_ratio"))])
+                         _fmt(report["bleu_ci"][0]), _fmt(report["bleu_ci"][1]), _fmt(report.get("length_ratio")),
+                         *([_fmt4(report["comet"]), *map(_fmt4, report["comet_ci"])] if comet else [])])
     paths["md"].write_text(markdown_table({name: report}))
     plot_bleu_by_length({name: report}, paths["png"])
     return paths

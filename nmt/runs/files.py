@@ -19,7 +19,7 @@ REPORT_STEM = "bleu_by_length"  # the test report: <stem>.json, .png, .md, .csv
 REPORT = f"{REPORT_STEM}.json"
 WALL = "wall_seconds.json"
 CHECKPOINTS = "checkpoints"  # the run's checkpoints, last.ckpt among them
-TEST_TEXT = "test_{}.txt"  # the test's sources and hypotheses: TEST_TEXT.format("sources"), ...("hyps")
+TEST_TEXT = "test_{}.txt"  # the test's sources, hypotheses, references: TEST_TEXT.format("sources"), ...("hyps"), ...("refs")
 
 
 def json_text(value: Any) -> str:

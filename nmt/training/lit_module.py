@@ -352,7 +352,7 @@ class TranslationModule(L.LightningModule):
         """Test hypotheses and the BLEU-by-source-length report (CSV, JSON, markdown, PNG)."""
         results = self.last_results["test"]
         out_dir.mkdir(parents=True, exist_ok=True)
-        for name in ("hyps", "sources"):
+        for name in ("hyps", "sources", "refs"):  # the refs: what the study scores with COMET (nmt-study --comet)
             (out_dir / TEST_TEXT.format(name)).write_text("".join(h + "\n" for h in results[name]), encoding="utf-8")
         datamodule = self.trainer.datamodule
         sources = directions.untagged(results["sources"])  # a multilingual split's tags are not words
