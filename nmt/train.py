@@ -168,7 +168,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
                  len(datamodule.datasets["valid"]))
     model = build_model(cfg, datamodule.src_vocab.vocab_size, datamodule.tgt_vocab.vocab_size)
     if ckpt_path:
-        check_resume(ckpt_path, model, datamodule.src_vocab, datamodule.tgt_vocab, not weights_only)
+        check_resume(ckpt_path, model, datamodule.src_vocab, datamodule.tgt_vocab, not weights_only,
+                     str(cfg.optimizer.get("_target_", "")))
     module = build_module(cfg, model)
     batch_probe = fit_batch_to_device(cfg, model, module, datamodule) if probe else None
     accumulate_to_tokens(cfg)

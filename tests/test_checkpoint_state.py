@@ -173,7 +173,19 @@ def test_the_files_nmt_writes_pass(trained, tmp_path):
         read_checkpoint(path)
 
 
+def sgd_state(c: dict) -> None:
+    """Every parameter's state as SGD with momentum keeps it."""
+    state = c["optimizer_states"][0]["state"]
+    for pid, values in state.items():
+        state[pid] = {"momentum_buffer": torch.zeros_like(values["exp_avg"])}
+
+
 RESUME_CASES = {
+    "an SGD state in an Adam run (3)": (sgd_state, "optimizer_states[0].state is 'a state of momentum_buffer', not the "
+                                                   "state torch.optim.Adam keeps for every parameter (exp_avg, "
+                                                   "exp_avg_sq, step): the file was saved with another optimizer"),
+    "an emptied optimizer state (3)": (lambda c: c["optimizer_states"][0].__setitem__("state", {}),
+                                       None),
     "rng.python 'x' (item 10)": (lambda c: c["rng"].__setitem__("python", "x"),
                                  "rng.python is 'x', not Python's random state (version 3, 625 words, a Gaussian or null)"),
     "7-byte rng.torch (item 10)": (lambda c: c["rng"].__setitem__("torch", torch.zeros(7, dtype=torch.uint8)),

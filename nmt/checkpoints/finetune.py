@@ -15,7 +15,7 @@ from nmt.checkpoints import file_config
 from nmt.checkpoints.files import (CheckpointError, atomic_save, check_run_config, check_weights, checkpoint_kind,
                                    model_state, read_checkpoint, vocabulary_difference)
 from nmt.checkpoints.marian import import_marian, is_model_source
-from nmt.checkpoints.resume import Refuse, check_optimizer
+from nmt.checkpoints.resume import ADAMS, Refuse, check_optimizer
 from nmt.data.tokenizer import Tokenizer
 from nmt.runs.files import CHECKPOINTS
 
@@ -192,7 +192,9 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: Any, source: s
                          f"tensors, this run's optimizer has {sizes[0]}")
     params = [p for group in optimizer.param_groups for p in group["params"]]
     # each moment of its parameter's shape (a fused optimizer writes that many values in place), the step a scalar
-    check_optimizer([saved], params, Refuse(f"init_optimizer=keep: {source}", "set init_optimizer=fresh"))
+    kind = f"torch.optim.{type(optimizer).__name__}"
+    check_optimizer([saved], params, Refuse(f"init_optimizer=keep: {source}", "set init_optimizer=fresh"),
+                    kind if kind in ADAMS else None)
     own_ids = [i for group in own["param_groups"] for i in group["params"]]
     saved_ids = [i for group in saved["param_groups"] for i in group["params"]]
     state = {}

@@ -48,11 +48,11 @@ class Refuse:
 
 
 def check_resume(path: str | Path, model: torch.nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer,
-                 allow_pickle: bool = False) -> None:
+                 allow_pickle: bool = False, optimizer: str = "torch.optim.Adam") -> None:
     """Before resuming training from ``path``: it must be a training checkpoint, its SentencePiece
     vocabularies must be the ones of the configured data and its weights must fit ``model``, else
     a ValueError names what differs (the vocabulary first: another vocabulary also changes the
-    embedding shapes)."""
+    embedding shapes); its optimizer state must be one of the configured ``optimizer`` (a class path)."""
     checkpoint = read_checkpoint(path, allow_pickle, what="ckpt_path")
     if checkpoint_kind(checkpoint) != "training" or "optimizer_states" not in checkpoint:
         raise CheckpointError(
@@ -72,10 +72,11 @@ def check_resume(path: str | Path, model: torch.nn.Module, src_vocab: Tokenizer,
                 f"or set data.vocab_from={path} to continue on other data with its vocabulary"
             )
     check_weights(model, model_state(checkpoint), str(path))
-    check_training_state(checkpoint, path, model)
+    check_training_state(checkpoint, path, model, optimizer)
 
 
-def check_training_state(checkpoint: dict[str, Any], path: str | Path, model: torch.nn.Module) -> None:
+def check_training_state(checkpoint: dict[str, Any], path: str | Path, model: torch.nn.Module,
+                         optimizer: str | None = None) -> None:
     """Refuse (``CheckpointError``, one line naming the file and the value) a training state that
     is not what ``train.py`` saves, before Lightning, torch or NumPy restore it: the optimizer state
     (each moment of its parameter's shape: a fused optimizer writes that many values in place),
@@ -83,7 +84,8 @@ def check_training_state(checkpoint: dict[str, Any], path: str | Path, model: to
     their generators' exact sizes), the counters, the loops' progress and the callbacks' values.
     ``read_checkpoint`` has checked every tensor of the file already (dense, contiguous, stored)."""
     refuse = Refuse(f"ckpt_path={path}")
-    check_optimizer(checkpoint.get("optimizer_states"), list(model.parameters()), refuse)
+    check_optimizer(checkpoint.get("optimizer_states"), list(model.parameters()), refuse, optimizer,
+                    checkpoint.get("global_step"))
     schedulers = checkpoint.get("lr_schedulers", [])
     if not isinstance(schedulers, list) or len(schedulers) > 1:
         refuse("lr_schedulers", schedulers, "a list of at most one scheduler state")
@@ -147,9 +149,15 @@ def _check_checkpoint_paths(state: Any, where: str, refuse: Refuse) -> None:
             refuse(at, value, f"a .ckpt file in its dirpath {folder}")
 
 
-def check_optimizer(states: Any, params: list[torch.nn.Parameter], refuse: Refuse) -> None:
+ADAMS = ("torch.optim.Adam", "torch.optim.AdamW")  # the optimizers whose per-parameter state is checked by name
+
+
+def check_optimizer(states: Any, params: list[torch.nn.Parameter], refuse: Refuse, optimizer: str | None = None,
+                    step: Any = None) -> None:
     """One torch optimizer state for ``params`` (the module's parameters, in the order the
-    optimizer was given them): its parameter ids, its groups' options and every parameter's state."""
+    optimizer was given them): its parameter ids, its groups' options and every parameter's state;
+    with ``optimizer`` one of ``ADAMS``, the state that optimizer keeps (another optimizer's state
+    fails inside torch's step), and none missing from a file saved after ``step`` > 0 steps."""
     if not isinstance(states, list) or len(states) != 1 or not isinstance(states[0], dict):
         refuse("optimizer_states", states, "a list of one optimizer state")
     saved = states[0]
@@ -189,6 +197,13 @@ def check_optimizer(states: Any, params: list[torch.nn.Parameter], refuse: Refus
     if len(kinds) > 1 or any("exp_avg" in kind and kind != adam for kind in kinds):
         refuse("optimizer_states[0].state", f"a state of {' / '.join(sorted(', '.join(sorted(k)) for k in kinds))}",
                f"one optimizer's state for every parameter ({', '.join(sorted(adam))} for Adam)")
+    if optimizer in ADAMS:
+        if any(kind != adam for kind in kinds):
+            refuse("optimizer_states[0].state", f"a state of {' / '.join(sorted(', '.join(sorted(k)) for k in kinds))}",
+                   f"the state {optimizer} keeps for every parameter ({', '.join(sorted(adam))}): the file was saved "
+                   f"with another optimizer")
+        if not kinds and is_count(step) and step > 0:
+            refuse("optimizer_states[0].state", "empty", f"the state of an optimizer that took {step} steps")
     for pid, values in state.items():
         where = f"optimizer_states[0].state[{pid!r}]"
         if pid not in shapes:
