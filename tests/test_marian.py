@@ -535,3 +535,37 @@ def test_weights_stored_as_integers_bools_or_complex_numbers_are_refused(folder,
                                             rf"as {stored}; a Marian model's weights are floating point "
                                             r"\(F16, BF16, F32, F64\)$"):
         import_marian(copy)
+
+
+def _tokenizer_config(copy: Path, **changes) -> None:
+    path = copy / "tokenizer_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**config, **changes}))
+
+
+def _byte_fallback(copy: Path) -> None:
+    import sentencepiece.sentencepiece_model_pb2 as pb
+
+    proto = pb.ModelProto()
+    proto.ParseFromString((copy / "source.spm").read_bytes())
+    proto.trainer_spec.byte_fallback = True
+    (copy / "source.spm").write_bytes(proto.SerializeToString())
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: (c / "config.json").write_text(json.dumps({**json.loads((c / "config.json").read_text()),
+                                                           "pad_token_id": 0})),
+     "vocab.json: config.json's pad_token_id and config.json's eos_token_id are both id 0; a Marian model keeps "
+     "padding, the end of a sentence and unknown pieces apart"),
+    (lambda c: _tokenizer_config(c, unk_token="</s>"),
+     "vocab.json: config.json's eos_token_id and tokenizer_config.json's unk_token '</s>' are both id 0; a Marian "
+     "model keeps padding, the end of a sentence and unknown pieces apart"),
+    (_byte_fallback, "source.spm: a byte_fallback model without its 256 byte pieces (<0x00> .. <0xFF>); SentencePiece "
+                     "cannot load it"),
+], ids=["pad_is_eos", "unk_is_eos", "byte_fallback"])
+def test_special_ids_that_coincide_and_byte_fallback_without_bytes_are_named(folder, tmp_path, edit, message):
+    copy = edited(folder, tmp_path, "specials")
+    edit(copy)
+    with pytest.raises(ImportRefused) as refused:
+        import_marian(copy)
+    assert str(refused.value) == f"{copy}/{message}"

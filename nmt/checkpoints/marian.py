@@ -205,13 +205,17 @@ def _vocab(folder: Path, name: str, size: int) -> dict[str, int]:
 def _spm(folder: Path, name: str) -> Any:
     import sentencepiece.sentencepiece_model_pb2 as pb
 
-    proto = pb.ModelProto()
+    proto, raw = pb.ModelProto(), _read(folder, name)
     try:
-        proto.ParseFromString(_read(folder, name))
+        proto.ParseFromString(raw)
         if not proto.pieces:
             raise ValueError("no pieces")
     except Exception:  # protobuf's DecodeError, or a proto without pieces
         raise ImportRefused(f"{folder / name}: not a SentencePiece model") from None
+    byte = pb.ModelProto.SentencePiece.BYTE
+    if proto.trainer_spec.byte_fallback and sum(p.type == byte for p in proto.pieces) != 256:
+        raise ImportRefused(f"{folder / name}: a byte_fallback model without its 256 byte pieces (<0x00> .. <0xFF>); "
+                            "SentencePiece cannot load it")
     return proto
 
 
@@ -305,6 +309,13 @@ def read_vocabularies(folder: Path, config: dict[str, Any]) -> tuple[Vocabulary,
             raise ImportRefused(f"{folder / name}: no {str(unk_piece)[:40]!r} piece (tokenizer_config.json's unk_token)")
         ids = {"pad": config["pad_token_id"], "eos": config["eos_token_id"], "start": config["decoder_start_token_id"],
                "unk": vocab[unk_piece]}
+        keys = {"pad": "config.json's pad_token_id", "eos": "config.json's eos_token_id",
+                "unk": f"tokenizer_config.json's unk_token {unk_piece[:40]!r}"}
+        same = [(a, b) for a, b in (("pad", "eos"), ("pad", "unk"), ("eos", "unk")) if ids[a] == ids[b]]
+        if same:
+            a, b = same[0]
+            raise ImportRefused(f"{folder / name}: {keys[a]} and {keys[b]} are both id {ids[a]}; a Marian model keeps "
+                                "padding, the end of a sentence and unknown pieces apart")
         protos = [src_proto, tgt_proto] if not separate else [src_proto if name == "vocab.json" else tgt_proto]
         sides.append(Vocabulary(vocab, ids, protos, folder / name))
     src, tgt = sides
