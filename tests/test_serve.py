@@ -309,3 +309,36 @@ def test_a_request_whose_client_left_is_not_decoded_and_one_that_waited_too_long
     results, stats = asyncio.run(scenario(0.1, client_leaves=False))
     assert results[0] == ["A"] and isinstance(results[1], QueueTimeout) and results[1].waited > 0.1
     assert decoded == [["a"]] and stats["timed_out"] == 1
+
+
+def _dies_once(texts: list[str], marker: str) -> list[str]:
+    """A decoding process's work that kills its process the first time (the marker file not yet
+    written), as the kernel's OOM killer or a ``kill -9`` would."""
+    if not os.path.exists(marker):
+        Path(marker).write_text("killed once")
+        os._exit(137)
+    return [t.upper() for t in texts]
+
+
+def test_a_killed_decoding_process_is_replaced_and_the_batch_decoded_again(tmp_path):
+    """With ``batching.process``: the process decoding a batch dies; a new one decodes that batch
+    (its requests are answered) and the ones after it."""
+    import asyncio
+    import functools
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from nmt.serve.batching import Batcher
+
+    marker = str(tmp_path / "killed")
+    restart = functools.partial(ProcessPoolExecutor, 1, mp_context=multiprocessing.get_context("spawn"))
+    batcher = Batcher(_dies_once, max_wait_ms=1, executor=restart(), restart=restart)
+
+    async def requests() -> list[list[str]]:
+        first = await asyncio.gather(batcher.submit(["a", "b"], marker, 2), batcher.submit(["c"], marker, 1))
+        after = await batcher.submit(["d"], marker, 1)
+        await batcher.stop()
+        return [*first, after]
+
+    assert asyncio.run(requests()) == [["A", "B"], ["C"], ["D"]]
+    assert batcher.stats["restarts"] == 1 and Path(marker).read_text() == "killed once"

@@ -183,13 +183,13 @@ def create_app(translator: Any, cfg: DictConfig) -> FastAPI:
                 "ctranslate2")
         worker_cfg = {k: OmegaConf.to_container(cfg[k]) if isinstance(cfg[k], (DictConfig, ListConfig)) else cfg[k]
                       for k in keys if k in cfg}
-        executor = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_load_worker,
-                                       initargs=(worker_cfg,))
-        decode = _worker_translate
+        restart = functools.partial(ProcessPoolExecutor, 1, mp_context=multiprocessing.get_context("spawn"),
+                                    initializer=_load_worker, initargs=(worker_cfg,))  # again if its process dies
+        executor, decode = restart(), _worker_translate
     else:
-        executor, decode = None, functools.partial(answer, translator)
+        executor, decode, restart = None, functools.partial(answer, translator), None
     batcher = Batcher(decode, cfg.batching.max_wait_ms, cfg.batching.max_batch_tokens, limits.max_queue, executor,
-                      cfg.batching.max_gather_ms, limits.get("max_queue_s"))
+                      cfg.batching.max_gather_ms, limits.get("max_queue_s"), restart)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import BrokenExecutor, Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,8 +58,10 @@ class Batcher:
 
     def __init__(self, decode: Callable[[list[str], Any], list[Any]], max_wait_ms: float = 5.0,
                  max_batch_tokens: int = 8192, max_queue: int = 1024, executor: Executor | None = None,
-                 max_gather_ms: float = 50.0, max_queue_s: float | None = None) -> None:
+                 max_gather_ms: float = 50.0, max_queue_s: float | None = None,
+                 restart: Callable[[], Executor] | None = None) -> None:
         self.decode = decode
+        self.restart = restart  # a new executor for one whose process died (a decoding process killed)
         self.max_wait = float(max_wait_ms) / 1000
         self.max_gather = float(max_gather_ms) / 1000
         self.max_batch_tokens = int(max_batch_tokens)
@@ -68,11 +70,27 @@ class Batcher:
         self.queue: asyncio.Queue[Job] | None = None
         self.task: asyncio.Task | None = None
         self.executor = executor or ThreadPoolExecutor(1, thread_name_prefix="nmt-decode")
-        self.stats = {"requests": 0, "sentences": 0, "batches": 0, "decode_s": 0.0, "abandoned": 0, "timed_out": 0}
+        self.stats = {"requests": 0, "sentences": 0, "batches": 0, "decode_s": 0.0, "abandoned": 0, "timed_out": 0,
+                      "restarts": 0}
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` in the decoding executor (start-up work: load the model there)."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def _decode(self, texts: list[str], options: Any) -> list[Any]:
+        """``decode(texts, options)`` in the executor; where its process died (killed, out of memory),
+        a new one from ``restart`` decodes them again, once."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self.executor, self.decode, texts, options)
+        except BrokenExecutor as e:
+            if self.restart is None:
+                raise
+            log.warning("the decoding process stopped (%s); a new one decodes the batch again", type(e).__name__)
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            self.executor = self.restart()
+            self.stats["restarts"] += 1
+            return await loop.run_in_executor(self.executor, self.decode, texts, options)
 
     def start(self) -> None:
         """Start the worker in the running event loop (once; handlers call it on first use)."""
@@ -153,7 +171,7 @@ class Batcher:
                 texts = [text for job in group for text in job.texts]
                 start = time.perf_counter()
                 try:
-                    results = await loop.run_in_executor(self.executor, self.decode, texts, options)
+                    results = await self._decode(texts, options)
                 except Exception as e:  # noqa: BLE001  the worker lives on
                     if len(group) > 1:  # one bad request fails no other: each is decoded again on its own
                         log.warning("decoding a batch of %d requests failed (%s); decoding them one by one",
@@ -180,7 +198,7 @@ class Batcher:
         if job.future.done():
             return
         try:
-            results = await asyncio.get_running_loop().run_in_executor(self.executor, self.decode, job.texts, options)
+            results = await self._decode(job.texts, options)
         except Exception as e:  # noqa: BLE001
             log.exception("decoding a request of %d sentences failed", len(job.texts))
             if not job.future.done():
