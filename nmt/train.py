@@ -58,6 +58,7 @@ from nmt.evaluation.length_report import markdown_table
 from nmt import kernels
 from nmt.kernels.malloc import bound_onednn_cache, keep_freed_memory, release_freed_memory
 from nmt.training.cpu_threads import CpuThreads
+from nmt.training.guided_alignment import check_guided_alignment
 from nmt.machine import cpu_name, resolve_precision, training_device, usable_cores
 from nmt.runs.files import CHECKPOINTS, SUMMARY, json_text
 
@@ -159,6 +160,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     ckpt_path = resolve_ckpt_path(cfg)
     init = read_init_from(cfg, ckpt_path)
     weights_only = not cfg.get("allow_pickle", False)
+    check_guided_alignment(cfg)
     datamodule = build_datamodule(cfg.data)
     datamodule.setup("fit")
     release_freed_memory()  # the data set-up's temporaries (sorting 10M lengths: ~0.5 GB) are not kept

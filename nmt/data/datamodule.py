@@ -30,6 +30,7 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
 from nmt import writing
+from nmt.data.alignments import AlignedSplit, WordLinks, collate_aligned, prepare_alignments
 from nmt.data.augment import AugmentedSplit, Augmentation
 from nmt.data.batching import TokenBatchSampler, TokenizedSplit, collate
 from nmt.data.multilingual import sampling_changes, temperature_items
@@ -154,6 +155,9 @@ class TranslationDataModule(L.LightningDataModule):
     shapes: training batches padded exactly (`exact`) or to a bounded set of shapes (`buckets`,
         `nmt.data.shapes`) that compiled graphs reuse; `auto` is resolved by `nmt.train` for the
         training device (buckets on a GPU), and read as `exact` where nothing resolved it.
+    alignments: word alignments of the training pairs for guided-alignment training
+        (`nmt.data.alignments`): a Pharaoh file, line i aligning training pair i, or `eflomal` to
+        compute them when the data are prepared; training batches then carry `align`. None: none.
     """
 
     def __init__(self, source: Any, tokenizer: dict | DictConfig | None, src_lang: str,
@@ -165,7 +169,7 @@ class TranslationDataModule(L.LightningDataModule):
                  vocab_loader: Callable[[str], tuple[Tokenizer, Tokenizer]] | None = None,
                  augment: list | None = None, temperature: float | None = None,
                  val_sample: int | None = None, splits: list[str] | tuple[str, ...] | None = None,
-                 train_text: bool = False, shapes: str = "exact") -> None:
+                 train_text: bool = False, shapes: str = "exact", alignments: str | None = None) -> None:
         super().__init__()
         self.splits = SPLITS if splits is None else tuple(splits)
         self.text_only = ("train",) if train_text and "train" not in self.splits else ()
@@ -183,6 +187,8 @@ class TranslationDataModule(L.LightningDataModule):
             raise ValueError(f"data.num_workers={num_workers!r}: a number of processes (0: none) or auto")
         if shapes not in SHAPES:
             raise ValueError(f"data.shapes={shapes}: choose {', '.join(SHAPES)}")
+        self.alignments = None if alignments is None else str(alignments)
+        self.alignment_dir: Path | None = None  # <prepared>/alignments/<key>/, set by `prepare_data`
         self.shapes = shapes  # auto: train() resolves it for the training device; unresolved, exact
         if isinstance(source, (dict, DictConfig)):  # Hydra builds the source (its _target_) before the module
             raise TypeError("source: a data source object, not a mapping; give the source config a _target_ "
@@ -278,6 +284,8 @@ class TranslationDataModule(L.LightningDataModule):
             self.train_max_words, self.train_pairs, self.seed, workers, self.splits, self.text_only)
         log.info("tokenized data: %s %s in %.2fs", "built" if self._prepared_now else "loaded",
                  self.prepared_dir, time.perf_counter() - start)
+        if self.alignments is not None and "train" in self.splits:
+            self.alignment_dir = prepare_alignments(self.alignments, self.source, self.prepared_dir)
 
     def setup(self, stage: str | None = None) -> None:
         """Open the prepared arrays (preparing them first when absent), select and filter the
@@ -355,6 +363,8 @@ class TranslationDataModule(L.LightningDataModule):
         self._train_items = train if not self.augmentation else AugmentedSplit(
             train, (TextColumn(folder, "train.src"), TextColumn(folder, "train.tgt")),
             (self.src_vocab, self.tgt_vocab), self.augmentation)
+        if self.alignment_dir is not None:  # items with their word alignments lifted to subwords
+            self._train_items = AlignedSplit(self._train_items, WordLinks(self.alignment_dir), (self.src_vocab, self.tgt_vocab))
         self._build_train_sampler(share)
         self.prepare_seconds = time.perf_counter() - start
         log.info("data ready in %.1fs: %s; training batches %d, padding %.1f%%",
@@ -532,7 +542,8 @@ class TranslationDataModule(L.LightningDataModule):
         if self.trainer is not None:
             sampler.set_epoch(self.trainer.current_epoch)
         workers = self._workers()
-        return ResumableLoader(dataset, batch_sampler=sampler, collate_fn=functools.partial(collate, shapes=sampler.shapes),
+        batches = collate_aligned if self.alignment_dir is not None else collate
+        return ResumableLoader(dataset, batch_sampler=sampler, collate_fn=functools.partial(batches, shapes=sampler.shapes),
                                num_workers=workers, persistent_workers=workers > 0,
                                pin_memory=self._pin_memory(), generator=self._generator(rank),
                                position=self._position if self.trainer is not None else None,

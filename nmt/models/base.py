@@ -198,6 +198,17 @@ class Seq2Seq(nn.Module):
             return compiled(self, src, src_mask, tgt_in)
         return teacher_forced(self, src, src_mask, tgt_in)
 
+    def features_with_attention(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, layer: int) -> tuple[Tensor, Tensor]:
+        """``features`` (B, T, H) and, from the same pass, the cross-attention weights (B, heads, T, S)
+        of decoder ``layer`` (guided alignment, ``nmt.training.guided_alignment``): that layer alone
+        computes its weights eagerly. A ValueError for a decoder without such attention (an RNN's)."""
+        if not hasattr(self.decoder, "features_with_attention"):
+            raise ValueError(f"{type(self.decoder).__name__} has no multi-head cross-attention to read per layer")
+        compiled = self.__dict__.get("_compiled_features")
+        if compiled is not None and self.training and torch.is_grad_enabled():
+            return compiled(self, src, src_mask, tgt_in, layer)
+        return teacher_forced(self, src, src_mask, tgt_in, layer)
+
     def compile_features(self, dynamic: bool = True, mode: str | None = None, backend: str = "inductor") -> None:
         """``torch.compile`` the teacher-forced training pass (what the training loss runs);
         validation and decoding stay eager. ``dynamic=False``: one graph per batch shape (bounded
@@ -233,7 +244,12 @@ class Seq2Seq(nn.Module):
         return self.decoder.cross_attention(tgt_in, memory)
 
 
-def teacher_forced(model: Seq2Seq, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
+def teacher_forced(model: Seq2Seq, src: Tensor, src_mask: Tensor, tgt_in: Tensor,
+                   attention_layer: int | None = None) -> Any:
     """The teacher-forced pass (B, T, H) of ``model``: encode, then run the decoder over ``tgt_in``
-    (a function of the model, so that a compiled copy serves any copy of the model)."""
-    return model.decoder.features(tgt_in, model.encode(src, src_mask))
+    (a function of the model, so that a compiled copy serves any copy of the model); with
+    ``attention_layer``, also that decoder layer's cross-attention weights (B, heads, T, S)."""
+    memory = model.encode(src, src_mask)
+    if attention_layer is None:
+        return model.decoder.features(tgt_in, memory)
+    return model.decoder.features_with_attention(tgt_in, memory, attention_layer)

@@ -455,16 +455,19 @@ class TransformerDecoder(nn.Module):
         """The most steps a preallocated state (``init_state(capacity=...)``) holds: the positions."""
         return self.embed_tokens.max_len
 
-    def _layers(self, x: Tensor, memory: dict, state: dict | None, need_weights: bool):
+    def _layers(self, x: Tensor, memory: dict, state: dict | None, need_weights: bool, weights_of: int | None = None):
+        """The layers over x; every layer's cross-attention weights with ``need_weights``, or layer
+        ``weights_of``'s alone (its eager path; the other layers keep SDPA)."""
         src_mask = memory["src_mask"][:, None, None, :]
         offset = state["pos"] if state else 0
         weights = []
         for i, layer in enumerate(self.layers):
             cache = state["cache"][i] if state else None
-            if self.gradient_checkpointing and self.training and state is None and not need_weights:
+            need = need_weights or i == weights_of
+            if self.gradient_checkpointing and self.training and state is None and not need:
                 x, w = checkpoint(layer, x, memory["cross_kv"][i], src_mask, use_reentrant=False)
             else:
-                x, w = layer(x, memory["cross_kv"][i], src_mask, cache, offset, need_weights)
+                x, w = layer(x, memory["cross_kv"][i], src_mask, cache, offset, need)
             weights.append(w)
         return self.final_norm(x), weights
 
@@ -474,6 +477,14 @@ class TransformerDecoder(nn.Module):
         x = self.embed_tokens(tgt_in, shift=shift)
         x, _ = self._layers(x, memory, None, False)
         return x
+
+    def features_with_attention(self, tgt_in: Tensor, memory: dict[str, Tensor], layer: int) -> tuple[Tensor, Tensor]:
+        """``features`` (B, T, H) and the cross-attention weights (B, heads, T, S) of decoder
+        ``layer`` (from 0; -1: the last) in the same pass, for guided alignment (Garg et al. 2019)."""
+        index = range(len(self.layers))[layer]
+        shift = memory.get("position_shift") if self.training else None
+        x, weights = self._layers(self.embed_tokens(tgt_in, shift=shift), memory, None, False, index)
+        return x, weights[index]
 
     def forward(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> Tensor:
         return self.out(self.features(tgt_in, memory))  # (B, T, V)

@@ -42,6 +42,7 @@ from nmt.data.tokenizer import PAD
 from nmt.decoding import fixed_beam
 from nmt.evaluation.length_report import length_report, write_report
 from nmt.evaluation.metrics import corpus_scores
+from nmt.training.guided_alignment import GuidedAlignment, guided_alignment_loss
 from nmt.runs.files import TEST_TEXT
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,9 @@ class TranslationModule(L.LightningModule):
     val_len_cap: (a, b): validation stops a hypothesis at a * reference length + b tokens, where
         that is below decoding's own cap, so a model that has not learned to end yet validates in
         about a trained one's time; None: decoding's cap only. The test never sees the reference.
+    guided_alignment: {weight, layer, head} of the guided-alignment loss on training batches that
+        carry word alignments (``data.alignments``; ``nmt.training.guided_alignment``), logged as
+        ``train/align_loss`` (``train/loss`` stays the translation loss); weight 0: off.
     """
 
     # Saved in checkpoints and restored when a fit resumes, with best_bleu (not when testing a checkpoint).
@@ -88,8 +92,13 @@ class TranslationModule(L.LightningModule):
         sacrebleu_tokenize: str | None = "auto",
         max_nonfinite_steps: int = 10,
         val_len_cap: Sequence[float] | None = (1.5, 5),
+        guided_alignment: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        guided_alignment = {k: v for k, v in (guided_alignment or {}).items()}  # plain values, not Hydra's DictConfig
+        self.guided = GuidedAlignment.from_config(guided_alignment)
+        if self.guided.weight:
+            self.guided.check_model(model)
         if isinstance(length_buckets, str):
             if length_buckets != "auto":
                 raise ValueError(f"module.length_buckets={length_buckets}: give auto or a list of increasing edges")
@@ -129,9 +138,22 @@ class TranslationModule(L.LightningModule):
 
     # --- training -------------------------------------------------------------------------
     def loss(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
-        """Label-smoothed loss per target token, and the plain NLL (for perplexity). The output
-        layer runs on the real target positions only: padding never reaches the vocabulary."""
-        hidden = self.model.features(batch["src"], batch["src_mask"], batch["tgt_in"])  # (B, T, H)
+        """Label-smoothed loss per target token (plus the weighted guided-alignment loss of a batch
+        with alignments), and the plain NLL (for perplexity)."""
+        loss, nll, align = self.losses(batch)
+        return (loss if align is None else loss + self.guided.weight * align), nll
+
+    def losses(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Label-smoothed loss per target token, the plain NLL, and the guided-alignment loss where
+        it is on and the batch carries alignments (``align``), else None. The output layer runs on
+        the real target positions only: padding never reaches the vocabulary."""
+        align = None
+        if self.guided.weight and "align" in batch:
+            hidden, weights = self.model.features_with_attention(batch["src"], batch["src_mask"], batch["tgt_in"],
+                                                                 self.guided.layer)
+            align = guided_alignment_loss(self.guided.attention(weights), batch["align"])
+        else:
+            hidden = self.model.features(batch["src"], batch["src_mask"], batch["tgt_in"])  # (B, T, H)
         real = batch["tgt_out"] != PAD
         hidden, target = hidden[real], batch["tgt_out"][real]
         # Rows of the output layer past the vocabulary (padded to a multiple of 8) are never targets.
@@ -141,13 +163,16 @@ class TranslationModule(L.LightningModule):
             hidden = torch.cat([hidden, hidden.new_ones(hidden.size(0), 1)], dim=1)
             weight = torch.cat([weight, bias[: self.model.tgt_vocab_size, None].to(weight.dtype)], dim=1)
         eps = self.hparams.label_smoothing
-        return self.model.kernels.ops(hidden).output_cross_entropy(hidden, weight, target, eps)
+        return (*self.model.kernels.ops(hidden).output_cross_entropy(hidden, weight, target, eps), align)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
-        loss, nll = self.loss(batch)
-        if not self._is_finite(loss):
-            self._skip_step(loss)
-            return loss  # backward still runs (every DDP rank takes part); the update is dropped
+        loss, nll, align = self.losses(batch)
+        if align is not None:
+            self.log("train/align_loss", align)
+        total = loss if align is None else loss + self.guided.weight * align
+        if not self._is_finite(total):
+            self._skip_step(total)
+            return total  # backward still runs (every DDP rank takes part); the update is dropped
         self.nonfinite_in_a_row = 0
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/ppl", torch.exp(nll))
@@ -160,7 +185,7 @@ class TranslationModule(L.LightningModule):
                 self.train_tgt_tokens += batch["num_tgt_tokens"]
             self.train_seconds += now - self._tick
         self._tick = now
-        return loss
+        return total
 
     def _is_finite(self, loss: Tensor) -> bool:
         """Costs one host sync per step (on a GPU the backward is queued once the forward is done;
