@@ -19,7 +19,7 @@ def _eflomal() -> Any:
     try:
         import eflomal
     except ImportError:
-        raise ValueError("data.alignments=eflomal needs the eflomal package (pip install eflomal); or give a Pharaoh "
+        raise ValueError("data.alignments=eflomal needs the eflomal package (pip install 'nmt[align]'); or give a Pharaoh "
                          "file of the training split's word alignments") from None
     return eflomal
 
