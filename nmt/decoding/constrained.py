@@ -13,8 +13,8 @@ over banks by the number of constraint tokens met, the same number each, a bank'
 going to the others, best scores first within a bank (``allocate``), so that hypotheses that have
 met more constraints are not crowded out by ones that score better without them. EOS is allowed
 only once every constraint is met, so every hypothesis that ends holds them all; the length cap
-must leave room for them (``check_constraints``). A sentence stops once K hypotheses have ended
-(or none can go on). Phrases are met as whole words: the token after one must start a word.
+must leave room for them (``check_constraints``). A sentence stops once K hypotheses have ended,
+or once none of its live ones can still beat its n-th best (as beam search; no result changes). Phrases are met as whole words: the token after one must start a word.
 Scores are the model's log-probs over the GNMT length penalty, as beam search's.
 """
 
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.decoding.constraint_automaton import ConstraintAutomata, Phrase
-from nmt.decoding.scoring import Hypotheses, length_penalty, log_probs, max_lengths, to_lists
+from nmt.decoding.scoring import Hypotheses, best_possible, length_penalty, log_probs, max_lengths, to_lists
 from nmt.models.base import select
 from nmt.specials import BOS, EOS, PAD
 
@@ -132,7 +132,10 @@ def constrained_beam_search(model, src: Tensor, src_mask: Tensor, constraints: l
         cand_sent = active.unsqueeze(1).expand(n, m)
         cand_node, cand_count, cand_met = automata.advance(
             cand_sent, node.gather(1, beam), count.gather(1, beam.unsqueeze(-1).expand(n, m, count.size(-1))), token)
-        searching = (num_ended[active] < k) & going.any(1)
+        # a sentence searches on until K hypotheses have ended, or until none that goes on can still
+        # beat the last of its n best (which changes no result), or none goes on
+        best_going = score.masked_fill(~going, float("-inf")).amax(1)
+        searching = (num_ended[active] < k) & (best_scores[active, -1] < best_possible(best_going, t, caps[active], alpha))
         # a sentence that stops without an ended hypothesis (rare: check_constraints leaves room) keeps its best beam
         fallback = ~searching & (best_scores[active, 0] == float("-inf"))
         raw, top_beam = beam_scores.max(1)
