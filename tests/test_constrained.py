@@ -75,6 +75,31 @@ def test_the_batch_finds_what_one_sentence_at_a_time_finds(name):
                 assert [s for _, s in a] == pytest.approx([s for _, s in b], abs=1e-4)
 
 
+def test_the_device_is_read_once_a_step_not_per_candidate():
+    """Host reads of a device value (``aten::_local_scalar_dense``: ``int()``, ``float()``,
+    ``bool()`` of a tensor): the batched search reads one a step; one sentence at a time reads
+    every candidate's score."""
+    model = build("transformer")
+    src, src_mask, _ = batch(lengths=(9, 7, 9, 5))
+    constraints = [[(5, 6)], [(7,), (9, 10)], [], [(11,)]]
+    steps, decode_step = [], model.decode_step
+
+    def counted(*args, **kwargs):
+        steps.append(1)
+        return decode_step(*args, **kwargs)
+
+    reads, counts = {}, {}
+    for search in (constrained_beam_search, baseline.sentence_at_a_time):
+        steps.clear()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(model, "decode_step", counted)
+                search(model, src, src_mask, constraints, beam_size=4)
+        reads[search], counts[search] = sum(e.count for e in prof.key_averages() if e.key == "aten::_local_scalar_dense"), len(steps)
+    assert counts[constrained_beam_search] > 5 and reads[constrained_beam_search] <= counts[constrained_beam_search] + 1
+    assert reads[baseline.sentence_at_a_time] >= 8 * counts[baseline.sentence_at_a_time]
+
+
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_constraint_appears_in_the_output_of_every_model(name):
     """Phrases from few tokens, so they overlap, repeat and begin one another."""

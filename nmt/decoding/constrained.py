@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.decoding.constraint_automaton import ConstraintAutomata, Phrase
@@ -49,7 +48,7 @@ def allocate(banks: Tensor, valid: Tensor, k: int, levels: int) -> Tensor:
     with their ``banks`` (n, M) in [0, ``levels``), ``valid`` (n, M) marking the real ones: each
     bank present gets k // (banks present) places (the highest banks one more, for the
     remainder), and the places a bank cannot fill go to the best of the rest."""
-    member = F.one_hot(banks, levels) * valid.unsqueeze(-1)  # (n, M, levels)
+    member = ((banks.unsqueeze(-1) == torch.arange(levels, device=banks.device)) & valid.unsqueeze(-1)).long()  # (n, M, levels)
     present = member.amax(1)  # (n, levels)
     count = present.sum(1, keepdim=True).clamp(min=1)
     quota = k // count + (present.cumsum(1) > count - k % count).long()  # (n, levels), for the banks present
