@@ -5,8 +5,8 @@ A hypothesis's state is a node of its sentence's trie of phrases (the longest su
 that begins a phrase) and how often it has written each phrase (capped at the times it is asked
 for). A token follows the node's failure chain (the node, its longest proper suffix in the trie,
 ..., the root) to the first node with a child on that token, so a phrase is found wherever it
-ends, also overlapping another's start ("a a b" inside "a a a b") or inside a longer one ("a b"
-in "a b c"); each time a phrase ends, its count rises. Every function takes the hypotheses'
+ends, also where it overlaps itself or another phrase ("a a b" inside "a a a b") or begins a
+longer one ("a b" and "a b c"); each time a phrase ends, its count rises. Every function takes the hypotheses'
 sentences ``sent`` and their state of any one shape, and never reads the device.
 """
 
@@ -46,7 +46,7 @@ class ConstraintAutomata:
     """The automata of a batch's sentences (``constraints[i]``: sentence i's phrases, a phrase given
     twice must be written twice), padded to N nodes, C distinct phrases, failure chains of L nodes
     and D children a node; padding phrases are asked for 0 times. ``length``, ``required`` (B, C);
-    ``depth`` (B, N); ``chain`` (B, N, L): a node, its failure, ..., the root (then the root again);
+    ``depth``, ``fail`` (B, N); ``chain`` (B, N, L): a node, its failure, ..., the root (then the root again);
     ``children``, ``child_tokens`` (B, N, D): 0 and -1 where none (the root is no one's child);
     ``ends`` (B, N, C): phrase c ends the node's string; ``on_path`` (B, N, C): the node's string
     begins phrase c (or is it). ``max_tokens``: the most constraint tokens a sentence has."""
@@ -57,7 +57,7 @@ class ConstraintAutomata:
         c = max(1, max(len(b[0]) for b in built))
         depth_max = max(len(s) for b in built for s in b[2])
         d = max(1, max(len(ch) for b in built for ch in b[3]))
-        rows: dict[str, list] = {key: [] for key in ("length", "required", "depth", "chain", "children", "child_tokens",
+        rows: dict[str, list] = {key: [] for key in ("length", "required", "depth", "fail", "children", "child_tokens",
                                                      "ends", "on_path")}
         for distinct, required, nodes, children, fail in built:
             strings = list(nodes)
@@ -66,16 +66,20 @@ class ConstraintAutomata:
             rows["required"].append(required + [0] * pad)
             rows["depth"].append([len(s) for s in strings] + [0] * (n - len(strings)))
             terminal = {nodes[phrase]: p for p, phrase in enumerate(distinct)}
-            chains, ends, on_path = [], [], []
-            for v, s in enumerate(strings):
-                chain = [v]
-                while chain[-1] != 0:
-                    chain.append(fail[chain[-1]])
-                chains.append(chain + [0] * (depth_max + 1 - len(chain)))
-                ends.append([any(terminal.get(f) == p for f in chain) for p in range(c)])
-                on_path.append([p < len(distinct) and distinct[p][: len(s)] == s for p in range(c)])
+            ends, on_path = [[False] * c for _ in strings], [[False] * c for _ in strings]
+            for string in sorted(nodes, key=len)[1:]:  # a node's failure is shorter: its phrases are known
+                v = nodes[string]
+                ends[v] = list(ends[fail[v]])
+                if v in terminal:
+                    ends[v][terminal[v]] = True
+            for p, phrase in enumerate(distinct):
+                v = 0
+                on_path[0][p] = True
+                for token in phrase:
+                    v = children[v][token]
+                    on_path[v][p] = True
             blank = n - len(strings)
-            rows["chain"].append(chains + [[0] * (depth_max + 1)] * blank)
+            rows["fail"].append(fail + [0] * blank)
             rows["ends"].append(ends + [[False] * c] * blank)
             rows["on_path"].append(on_path + [[False] * c] * blank)
             rows["children"].append([list(ch.values()) + [0] * (d - len(ch)) for ch in children] + [[0] * d] * blank)
@@ -83,6 +87,10 @@ class ConstraintAutomata:
         for key, value in rows.items():
             setattr(self, key, torch.tensor(value, dtype=torch.bool if key in ("ends", "on_path") else torch.long,
                                             device=device))
+        links = [torch.arange(n, device=device).expand(len(constraints), n)]
+        for _ in range(depth_max):  # the root's failure is the root
+            links.append(self.fail.gather(1, links[-1]))
+        self.chain = torch.stack(links, -1)
         self.max_tokens = int(max(sum(len(p) for p in phrases) for phrases in constraints))
 
     def start(self, shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
