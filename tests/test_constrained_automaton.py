@@ -110,3 +110,21 @@ def test_the_search_writes_what_the_model_prefers_when_it_holds_the_phrases(scri
     assert (hyps.tokens[0] == script) == holds
     if note == "misses it":
         assert baseline.sentence_at_a_time(model, src, src != PAD, [phrases, []], **options).tokens[0] != script
+
+
+def test_a_sentence_no_hypothesis_can_finish_keeps_its_best_beam_with_a_warning(caplog):
+    """Both phrases continue a word (the whole-word rule forbids writing one right after the
+    other) and the cap leaves room for only the two and EOS: no hypothesis can end, so the
+    sentence's best live one is returned, as one sentence at a time returns it."""
+    model = Scripted([[D, C], [D, C]])
+    src = torch.tensor([[4, 4], [5, 5]])
+    continuation = torch.zeros(VOCAB, dtype=torch.bool)
+    continuation[[A, B]] = True
+    options = dict(beam_size=3, max_len_a=0.0, max_len_b=3, continuation=continuation)
+    constraints = [[(A,), (B,)], [(D,)]]
+    with caplog.at_level("WARNING", logger="nmt.decoding.constrained"):
+        hyps = constrained_beam_search(model, src, src != PAD, constraints, **options)
+    ref = baseline.sentence_at_a_time(model, src, src != PAD, constraints, **options)
+    assert hyps.tokens == ref.tokens and hyps.tokens[1] == [D, C]
+    torch.testing.assert_close(hyps.scores, ref.scores)
+    assert "no hypothesis of sentence 0 holds all 2 constraints within the cap of 3 tokens" in caplog.text
