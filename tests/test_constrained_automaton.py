@@ -26,7 +26,7 @@ def walk(phrases: list[tuple[int, ...]], tokens: list[int]) -> list[tuple[list[i
     out = []
     for token in tokens:
         node, count, met = automata.advance(sent, node, count, torch.tensor([token]))
-        wanted, real = automata.wanted(sent, node, count)
+        wanted, real, _ = automata.wanted(sent, node, count)
         out.append((count[0].tolist(), int(automata.tokens_met(sent, node, count)), set(wanted[real].tolist()),
                     bool(met)))
     return out
@@ -128,3 +128,22 @@ def test_a_sentence_no_hypothesis_can_finish_keeps_its_best_beam_with_a_warning(
     assert hyps.tokens == ref.tokens and hyps.tokens[1] == [D, C]
     torch.testing.assert_close(hyps.scores, ref.scores)
     assert "no hypothesis of sentence 0 holds all 2 constraints within the cap of 3 tokens" in caplog.text
+
+
+@pytest.mark.parametrize("phrases", [[(A,), (A, B)], [(A, B), (A,)]])
+def test_a_word_that_goes_on_into_a_longer_phrase_is_not_a_met_phrase(phrases):
+    """Phrases "hu" = [A] and "hus" = [A, B], B a piece that continues a word: after A, B is
+    allowed (it leads into "hus"), and "hu" then counts only where it stands as a word, in either
+    order of the phrases."""
+    script = [A, B, D, A, C]
+    model = Scripted([script])
+    src = torch.tensor([[4, 4, 4]])
+    continuation = torch.zeros(VOCAB, dtype=torch.bool)
+    continuation[B] = True
+    hyps = constrained_beam_search(model, src, src != PAD, [phrases], beam_size=3, continuation=continuation)
+    assert hyps.tokens[0] == script
+    short = constrained_beam_search(Scripted([[A, B, D]]), src, src != PAD, [phrases], beam_size=3,
+                                    continuation=continuation)
+    tokens = short.tokens[0]  # "hus" only: "hu" must be added as a word of its own
+    assert occurrences(tokens, (A, B)) >= 1 and any(tokens[i] == A and (i + 1 == len(tokens) or tokens[i + 1] != B)
+                                                    for i in range(len(tokens))), tokens

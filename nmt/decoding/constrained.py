@@ -82,6 +82,7 @@ def constrained_beam_search(model, src: Tensor, src_mask: Tensor, constraints: l
     beam_scores[:, 0] = 0.0  # all beams start identical: keep one
     node, count = automata.start((batch, k))  # (B, K), (B, K, C)
     just_met = torch.zeros(batch, k, dtype=torch.bool, device=device)
+    before = count  # the counts before the last token, (B, K, C)
     history = src.new_zeros(batch * k, 0)  # (B*K, t)
     best_scores = torch.full((batch, nbest), float("-inf"), device=device)  # ended hypotheses, best first
     best_tokens = src.new_full((batch, nbest, steps + 1), PAD)
@@ -96,14 +97,16 @@ def constrained_beam_search(model, src: Tensor, src_mask: Tensor, constraints: l
         width = x.size(1)
         sent = active.unsqueeze(1).expand(n, k)
         x[:, EOS] = x[:, EOS].masked_fill(automata.unmet(sent, count).any(-1).view(-1), float("-inf"))
-        if continuation is not None:  # a constraint just met ends its word
-            x[:, : continuation.numel()].masked_fill_(just_met.view(-1, 1) & continuation, float("-inf"))
+        wanted, real, deeper = automata.wanted(sent, node, count)  # (n, K, D), (n, K, D), (n, K)
+        if continuation is not None:  # a phrase just met ends its word, unless the word goes on into a longer phrase
+            forbid = just_met.view(-1, 1) & continuation  # (n*K, V)
+            onward = torch.where(real & deeper.unsqueeze(-1), wanted, PAD).view(n * k, -1)
+            x[:, : continuation.numel()].masked_fill_(forbid.scatter_(1, onward, False), float("-inf"))
         if t >= min(cap_list) - 1:  # only EOS may follow at the cap
             at_cap = (t >= caps[active] - 1).repeat_interleave(k).unsqueeze(1)
             x = x.masked_fill(at_cap & (torch.arange(width, device=device) != EOS), float("-inf"))
         total = (beam_scores.unsqueeze(-1) + x.view(n, k, width)).view(n, k * width)
         # candidates, as flat indices beam * W + token (n, M): the K best, each beam's best, the tokens that advance
-        wanted, real = automata.wanted(sent, node, count)  # (n, K, D)
         flat = torch.cat([total.topk(k, dim=1).indices,
                           total.view(n, k, width).argmax(-1) + beam_index * width,
                           torch.where(real, beam_index.unsqueeze(1) * width + wanted, -1).view(n, -1)], 1)
@@ -129,8 +132,12 @@ def constrained_beam_search(model, src: Tensor, src_mask: Tensor, constraints: l
         num_ended[active] += ending.sum(1)
         # the candidates that go on: their constraint state, their banks, then the K kept
         cand_sent = active.unsqueeze(1).expand(n, m)
-        cand_node, cand_count, cand_met = automata.advance(
-            cand_sent, node.gather(1, beam), count.gather(1, beam.unsqueeze(-1).expand(n, m, count.size(-1))), token)
+        by_cand = beam.unsqueeze(-1).expand(n, m, count.size(-1))
+        cand_before = count.gather(1, by_cand)
+        if continuation is not None:  # a phrase just met that its word goes on from was not met as a word
+            undo = just_met.gather(1, beam) & continuation[token.clamp(max=continuation.numel() - 1)]
+            cand_before = torch.where(undo.unsqueeze(-1), before.gather(1, by_cand), cand_before)
+        cand_node, cand_count, cand_met = automata.advance(cand_sent, node.gather(1, beam), cand_before, token)
         # a sentence searches on until K hypotheses have ended, or until none that goes on can still
         # beat the last of its n best (which changes no result), or none goes on
         best_going = score.masked_fill(~going, float("-inf")).amax(1)
@@ -156,9 +163,10 @@ def constrained_beam_search(model, src: Tensor, src_mask: Tensor, constraints: l
         prev = token.gather(1, chosen).clamp(max=model.tgt_vocab_size - 1)
         node, just_met = cand_node.gather(1, chosen), cand_met.gather(1, chosen) & alive
         count = cand_count.gather(1, chosen.unsqueeze(-1).expand(n, k, cand_count.size(-1)))
+        before = cand_before.gather(1, chosen.unsqueeze(-1).expand(n, k, cand_count.size(-1)))
         if keep < n:  # drop the sentences that are done
             active, beam_scores, reorder, prev = active[searching], beam_scores[searching], reorder[searching], prev[searching]
-            node, count, just_met = node[searching], count[searching], just_met[searching]
+            node, count, before, just_met = node[searching], count[searching], before[searching], just_met[searching]
             memory = select(memory, searching.nonzero().squeeze(1))
         reorder, prev = reorder.reshape(-1), prev.reshape(-1)
         history = torch.cat([history.index_select(0, reorder), prev.unsqueeze(1)], 1)

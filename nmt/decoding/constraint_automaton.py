@@ -121,15 +121,16 @@ class ConstraintAutomata:
         anchor, inside = self.anchor(sent, node, count)
         return (self.length[sent] * count).sum(-1) + torch.where(inside, self.depth[sent, anchor], 0)
 
-    def wanted(self, sent: Tensor, node: Tensor, count: Tensor) -> tuple[Tensor, Tensor]:
+    def wanted(self, sent: Tensor, node: Tensor, count: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The tokens that advance a hypothesis towards an unmet phrase, (..., D) with (..., D)
         bools for the real ones: the next tokens of the phrase(s) it is inside, or the first
-        tokens of the unmet phrases."""
+        tokens of the unmet phrases; and (...,) whether they go on from inside a phrase (not
+        from the root)."""
         anchor, inside = self.anchor(sent, node, count)
         kids = self.children[sent, anchor]  # (..., D)
         leads = (self.on_path[sent.unsqueeze(-1), kids] & self.unmet(sent, count).unsqueeze(-2)).any(-1)
         tokens = self.child_tokens[sent, anchor]
-        return tokens, inside.unsqueeze(-1) & (tokens >= 0) & leads
+        return tokens, inside.unsqueeze(-1) & (tokens >= 0) & leads, inside & (anchor != 0)
 
     def advance(self, sent: Tensor, node: Tensor, count: Tensor, token: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The state after ``token``: node, counts, and whether it ended a phrase still to write
