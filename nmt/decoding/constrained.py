@@ -14,8 +14,10 @@ going to the others, best scores first within a bank (``allocate``), so that hyp
 met more constraints are not crowded out by ones that score better without them. EOS is allowed
 only once every constraint is met, so every hypothesis that ends holds them all; the length cap
 must leave room for them (``check_constraints``). A sentence stops once K hypotheses have ended,
-or once none of its live ones can still beat its n-th best (as beam search; no result changes). Phrases are met as whole words: the token after one must start a word.
-Scores are the model's log-probs over the GNMT length penalty, as beam search's.
+or once none of its live ones can still beat its n-th best (as beam search; no result changes).
+Phrases are met as whole words: the token after one must start a word, unless the word goes on
+into a longer phrase (then the shorter one is not met there). Scores are the model's log-probs
+over the GNMT length penalty, as beam search's.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ def allocate(banks: Tensor, valid: Tensor, k: int, levels: int) -> Tensor:
     with their ``banks`` (n, M) in [0, ``levels``), ``valid`` (n, M) marking the real ones: each
     bank present gets k // (banks present) places (the highest banks one more, for the
     remainder), and the places a bank cannot fill go to the best of the rest."""
-    member = ((banks.unsqueeze(-1) == torch.arange(levels, device=banks.device)) & valid.unsqueeze(-1)).long()  # (n, M, levels)
+    member = (banks.unsqueeze(-1) == torch.arange(levels, device=banks.device)) & valid.unsqueeze(-1)
+    member = member.long()  # (n, M, levels); not one_hot, which reads the device
     present = member.amax(1)  # (n, levels)
     count = present.sum(1, keepdim=True).clamp(min=1)
     quota = k // count + (present.cumsum(1) > count - k % count).long()  # (n, levels), for the banks present
