@@ -1,40 +1,130 @@
-"""Lexically constrained beam search (nmt.decoding.constrained): every phrase appears, for every
-model; the bank allocation; translate.py's constraints= file and its one-line errors."""
+"""Lexically constrained beam search (nmt.decoding.constrained): the batched search equals the
+search one sentence at a time (scripts/constraints_benchmark.py's baseline) where phrases do not
+overlap; every phrase appears, for every model; the bank allocation; translate.py's constraints=
+file and its one-line errors."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from nmt.decoding.constrained import Progress, _allocate, check_constraints, constrained_beam_search
+from nmt.decoding.constrained import allocate, check_constraints, constrained_beam_search
 from nmt.decoding.search import beam_search, score_pairs
 from tests.conftest import ROOT, compose_train, translate_here
 from tests.test_models import VOCAB, batch, build
 from tests.test_prefixes import assert_refused_before_output
 
 PRESETS = ["lstm", "lstm_bahdanau", "lstm_luong", "transformer", "hybrid_lstm_transformer"]
+spec = importlib.util.spec_from_file_location("constraints_benchmark", ROOT / "scripts" / "constraints_benchmark.py")
+baseline = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # a dataclass needs its module listed
+spec.loader.exec_module(baseline)
 
 
-def holds(tokens: list[int], phrase: tuple[int, ...]) -> bool:
-    return any(tuple(tokens[i : i + len(phrase)]) == phrase for i in range(len(tokens) - len(phrase) + 1))
+def occurrences(tokens: list[int], phrase: tuple[int, ...]) -> int:
+    return sum(tuple(tokens[i : i + len(phrase)]) == phrase for i in range(len(tokens) - len(phrase) + 1))
+
+
+def holds_all(tokens: list[int], phrases: list[tuple[int, ...]]) -> bool:
+    """Every phrase, as often as it is given (occurrences may overlap)."""
+    return all(occurrences(tokens, p) >= phrases.count(p) for p in phrases)
+
+
+def disjoint_phrases(rng: random.Random, sentences: int) -> list[list[tuple[int, ...]]]:
+    """0-3 phrases of 1-3 tokens a sentence, no token twice in a sentence's phrases."""
+    out = []
+    for _ in range(sentences):
+        pool, phrases = rng.sample(range(4, VOCAB), 9), []
+        for _ in range(rng.randint(0, 3)):
+            size = rng.randint(1, 3)
+            phrases.append(tuple(pool[:size]))
+            pool = pool[size:]
+        out.append(phrases)
+    return out
+
+
+@pytest.mark.parametrize("name", ["lstm_bahdanau", "transformer", "hybrid_lstm_transformer"])
+def test_the_batch_finds_what_one_sentence_at_a_time_finds(name):
+    """Random batches, beams, n-best sizes, caps and whole-word rules; phrases that do not overlap
+    (there the baseline tracks them right): the same hypotheses and scores."""
+    model = build(name)
+    rng = random.Random(1)
+    for trial in range(8):
+        lengths = tuple(rng.randint(2, 9) for _ in range(rng.randint(1, 6)))
+        src, src_mask, _ = batch(lengths, seed=trial)
+        constraints = disjoint_phrases(rng, len(lengths))
+        continuation = None
+        if trial % 2:
+            continuation = torch.zeros(VOCAB, dtype=torch.bool)
+            continuation[torch.randperm(VOCAB, generator=torch.Generator().manual_seed(trial))[:15]] = True
+            continuation[:4] = False
+        k = rng.randint(1, 5)
+        options = dict(beam_size=k, nbest=rng.randint(1, k), max_len_b=rng.randint(6, 12), continuation=continuation)
+        ours = constrained_beam_search(model, src, src_mask, constraints, **options)
+        ref = baseline.sentence_at_a_time(model, src, src_mask, constraints, **options)
+        assert ours.tokens == ref.tokens, (trial, constraints)
+        torch.testing.assert_close(ours.scores.float(), ref.scores.float(), atol=1e-4, rtol=1e-4)
+        if options["nbest"] > 1:
+            assert [[t for t, _ in r] for r in ours.nbest] == [[t for t, _ in r] for r in ref.nbest], trial
+            for a, b in zip(ours.nbest, ref.nbest):
+                assert [s for _, s in a] == pytest.approx([s for _, s in b], abs=1e-4)
+
+
+class Reads(TorchDispatchMode):
+    """Counts the host's reads of a device value (``aten::_local_scalar_dense``: ``int()``,
+    ``float()``, ``bool()`` of a tensor, also inside an operator)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_device_is_read_once_a_step_not_per_candidate():
+    """The batched search reads one value a step (to stop); one sentence at a time reads every
+    candidate's score."""
+    model = build("transformer")
+    src, src_mask, _ = batch(lengths=(9, 7, 9, 5))
+    constraints = [[(5, 6)], [(7,), (9, 10)], [], [(11,)]]
+    steps, decode_step = [], model.decode_step
+
+    def counted(*args, **kwargs):
+        steps.append(1)
+        return decode_step(*args, **kwargs)
+
+    reads, counts = {}, {}
+    for search in (constrained_beam_search, baseline.sentence_at_a_time):
+        steps.clear()
+        with pytest.MonkeyPatch.context() as patch, Reads() as spy:
+            patch.setattr(model, "decode_step", counted)
+            search(model, src, src_mask, constraints, beam_size=4, max_len_b=6)
+        reads[search], counts[search] = spy.count, len(steps)
+    assert counts[constrained_beam_search] > 5 and reads[constrained_beam_search] <= counts[constrained_beam_search] + 1
+    assert reads[baseline.sentence_at_a_time] >= 8 * counts[baseline.sentence_at_a_time]
 
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_constraint_appears_in_the_output_of_every_model(name):
+    """Phrases from few tokens, so they overlap, repeat and begin one another."""
     model = build(name)
     src, src_mask, _ = batch()
     rng = random.Random(0)
     for trial in range(3):
-        constraints = [[tuple(rng.randrange(4, VOCAB) for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(0, 3))]
+        constraints = [[tuple(rng.randrange(4, 8) for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(0, 3))]
                        for _ in range(src.size(0))]
         hyps = constrained_beam_search(model, src, src_mask, constraints, beam_size=4, max_len_b=12, nbest=2)
         for tokens, cons, ranked in zip(hyps.tokens, constraints, hyps.nbest):
-            assert all(holds(tokens, p) for p in cons), (tokens, cons)
-            assert all(all(holds(t, p) for p in cons) for t, _ in ranked) and ranked[0][0] == tokens
+            assert holds_all(tokens, cons), (tokens, cons)
+            assert all(holds_all(t, cons) for t, _ in ranked) and ranked[0][0] == tokens
         # the score is the model's log-prob of the output over the length penalty
         tgt = torch.zeros(src.size(0), max(len(t) for t in hyps.tokens) + 1, dtype=torch.long)
         for i, t in enumerate(hyps.tokens):
@@ -53,21 +143,22 @@ def test_without_constraints_it_finds_what_beam_search_finds_or_better(name):
     assert all(a >= b - 1e-4 for a, b in zip(ours.scores.tolist(), free.scores.tolist()))
 
 
-def test_progress_tracks_met_constraints_and_loses_a_broken_one():
-    cons = [(5, 6, 7), (9,)]
-    p = Progress().after(5, cons).after(6, cons)
-    assert p.inside == (0, 2) and p.tokens_met(cons) == 2 and p.wanted(cons) == {7}
-    assert p.after(8, cons) == Progress() and p.after(9, cons) == Progress(frozenset({1}), None, True)  # broken; 9 meets #1
-    done = p.after(7, cons)
-    assert done.met == {0} and done.inside is None and done.wanted(cons) == {9} and done.tokens_met(cons) == 3
-    assert done.just_met and not done.after(4, cons).just_met
-    assert Progress().after(5, cons).after(5, cons).inside == (0, 1)  # a restart of the same constraint
+def kept(banks: list[int], k: int, valid: list[bool] | None = None) -> list[int]:
+    valid = [True] * len(banks) if valid is None else valid
+    mask = allocate(torch.tensor([banks]), torch.tensor([valid]), k, max(banks) + 1)[0]
+    return mask.nonzero().flatten().tolist()
 
 
 def test_banks_share_the_beam_and_pass_on_what_they_cannot_fill():
-    assert _allocate([0, 0, 0, 1, 2], 3) == [0, 3, 4]   # one place per bank
-    assert _allocate([0, 0, 0, 0, 2], 4) == [0, 1, 2, 4]  # two banks of two; the top bank has one: its place passes on
-    assert _allocate([1, 1], 5) == [0, 1]
+    assert kept([0, 0, 0, 1, 2], 3) == [0, 3, 4]   # one place per bank
+    assert kept([0, 0, 0, 0, 2], 4) == [0, 1, 2, 4]  # two banks of two; the top bank has one: its place passes on
+    assert kept([1, 1], 5) == [0, 1]
+    assert kept([0, 0, 1, 1, 2, 2, 2], 4) == [0, 2, 4, 5]  # 4 places over 3 banks: the highest gets the extra one
+    assert kept([0, 3, 0, 3, 1], 2, [True, False, True, True, False]) == [0, 3]  # invalid ones hold no place
+    rng = random.Random(0)
+    for _ in range(300):  # the rule of the search one sentence at a time
+        banks, k = [rng.randrange(5) for _ in range(rng.randint(1, 12))], rng.randint(1, 6)
+        assert kept(banks, k) == baseline._allocate(banks, k), (banks, k)
 
 
 def test_constraints_that_do_not_fit_are_refused():

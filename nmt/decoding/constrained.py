@@ -1,70 +1,38 @@
 """Lexically constrained beam search: every given target phrase appears in the output.
 
-Dynamic beam allocation (Post and Vilar 2018), one sentence at a time over its beams, with any
-model of ``nmt.models`` (its ``encode``/``decode_step``, as ``nmt.decoding.search``). Each hypothesis
-tracks which constraints it has met and how far it is into the one it is writing. A step's
-candidates are the K best continuations of all beams, each beam's best token, and, for each
-beam, the next token of the constraint it is inside or the first token of each constraint it
-has not met. A candidate that breaks off a constraint midway loses that progress. The K beams are
-then shared out over banks by the number of constraint tokens met (0 .. C), the same number
-each, a bank's unused places going to the others, best scores first within a bank, so that
-hypotheses that have met more constraints are not crowded out by ones that score better
-without them. EOS is allowed only once every constraint is met, so every hypothesis that ends
-holds them all; the length cap must leave room for them (``check_constraints``). Phrases are
-met as whole words: the token after one must start a word. Scores are the
-model's log-probs over the GNMT length penalty, as beam search's.
+Dynamic beam allocation (Post and Vilar 2018) for a whole batch at once, in the vectorised form of
+Hu et al. (2019), with any model of ``nmt.models`` through its ``Seq2Seq`` interface (as
+``nmt.decoding.search``; one copy of a sentence's memory serves its K beams). Each hypothesis's
+constraint state is a node of its sentence's phrase automaton and how often it has written each
+phrase (``nmt.decoding.constraint_automaton``), so overlapping and repeated phrases are found and
+nothing is read from the device but once a step, to stop. A step's candidates are the K best
+continuations of a sentence's beams, each beam's best token, and each beam's tokens that advance
+a constraint: the next of the phrase it is inside, or the first of each phrase it has not met. A
+candidate that breaks off a phrase midway loses that progress. The K beams are then shared out
+over banks by the number of constraint tokens met, the same number each, a bank's unused places
+going to the others, best scores first within a bank (``allocate``), so that hypotheses that have
+met more constraints are not crowded out by ones that score better without them. EOS is allowed
+only once every constraint is met, so every hypothesis that ends holds them all; the length cap
+must leave room for them (``check_constraints``). A sentence stops once K hypotheses have ended,
+or once none of its live ones can still beat its n-th best (as beam search; no result changes).
+Phrases are met as whole words: the token after one must start a word, unless the word goes on
+into a longer phrase (then the shorter one is not met there). Scores are the model's log-probs
+over the GNMT length penalty, as beam search's.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from nmt.decoding.scoring import Hypotheses, length_penalty, log_probs, max_lengths
+from nmt.decoding.constraint_automaton import ConstraintAutomata, Phrase
+from nmt.decoding.scoring import Hypotheses, best_possible, length_penalty, log_probs, max_lengths, to_lists
 from nmt.models.base import select
-from nmt.specials import BOS, EOS
+from nmt.specials import BOS, EOS, PAD
 
 log = logging.getLogger(__name__)
-Phrase = tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Progress:
-    """Which constraints a hypothesis has met, and (constraint, tokens written) of the one it is inside."""
-
-    met: frozenset[int] = frozenset()
-    inside: tuple[int, int] | None = None
-    just_met: bool = False  # the last token ended a constraint: the next must start a word
-
-    def tokens_met(self, constraints: list[Phrase]) -> int:
-        return sum(len(constraints[c]) for c in self.met) + (self.inside[1] if self.inside else 0)
-
-    def after(self, token: int, constraints: list[Phrase]) -> Progress:
-        if self.inside is not None:
-            c, done = self.inside
-            if constraints[c][done] == token:
-                return self._advanced(c, done + 1, constraints)
-        # not continuing the constraint it was inside (if any): start one whose first token this is
-        for c, phrase in enumerate(constraints):
-            if c not in self.met and phrase[0] == token:
-                return Progress(self.met)._advanced(c, 1, constraints)
-        return Progress(self.met)
-
-    def _advanced(self, c: int, done: int, constraints: list[Phrase]) -> Progress:
-        if done == len(constraints[c]):
-            return Progress(self.met | {c}, None, True)
-        return Progress(self.met, (c, done))
-
-    def wanted(self, constraints: list[Phrase]) -> set[int]:
-        """The tokens that make progress: the next of the constraint it is inside, else the first
-        of each constraint not met."""
-        if self.inside is not None:
-            c, done = self.inside
-            return {constraints[c][done]}
-        return {phrase[0] for c, phrase in enumerate(constraints) if c not in self.met}
 
 
 def check_constraints(constraints: list[Phrase], cap: int) -> None:
@@ -77,94 +45,142 @@ def check_constraints(constraints: list[Phrase], cap: int) -> None:
                          "(decoding.max_len_a * source tokens + decoding.max_len_b, EOS included)")
 
 
-def _allocate(banks: list[int], k: int) -> list[int]:
-    """Indices of the ``k`` candidates kept, candidates given best first with their bank: each bank
-    gets k // (banks) places (the highest banks the remainder), places a bank cannot fill go to
-    the best of the rest."""
-    levels = sorted(set(banks))
-    size, extra = divmod(k, len(levels))
-    quota = {level: size + (1 if i >= len(levels) - extra else 0) for i, level in enumerate(levels)}
-    kept, rest = [], []
-    for i, level in enumerate(banks):
-        if quota[level] > 0:
-            quota[level] -= 1
-            kept.append(i)
-        else:
-            rest.append(i)
-    return sorted(kept + rest[: k - len(kept)])
+def allocate(banks: Tensor, valid: Tensor, k: int, levels: int) -> Tensor:
+    """Which of each row's candidates are kept, (n, M) bools, for candidates given best first
+    with their ``banks`` (n, M) in [0, ``levels``), ``valid`` (n, M) marking the real ones: each
+    bank present gets k // (banks present) places (the highest banks one more, for the
+    remainder), and the places a bank cannot fill go to the best of the rest."""
+    member = (banks.unsqueeze(-1) == torch.arange(levels, device=banks.device)) & valid.unsqueeze(-1)
+    member = member.long()  # (n, M, levels); not one_hot, which reads the device
+    present = member.amax(1)  # (n, levels)
+    count = present.sum(1, keepdim=True).clamp(min=1)
+    quota = k // count + (present.cumsum(1) > count - k % count).long()  # (n, levels), for the banks present
+    rank = (member.cumsum(1) - 1).gather(2, banks.unsqueeze(-1)).squeeze(-1)  # place within its bank (n, M)
+    first = valid & (rank < quota.gather(1, banks))
+    rest = valid & ~first
+    return first | (rest & (rest.cumsum(1) <= k - first.sum(1, keepdim=True)))
 
 
 @torch.no_grad()
 def constrained_beam_search(model, src: Tensor, src_mask: Tensor, constraints: list[list[Phrase]], beam_size: int = 5,
                             alpha: float = 0.6, max_len_a: float = 1.5, max_len_b: int = 10,
                             need_attn: bool = False, nbest: int = 1, continuation: Tensor | None = None) -> Hypotheses:
-    """Beam search in which sentence i's output holds every phrase of ``constraints[i]``.
-    ``continuation`` (vocabulary,) bools: the pieces that continue a word (no "▁"); a constraint
-    is then met only as whole words: the token after it must start a word (or be EOS)."""
-    caps = max_lengths(src_mask, max_len_a, max_len_b)
-    results, scores = [], []
-    for i in range(src.size(0)):
-        cons = [tuple(int(t) for t in p) for p in constraints[i]]
-        check_constraints(cons, int(caps[i]))
-        length = int(src_mask[i].sum())
-        tokens, score = _one(model, src[i : i + 1, :length], src_mask[i : i + 1, :length], cons, beam_size, alpha,
-                             int(caps[i]), nbest, continuation)
-        results.append(tokens)
-        scores.append(score)
-    best = [r[0][0] for r in results]
-    nbest_out = [[(t, s) for t, s in r] for r in results] if nbest > 1 else None
-    return Hypotheses(best, torch.tensor([r[0][1] for r in results]), None, nbest_out)
-
-
-def _one(model, src: Tensor, src_mask: Tensor, constraints: list[Phrase], k: int, alpha: float, cap: int,
-         nbest: int, continuation: Tensor | None) -> tuple[list[tuple[list[int], float]], float]:
-    """The ``nbest`` best (tokens, score) of one sentence, best first."""
+    """Beam search in which sentence i's output holds every phrase of ``constraints[i]`` (a
+    phrase given twice, twice). src, src_mask: (B, S). ``continuation`` (vocabulary,) bools: the
+    pieces that continue a word (no "▁"); a constraint is then met only as whole words: the token
+    after it must start a word (or be EOS). Attention weights are not returned."""
+    batch, k = src.size(0), beam_size
     device = src.device
-    memory = model.encode(src, src_mask)
-    state = select(model.init_state(memory), torch.zeros(1, dtype=torch.long, device=device))
-    prev = torch.tensor([BOS], device=device)
-    beams: list[tuple[list[int], float, Progress]] = [([], 0.0, Progress())]
-    ended: list[tuple[float, list[int]]] = []
-    for t in range(cap):
+    caps = max_lengths(src_mask, max_len_a, max_len_b)
+    phrases = [[tuple(int(t) for t in p) for p in cons] for cons in constraints]
+    cap_list = caps.tolist()
+    for cons, cap in zip(phrases, cap_list):
+        check_constraints(cons, cap)
+    automata = ConstraintAutomata(phrases, device)
+    steps = max(cap_list)
+    memory = model.encode(src, src_mask)  # (B, ...): one copy serves a sentence's K beams
+    state = select(model.init_state(memory), torch.arange(batch, device=device).repeat_interleave(k))  # (B*K, ...)
+    prev = src.new_full((batch * k,), BOS)
+    beam_scores = torch.full((batch, k), float("-inf"), device=device)
+    beam_scores[:, 0] = 0.0  # all beams start identical: keep one
+    node, count = automata.start((batch, k))  # (B, K), (B, K, C)
+    just_met = torch.zeros(batch, k, dtype=torch.bool, device=device)
+    before = count  # the counts before the last token, (B, K, C)
+    history = src.new_zeros(batch * k, 0)  # (B*K, t)
+    best_scores = torch.full((batch, nbest), float("-inf"), device=device)  # ended hypotheses, best first
+    best_tokens = src.new_full((batch, nbest, steps + 1), PAD)
+    num_ended = torch.zeros(batch, dtype=torch.long, device=device)
+    fell_back = torch.zeros(batch, dtype=torch.bool, device=device)
+    active = torch.arange(batch, device=device)  # the sentences still searching
+    beam_index = torch.arange(k, device=device)
+    for t in range(steps):
+        n = active.numel()
         logits, state, _ = model.decode_step(prev, memory, state)
-        x = log_probs(logits, model.tgt_vocab_size, model.kernels)  # (beams, W)
+        x = log_probs(logits, model.tgt_vocab_size, model.kernels)  # (n*K, W)
         width = x.size(1)
-        total = torch.tensor([b[1] for b in beams], device=device).unsqueeze(1) + x
-        open_ = torch.tensor([len(b[2].met) < len(constraints) for b in beams], device=device)
-        total[:, EOS] = total[:, EOS].masked_fill(open_, float("-inf"))  # EOS only once every constraint is met
-        if continuation is not None:  # a constraint just met ends its word
-            for b, (_, _, progress) in enumerate(beams):
-                if progress.just_met:
-                    total[b, : continuation.numel()] = total[b, : continuation.numel()].masked_fill(continuation, float("-inf"))
-        if t == cap - 1:  # at the cap only EOS may follow
-            total[:, :EOS] = float("-inf")
-            total[:, EOS + 1 :] = float("-inf")
-        picks = set(total.view(-1).topk(min(k, total.numel())).indices.tolist())
-        picks |= {b * width + int(total[b].argmax()) for b in range(len(beams))}
-        for b, (_, _, progress) in enumerate(beams):
-            picks |= {b * width + w for w in progress.wanted(constraints)}
-        candidates = []
-        for flat in picks:
-            b, w = divmod(flat, width)
-            score = float(total[b, w])
-            if score == float("-inf"):
-                continue
-            if w == EOS:
-                norm = score / float(length_penalty(torch.tensor(t + 1), alpha))
-                ended.append((norm, beams[b][0]))
-                continue
-            candidates.append((score, b, w, beams[b][2].after(w, constraints)))
-        if len(ended) >= k or not candidates:
+        sent = active.unsqueeze(1).expand(n, k)
+        x[:, EOS] = x[:, EOS].masked_fill(automata.unmet(sent, count).any(-1).view(-1), float("-inf"))
+        wanted, real, deeper = automata.wanted(sent, node, count)  # (n, K, D), (n, K, D), (n, K)
+        if continuation is not None:  # a phrase just met ends its word, unless the word goes on into a longer phrase
+            forbid = just_met.view(-1, 1) & continuation  # (n*K, V)
+            onward = torch.where(real & deeper.unsqueeze(-1), wanted, PAD).view(n * k, -1)
+            x[:, : continuation.numel()].masked_fill_(forbid.scatter_(1, onward, False), float("-inf"))
+        if t >= min(cap_list) - 1:  # only EOS may follow at the cap
+            at_cap = (t >= caps[active] - 1).repeat_interleave(k).unsqueeze(1)
+            x = x.masked_fill(at_cap & (torch.arange(width, device=device) != EOS), float("-inf"))
+        total = (beam_scores.unsqueeze(-1) + x.view(n, k, width)).view(n, k * width)
+        # candidates, as flat indices beam * W + token (n, M): the K best, each beam's best, the tokens that advance
+        flat = torch.cat([total.topk(k, dim=1).indices,
+                          total.view(n, k, width).argmax(-1) + beam_index * width,
+                          torch.where(real, beam_index.unsqueeze(1) * width + wanted, -1).view(n, -1)], 1)
+        m = flat.size(1)
+        flat = torch.where(flat >= 0, flat, -1 - torch.arange(m, device=device))  # padding: distinct, negative
+        ordered, order = flat.sort(1)
+        repeat = torch.zeros_like(flat, dtype=torch.bool).scatter_(1, order[:, 1:], ordered[:, 1:] == ordered[:, :-1])
+        flat = flat.clamp(min=0)
+        score = total.gather(1, flat)
+        valid = (score > float("-inf")) & ~repeat
+        beam, token = flat // width, flat % width
+        ending = valid & (token == EOS)
+        going = valid & ~ending
+        # the candidates that end: into each sentence's n-best (a beam ends at most once a step)
+        norm = (score / length_penalty(torch.tensor(t + 1, device=device), alpha)).masked_fill(~ending, float("-inf"))
+        by_beam = norm.new_full((n, k), float("-inf")).scatter_reduce(1, beam, norm, "amax")  # (n, K)
+        merged, pick = torch.cat([best_scores[active], by_beam], 1).topk(nbest, dim=1)
+        ended_tokens = src.new_full((n, k, steps + 1), PAD)
+        ended_tokens[:, :, :t] = history.view(n, k, t)
+        pool = torch.cat([best_tokens[active], ended_tokens], 1)  # (n, nbest + K, steps + 1)
+        best_tokens[active] = pool.gather(1, pick.unsqueeze(-1).expand(n, nbest, steps + 1))
+        best_scores[active] = merged
+        num_ended[active] += ending.sum(1)
+        # the candidates that go on: their constraint state, their banks, then the K kept
+        cand_sent = active.unsqueeze(1).expand(n, m)
+        by_cand = beam.unsqueeze(-1).expand(n, m, count.size(-1))
+        cand_before = count.gather(1, by_cand)
+        if continuation is not None:  # a phrase just met that its word goes on from was not met as a word
+            undo = just_met.gather(1, beam) & continuation[token.clamp(max=continuation.numel() - 1)]
+            cand_before = torch.where(undo.unsqueeze(-1), before.gather(1, by_cand), cand_before)
+        cand_node, cand_count, cand_met = automata.advance(cand_sent, node.gather(1, beam), cand_before, token)
+        # a sentence searches on until K hypotheses have ended, or until none that goes on can still
+        # beat the last of its n best (which changes no result), or none goes on
+        best_going = score.masked_fill(~going, float("-inf")).amax(1)
+        searching = (num_ended[active] < k) & (best_scores[active, -1] < best_possible(best_going, t, caps[active], alpha))
+        # a sentence that stops without an ended hypothesis (rare: check_constraints leaves room) keeps its best beam
+        fallback = ~searching & (best_scores[active, 0] == float("-inf"))
+        raw, top_beam = beam_scores.max(1)
+        best_scores[active, 0] = torch.where(fallback, raw, best_scores[active, 0])
+        last = history.view(n, k, t).gather(1, top_beam.view(n, 1, 1).expand(n, 1, t)).squeeze(1)
+        best_tokens[active, 0, :t] = torch.where(fallback.unsqueeze(1), last, best_tokens[active, 0, :t])
+        fell_back[active] |= fallback
+        keep = int(searching.sum())  # the one read of a step
+        if keep == 0:
             break
-        candidates.sort(key=lambda c: -c[0])
-        kept = [candidates[i] for i in _allocate([c[3].tokens_met(constraints) for c in candidates], k)]
-        origin = torch.tensor([c[1] for c in kept], device=device)
-        state = select(state, origin)
-        prev = torch.tensor([c[2] for c in kept], device=device)
-        beams = [(beams[b][0] + [w], score, progress) for score, b, w, progress in kept]
-    if not ended:  # no hypothesis met every constraint by the cap (check_constraints leaves room, so rare)
-        log.warning("constrained search: no hypothesis holds all %d constraints within the cap of %d tokens; "
-                    "returning the best one", len(constraints), cap)
-        ended = [(max(b[1] for b in beams), max(beams, key=lambda b: b[1])[0])]
-    ranked = sorted(ended, key=lambda e: -e[0])[:nbest]
-    return [(tokens, score) for score, tokens in ranked], ranked[0][0]
+        banks = automata.tokens_met(cand_sent, cand_node, cand_count)
+        _, by_score = score.masked_fill(~going, float("-inf")).sort(dim=1, descending=True, stable=True)
+        kept = allocate(banks.gather(1, by_score), going.gather(1, by_score), k, automata.max_tokens + 1)
+        place = torch.where(kept, 0, m) + torch.arange(m, device=device)
+        first_k = place.topk(k, dim=1, largest=False).indices  # the kept, best first, then padding
+        chosen, alive = by_score.gather(1, first_k), kept.gather(1, first_k)  # (n, K)
+        beam_scores = torch.where(alive, score.gather(1, chosen), float("-inf"))
+        reorder = beam.gather(1, chosen) + (torch.arange(n, device=device) * k).unsqueeze(1)  # rows of this step
+        prev = token.gather(1, chosen).clamp(max=model.tgt_vocab_size - 1)
+        node, just_met = cand_node.gather(1, chosen), cand_met.gather(1, chosen) & alive
+        count = cand_count.gather(1, chosen.unsqueeze(-1).expand(n, k, cand_count.size(-1)))
+        before = cand_before.gather(1, chosen.unsqueeze(-1).expand(n, k, cand_count.size(-1)))
+        if keep < n:  # drop the sentences that are done
+            active, beam_scores, reorder, prev = active[searching], beam_scores[searching], reorder[searching], prev[searching]
+            node, count, before, just_met = node[searching], count[searching], before[searching], just_met[searching]
+            memory = select(memory, searching.nonzero().squeeze(1))
+        reorder, prev = reorder.reshape(-1), prev.reshape(-1)
+        history = torch.cat([history.index_select(0, reorder), prev.unsqueeze(1)], 1)
+        state = select(state, reorder)
+    for i in fell_back.nonzero().flatten().tolist():
+        log.warning("constrained search: no hypothesis of sentence %d holds all %d constraints within the cap of %d "
+                    "tokens; returning the best one", i, len(phrases[i]), cap_list[i])
+    nbest_out = None
+    if nbest > 1:
+        ranked = to_lists(best_tokens.view(batch * nbest, -1))
+        scores = best_scores.tolist()
+        nbest_out = [[(ranked[i * nbest + r], scores[i][r]) for r in range(nbest) if scores[i][r] > float("-inf")]
+                     for i in range(batch)]
+    return Hypotheses(to_lists(best_tokens[:, 0]), best_scores[:, 0], None, nbest_out)
