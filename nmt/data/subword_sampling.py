@@ -115,7 +115,7 @@ class SubwordSampling:
                 raise ValueError(f"{key}.nbest_size={nbest!r}: how many best segmentations to sample among, "
                                  "at least 2, or -1 for all of them")
         else:
-            alpha, nbest = value["dropout"], 0
+            alpha, nbest = value["dropout"], -1  # SentencePiece asks for one; BPE-dropout ignores it
             if not _number(alpha) or not 0 < alpha < 1:
                 raise ValueError(f"{key}.dropout={alpha!r}: the probability of skipping a merge, in (0, 1)")
         margin = spec.get("length_margin", 0.2)
