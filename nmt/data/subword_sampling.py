@@ -90,37 +90,36 @@ class SubwordSampling:
                     typed: str = "data.tokenizer.model_type") -> SubwordSampling | None:
         """The sampling of ``spec`` for a tokenizer of ``model_type`` (what ``typed`` says), or None
         when off; a bad or mismatched key raises a one-line ValueError naming it."""
-        key = KEY
         if not spec or not spec.get("enabled"):
             return None
         unknown = sorted(set(spec) - {"enabled", "length_margin", *KEYS["unigram"], *KEYS["bpe"]})
         if unknown:
-            raise ValueError(f"{key}: unknown key(s) {unknown} (it takes enabled, alpha, nbest_size, dropout, "
+            raise ValueError(f"{KEY}: unknown key(s) {unknown} (it takes enabled, alpha, nbest_size, dropout, "
                              "length_margin)")
         if model_type not in KEYS:
-            raise ValueError(f"{key}.enabled=true: {typed}={model_type} has one segmentation per "
+            raise ValueError(f"{KEY}.enabled=true: {typed}={model_type} has one segmentation per "
                              "sentence; sampling needs a unigram or bpe model")
         other = "bpe" if model_type == "unigram" else "unigram"
         for name in KEYS[other]:
             if spec.get(name) is not None:
-                raise ValueError(f"{key}.{name}={spec[name]} is for {other} models, and {typed}={model_type}: "
-                                 f"set {' or '.join(f'{key}.{k}' for k in KEYS[model_type])} instead")
+                raise ValueError(f"{KEY}.{name}={spec[name]} is for {other} models, and {typed}={model_type}: "
+                                 f"set {' or '.join(f'{KEY}.{k}' for k in KEYS[model_type])} instead")
         value = {name: DEFAULTS[name] if spec.get(name) is None else spec[name] for name in KEYS[model_type]}
         if model_type == "unigram":
             alpha, nbest = value["alpha"], value["nbest_size"]
             if not _number(alpha) or alpha <= 0:
-                raise ValueError(f"{key}.alpha={alpha!r}: a positive number (smaller: flatter, more varied "
+                raise ValueError(f"{KEY}.alpha={alpha!r}: a positive number (smaller: flatter, more varied "
                                  "segmentations)")
             if isinstance(nbest, bool) or not isinstance(nbest, int) or not (nbest == -1 or nbest >= 2):
-                raise ValueError(f"{key}.nbest_size={nbest!r}: how many best segmentations to sample among, "
+                raise ValueError(f"{KEY}.nbest_size={nbest!r}: how many best segmentations to sample among, "
                                  "at least 2, or -1 for all of them")
         else:
             alpha, nbest = value["dropout"], -1  # SentencePiece asks for one; BPE-dropout ignores it
             if not _number(alpha) or not 0 < alpha < 1:
-                raise ValueError(f"{key}.dropout={alpha!r}: the probability of skipping a merge, in (0, 1)")
+                raise ValueError(f"{KEY}.dropout={alpha!r}: the probability of skipping a merge, in (0, 1)")
         margin = spec.get("length_margin", 0.2)
         if not _number(margin) or margin < 0:
-            raise ValueError(f"{key}.length_margin={margin!r}: a fraction (0.2: batches planned for sampled "
+            raise ValueError(f"{KEY}.length_margin={margin!r}: a fraction (0.2: batches planned for sampled "
                              "segmentations 20% longer than the stored ones), at least 0")
         return cls(model_type, float(alpha), int(nbest), float(margin), int(seed))
 
