@@ -37,6 +37,7 @@ from nmt.data.multilingual import sampling_changes, temperature_items
 from nmt.data.prepare import SIDES, TextColumn, prepare, read_manifest, select_train, source_sample
 from nmt.data.shapes import SHAPES, ShapeBuckets
 from nmt.data.sources import SPLITS, DataError, plain
+from nmt.data.subword_sampling import SampledSplit, SubwordSampling, model_type
 from nmt.data.tokenizer import Tokenizer, options_with_defaults
 from nmt.machine import usable_cores
 
@@ -138,6 +139,10 @@ class TranslationDataModule(L.LightningDataModule):
         (`nmt.data.augment`: upper, title, noise); each epoch draws the pairs it changes. The
         number of batches then varies by epoch: the trainer must reload its training loader
         every epoch (`trainer.reload_dataloaders_every_n_epochs=1`, as `augment=robust` sets).
+    subword_sampling: subword regularization of the training pairs (`nmt.data.subword_sampling`):
+        `{enabled, alpha, nbest_size}` (unigram models, Kudo 2018) or `{enabled, dropout}` (BPE
+        models, BPE-dropout); each epoch segments every training sentence anew, from its text.
+        `length_margin` stretches the lengths the batches are planned on. None: the stored ids.
     val_sample: validation during training decodes a fixed sample of this many valid pairs
         (drawn once with `seed`, kept in corpus order), so that it does not dominate training on a
         large development set; `validate_in_full()` switches to every pair (train() does, after
@@ -169,7 +174,8 @@ class TranslationDataModule(L.LightningDataModule):
                  vocab_loader: Callable[[str], tuple[Tokenizer, Tokenizer]] | None = None,
                  augment: list | None = None, temperature: float | None = None,
                  val_sample: int | None = None, splits: list[str] | tuple[str, ...] | None = None,
-                 train_text: bool = False, shapes: str = "exact", alignments: str | None = None) -> None:
+                 train_text: bool = False, shapes: str = "exact", alignments: str | None = None,
+                 subword_sampling: dict | DictConfig | None = None) -> None:
         super().__init__()
         self.splits = SPLITS if splits is None else tuple(splits)
         self.text_only = ("train",) if train_text and "train" not in self.splits else ()
@@ -238,6 +244,9 @@ class TranslationDataModule(L.LightningDataModule):
         self.train_max_words = train_max_words
         self.vocab_from, self.vocab_loader = vocab_from, vocab_loader
         self.augmentation = Augmentation(plain(augment), seed)  # a bad entry raises here, naming data.augment[i]
+        self.subword_sampling_options = plain(subword_sampling)
+        self.subword_sampling = SubwordSampling.from_config(  # a bad or mismatched key raises here; vocab_from: in _open
+            self.subword_sampling_options, self.tokenizer_options["model_type"], seed)
         self._train_items: Any = None  # what the training loader reads: the train split, augmented or not
         self.origins: dict[str, np.ndarray] = {}  # split -> each pair's direction (a source of several)
         self.origin_names: list[str] = []  # the names of the origins' values ("de-en", ...)
@@ -353,17 +362,24 @@ class TranslationDataModule(L.LightningDataModule):
             log.warning("data.temperature=%s: the source has one direction; every training pair is read once an epoch",
                         self.temperature)
         train = self.datasets["train"]
+        if self.subword_sampling is not None:
+            self._check_sampling_kind()
         options = {"sampler": 1, "max_tokens": self.max_tokens, "batch_size": self.batch_size, "seed": self.seed,
                    "max_len": [self.max_src_len, self.max_tgt_len], "too_long": self.too_long,
                    "train_max_words": self.train_max_words, "train_pairs": self.train_pairs,
                    **({"augment": self.augmentation.describe()} if self.augmentation else {}),
                    **({"temperature": self.temperature} if self._sampled() else {}),
+                   **({"subword_sampling": self.subword_sampling.describe()} if self.subword_sampling else {}),
                    **({"shapes": "buckets"} if self.shapes == "buckets" else {})}
         share = folder / "epochs" / hashlib.blake2b(json.dumps(options).encode(), digest_size=8).hexdigest()
         self._train_items = train if not self.augmentation else AugmentedSplit(
             train, (TextColumn(folder, "train.src"), TextColumn(folder, "train.tgt")),
             (self.src_vocab, self.tgt_vocab), self.augmentation)
-        if self.alignment_dir is not None:  # items with their word alignments lifted to subwords
+        if self.subword_sampling is not None:
+            self._train_items = SampledSplit(self._train_items, (TextColumn(folder, "train.src"),
+                                                                 TextColumn(folder, "train.tgt")),
+                                             (self.src_vocab, self.tgt_vocab), self.subword_sampling)
+        if self.alignment_dir is not None:  # word alignments lifted to the pieces of each item (sampled or stored)
             self._train_items = AlignedSplit(self._train_items, WordLinks(self.alignment_dir), (self.src_vocab, self.tgt_vocab))
         self._build_train_sampler(share)
         self.prepare_seconds = time.perf_counter() - start
@@ -371,8 +387,21 @@ class TranslationDataModule(L.LightningDataModule):
                  self.prepare_seconds, ", ".join(f"{s} {len(d)}" for s, d in self.datasets.items()),
                  len(self._train_sampler), 100 * self.train_padding)
 
+    def _check_sampling_kind(self) -> None:
+        """``subword_sampling`` for the vocabulary's real model type (a ``vocab_from`` model's may
+        differ from ``data.tokenizer.model_type``)."""
+        kinds = sorted({model_type(vocab) for vocab in (self.src_vocab, self.tgt_vocab)})
+        if kinds == [self.subword_sampling.kind]:
+            return
+        where = "data.vocab_from" if self.vocab_from else "the prepared tokenizer"
+        if len(kinds) > 1:
+            raise ValueError(f"data.subword_sampling.enabled=true: {where} has a {kinds[0]} and a {kinds[1]} "
+                             "model; sampling needs both sides of one type")
+        self.subword_sampling = SubwordSampling.from_config(
+            self.subword_sampling_options, kinds[0], self.seed, typed=f"the model type of {where}")
+
     def _build_train_sampler(self, share: Path) -> None:
-        train = self.datasets["train"]
+        train = self._train_items if self.subword_sampling is not None else self.datasets["train"]
         self._train_sampler = TokenBatchSampler(train.lengths(), self.max_tokens, self.batch_size, seed=self.seed,
                                                 share=share,  # DDP ranks map the epochs rank 0 built
                                                 lengths_of_epoch=getattr(self._train_items, "lengths_of_epoch", None),
