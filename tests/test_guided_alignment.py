@@ -290,3 +290,24 @@ def test_guided_training_aligns_better_than_unguided_training_at_the_same_steps(
         hyps = translator.alignments(src_ids, tgt_ids)
         error[weight] = aer([parse(h) for h in hyps], [parse(gold_alignment(s)) for s in sources])
     assert error[1.0] < error[0.0] - 0.05, error
+
+
+def test_alignments_are_lifted_onto_the_sampled_segmentation(tmp_path, tiny_gold):
+    """Subword regularization with guided alignment: each item's links are lifted from the pieces
+    it was sampled into (``AlignedSplit`` over ``SampledSplit``), within its lengths, and training
+    logs the alignment loss."""
+    from nmt.data.subword_sampling import SampledSplit
+
+    cfg = compose_train(tmp_path, [f"data.alignments={tiny_gold}", "module.guided_alignment.weight=1.0", "test=false",
+                                   "subword_sampling=sample"], model="transformer")
+    metrics = train(cfg)
+    assert "train/align_loss" in metrics
+    from nmt.training.builders import build_datamodule
+
+    datamodule = build_datamodule(cfg.data)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    items = datamodule._train_items
+    assert isinstance(items, AlignedSplit) and isinstance(items.base, SampledSplit)
+    for i, src, tgt, links in items.__getitems__(list(range(20))):
+        assert len(links) and (links[:, 0] < len(tgt)).all() and (links[:, 1] < len(src)).all()
