@@ -291,15 +291,15 @@ def test_latest_without_any_run_names_what_was_searched(cfg_train, tmp_path):
 
 # --- non-finite losses and weights ----------------------------------------------------------------
 def nan_loss_at(monkeypatch, steps) -> None:
-    original = TranslationModule.loss
+    original = TranslationModule.losses
 
-    def loss(self, batch):
-        value, nll = original(self, batch)
+    def losses(self, batch):
+        value, nll, align = original(self, batch)
         if self.training and self.global_step in steps:
             value = value * float("nan")
-        return value, nll
+        return value, nll, align
 
-    monkeypatch.setattr(TranslationModule, "loss", loss)
+    monkeypatch.setattr(TranslationModule, "losses", losses)
 
 
 def test_nonfinite_steps_are_skipped_with_a_warning(monkeypatch, tmp_path, caplog):
