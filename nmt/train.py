@@ -48,7 +48,7 @@ from nmt.training.builders import (build_callbacks, build_datamodule, build_logg
 from nmt.training.batch_probe import CPU_TOKENS, START, probe_max_tokens, training_step_of
 from nmt.training.compiling import allow_recompiles, compile_counters, compile_summary
 from nmt.data.shapes import bucket, resolve_shapes
-from nmt.training.callbacks import LastCheckpoint, budget_timer, ended_by
+from nmt.training.callbacks import LastCheckpoint, budget_timer, ended_by, share_best_with_last
 from nmt.cli_io import ending_cleanly
 from nmt.checkpoints.finetune import (INIT_OPTIMIZER, check_architecture, check_init_vocabularies, imported_init,
                                      init_origin, init_weights, read_init)
@@ -58,9 +58,10 @@ from nmt.evaluation.length_report import markdown_table
 from nmt import kernels
 from nmt.kernels.malloc import bound_onednn_cache, keep_freed_memory, release_freed_memory
 from nmt.training.cpu_threads import CpuThreads
+from nmt.training.lightning_notices import silence_lightning_notices
 from nmt.training.guided_alignment import check_guided_alignment
 from nmt.machine import cpu_name, resolve_precision, training_device, usable_cores
-from nmt.runs.files import CHECKPOINTS, SUMMARY, json_text
+from nmt.runs.files import CHECKPOINTS, SUMMARY, TEST_TEXT, json_text
 
 log = logging.getLogger(__name__)
 
@@ -210,11 +211,14 @@ def train(cfg: DictConfig) -> dict[str, float]:
                           stopped_by=signal.Signals(stopped_by).name)
         raise SystemExit(128 + stopped_by)
 
+    last_checkpoint = next((cb for cb in callbacks if isinstance(cb, LastCheckpoint) and cb.step is not None), None)
+    if cfg.get("train", True) and trainer.is_global_zero and trainer.checkpoint_callback:
+        share_best_with_last(trainer.checkpoint_callback.best_model_path, last_checkpoint)
     tested = None
     if cfg.get("test", False):
-        last = next((str(cb.path) for cb in callbacks if isinstance(cb, LastCheckpoint) and cb.step is not None), None)
+        last = str(last_checkpoint.path) if last_checkpoint is not None else None
         trainer.test(module, datamodule=datamodule, ckpt_path=test_checkpoint(cfg, trainer, ckpt_path, last),
-                     weights_only=weights_only)
+                     weights_only=weights_only, verbose=False)  # the run's summary shows the scores
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
         tested = module.tested_checkpoint()
         log.info("tested %s (step %s)", tested["path"] or "the in-memory weights", tested["step"])
@@ -356,7 +360,7 @@ def run_summary(cfg: DictConfig, module, trainer: L.Trainer, tested: dict[str, A
         low, high = report["bleu_ci"]
         lines.append(f"test BLEU {report['bleu']:.1f} [{low:.1f}, {high:.1f}], chrF {report['chrf']:.1f} "
                      f"({report['count']} sentences; step {tested['step']})")
-        lines.append(markdown_table({"test": report}).rstrip())
+        lines.append(markdown_table({report_name(cfg, module): report}).rstrip())
         lines.append(f"report: {results['report_paths']['md']} (plot: {results['report_paths']['png']})")
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     last = out / CHECKPOINTS / "last.ckpt"
@@ -366,9 +370,27 @@ def run_summary(cfg: DictConfig, module, trainer: L.Trainer, tested: dict[str, A
         lines.append(f"final weights: {last}")
     lines.append(f"summary: {out / SUMMARY}")
     ckpt = (tested or {}).get("path") or (str(last) if last.is_file() else None)
+    sources = Path(results["report_paths"]["md"]).parent / TEST_TEXT.format("sources") if results and "report_paths" in results else None
+    if results and results.get("sources"):
+        lines.append("three test sentences and their translations" + (f" (all the sources: {sources})" if sources else "") + ":")
+        lines += [f"  {results['sources'][i]}\n  -> {results['hyps'][i]}" for i in example_lines(results["sources"])]
     if ckpt:
         lines.append(f"translate: nmt-translate ckpt={ckpt} < input.txt > output.txt")
+        if sources is not None and sources.is_file():
+            lines.append(f"  for example: nmt-translate ckpt={ckpt} < {sources} > translations.txt")
     return "\n".join(lines)
+
+
+def example_lines(sources: list[str], count: int = 3, longest: int = 15) -> list[int]:
+    """Indices of ``count`` test sentences to show: the first ones of at most ``longest`` words
+    (short lines read at a glance), else the first ones."""
+    short = [i for i, line in enumerate(sources) if 0 < len(line.split()) <= longest]
+    return (short or list(range(len(sources))))[:count]
+
+
+def report_name(cfg: DictConfig, module) -> str:
+    """The system's name in the test report (``module.report_name``), as ``write_test_report`` names it."""
+    return module.hparams.get("report_name") or type(module.model.decoder).__name__
 
 
 def train_wall_seconds(trainer: L.Trainer, fit_seconds: float) -> float:
@@ -376,6 +398,15 @@ def train_wall_seconds(trainer: L.Trainer, fit_seconds: float) -> float:
     carries the time of the runs it resumed from; without one, this call's ``fit`` time."""
     timer = budget_timer(trainer)
     return timer.time_elapsed(RunningStage.TRAINING) if timer is not None else fit_seconds
+
+
+def test_scores(module) -> dict[str, Any] | None:
+    """The test's BLEU and its 95% bootstrap interval, chrF and the sentences scored (None: no test report)."""
+    report = (getattr(module, "last_results", {}).get("test") or {}).get("report")
+    if not report:
+        return None
+    return {"bleu": round(report["bleu"], 2), "bleu_ci": [round(v, 2) for v in report["bleu_ci"]],
+            "chrf": round(report["chrf"], 2), "sentences": report["count"]}
 
 
 def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: tuple[float, float], params: int, trainer,
@@ -402,6 +433,7 @@ def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: t
         round(module.train_tgt_tokens * trainer.world_size / max(module.train_seconds, 1e-9), 1),
         "best_checkpoint": trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else None,
         "tested_checkpoint": tested,  # {"path", "step"} the test metrics were scored with
+        "test": test_scores(module),  # BLEU with its 95% bootstrap interval, chrF, sentences
         "resumed_from": resumed_from,
         "init_from": module.init_origin,  # what a fine-tuning run started from (None: fresh weights)
         "stopped_by": stopped_by,
@@ -434,6 +466,7 @@ def main() -> None:
 def set_up_process(cfg: DictConfig) -> None:
     """The process-wide settings a training run wants (also ``nmt-distill``'s)."""
     register_resolvers()  # again: a launcher (submitit) may run this in a process of its own
+    silence_lightning_notices()
     bound_onednn_cache()
     device = training_device(cfg)
     if kernels.on_cpu(cfg.kernels, device):

@@ -1,14 +1,15 @@
 """Lexically constrained decoding on the synthetic test set, constraints drawn from the references:
 
     python scripts/constraints_benchmark.py --ckpt transformer=<a.ckpt> [--ckpt lstm_bahdanau=<b.ckpt>] \\
-        [--pairs 300] [--words 2] [--rounds 2] [--beam 5] [--batch 32] [--out docs/results/constraints]
+        [--pairs 300] [--words 2] [--rounds 2] [--beam 5] [--batch 32] [--precision auto] [--out docs/results/constraints]
 
 For each test pair, ``--words`` words of its reference (drawn with a fixed seed, each a
 constraint of its own) must appear in the translation. Each model translates the pairs ``--batch``
 at a time with beam ``--beam`` (5): without the constraints, with them through the batched search
 (``nmt.decoding.constrained``), and with them one sentence at a time (``sentence_at_a_time``
 below: the search before it was batched, kept here as the baseline and as the tests' reference),
-all through ``Translator.translate``, in alternating rounds in this process. Reported: the share of
+all through ``Translator.translate`` at ``--precision`` (the translator's default, ``auto``: bf16
+where the CPU computes it in hardware), in alternating rounds in this process. Reported: the share of
 constraints each output holds (as whole words), BLEU, the median seconds of each, the batched
 search's speed-up over one sentence at a time, and the share of sentences both constrained
 searches translate alike. Writes ``constraints.{json,md}``.
@@ -207,6 +208,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--batch", type=int, default=32, help="sentences a batch")
+    parser.add_argument("--precision", default="auto", help="the translator's precision: auto | 32 | bf16 | int8")
     parser.add_argument("--out", type=Path, default=Path("docs/results/constraints"))
     args = parser.parse_args()
     register_resolvers()
@@ -214,7 +216,7 @@ def main() -> None:
     for spec in args.ckpt:
         name, _, path = spec.partition("=")
         # every call of --batch lines is one batch
-        translator = Translator.load(path, device="cpu", precision="32", max_tokens=1 << 20,
+        translator = Translator.load(path, device="cpu", precision=args.precision, max_tokens=1 << 20,
                                      decoding={"_target_": "nmt.decoding.search.beam_search", "beam_size": args.beam,
                                                "alpha": 0.6})
         sources, refs, _ = load_test_split({**translator.run_config["data"], "cache_dir": ".cache"}, path)
@@ -240,6 +242,7 @@ def main() -> None:
         print(name, rows[name], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "constraints.json").write_text(json.dumps({"words": args.words, "beam": args.beam, "batch": args.batch,
+                                                           "precision": translator.precision, "threads": torch.get_num_threads(),
                                                            "rows": rows}, indent=2) + "\n")
     lines = ["| model | constraints | held, free | held, batched | held, one at a time | BLEU free | BLEU batched | "
              "BLEU one at a time | s free | s batched | s one at a time | speed-up | same outputs |",

@@ -88,7 +88,8 @@ def compose_defaults(tmp_path: Path, overrides: list[str]):
 
 @pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")))
 @pytest.mark.parametrize("bar", [True, False], ids=["progress_bar", "no_progress_bar"])
-def test_every_experiment_builds_its_callbacks_and_trainer(tmp_path, experiment, bar):
+def test_every_experiment_builds_its_callbacks_and_trainer(tmp_path, monkeypatch, experiment, bar):
+    monkeypatch.setattr("nmt.training.progress_lines.output_is_terminal", lambda: True)  # where a bar is shown
     cfg = compose_defaults(tmp_path, [f"experiment={experiment}", "trainer.accelerator=cpu", "logger=csv",
                                       f"trainer.enable_progress_bar={str(bar).lower()}"])
     trainer = trainer_of(cfg)

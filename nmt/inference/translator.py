@@ -48,6 +48,7 @@ from nmt.machine import decoding_device, resolve_decoding_precision
 from nmt.inference.requests import Naming, Request, RequestError, RequestMeaning
 from nmt.decoding.settings import SearchSettings, bounded
 from nmt.inference.translations import Attention, Hypothesis, Translation, in_line_order
+from nmt.inference.unknown_input import MOSTLY, unknown_share
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,7 @@ class Translator(RequestMeaning):
                  max_src_len: int | None = None, step: int | None = None, report: dict[str, Any] | None = None,
                  max_tgt_len: int | None = None) -> None:
         self.run_config = run_config or {}
+        self.warned_unknown_input = False  # nmt.inference.unknown_input: once per translator
         device = next(model.parameters()).device.type
         self.precision = resolve_decoding_precision(check_precision(precision), device)
         self.source_model = model.eval()  # as loaded: what ``info`` describes
@@ -198,6 +200,8 @@ class Translator(RequestMeaning):
         wanted = set(todo) if attention is True else set(attention or ())
         encoded = encode_sources([prepared.sources[i] for i in todo], self.src_vocab, self.max_src_len,
                                  numbers=[first_line + i for i in todo])
+        if not self.warned_unknown_input:
+            self._check_known(encoded, first_line, len(lines))
         required, plain_search = None, search
         if prepared.constraints is not None:
             required = [prepared.constraints[i] for i in todo]
@@ -231,6 +235,20 @@ class Translator(RequestMeaning):
             return done
 
         yield from run_batches(list(order), work, self.device, self.precision, self.workers)
+
+    def _check_known(self, encoded: list[list[int]], first_line: int, count: int) -> None:
+        """One warning per translator where most of an input's pieces are unknown to the source
+        vocabulary (``nmt.inference.unknown_input``)."""
+        unknown, total = unknown_share(self.src_vocab, encoded)
+        if total and unknown / total > MOSTLY:
+            self.warned_unknown_input = True
+            language = (self.run_config.get("data") or {}).get("src_lang")
+            last = first_line + count - 1
+            where = f"input line {first_line}" if last == first_line else f"input lines {first_line}-{last}"
+            log.warning("%.0f%% of the subword pieces of %s (%d of %d) are unknown to this model's source vocabulary "
+                        "(<unk>, or words spelled out letter by letter): the input is probably not in the language "
+                        "the model was trained on%s, and its translations will be nonsense (warned once)",
+                        100 * unknown / total, where, unknown, total, f" (data.src_lang={language})" if language else "")
 
     def translate(self, lines: list[str], beam_size: int | None = None, nbest: int | None = None,
                   attention: Iterable[int] | bool = (), search: Callable[..., Hypotheses] | None = None,

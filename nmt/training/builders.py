@@ -5,7 +5,8 @@ order; the scripts build their models the same way.
 Nothing is added that the config does not name (the default checkpoint writer, the schedule
 horizon and the progress bar are nodes in ``nmt/conf``). Rules that would otherwise fail inside
 Lightning with its own names, or train with a decay that never ends, fail here naming the keys;
-one is applied and logged: ``trainer.enable_progress_bar=false`` leaves out configured progress bars.
+one is applied and logged: ``trainer.enable_progress_bar=false`` leaves out configured progress bars,
+and so does output that is not a terminal where ``callbacks.progress_lines`` logs progress instead.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pytorch_lightning.callbacks import Callback, ModelCheckpoint, ProgressBar
 
 from nmt.training.callbacks import ScheduleHorizon
 from nmt.training.compiling import CompilePlan, gpu_compiler_available, resolve_compile
+from nmt.training.progress_lines import ProgressLines
 from nmt.machine import training_device
 from nmt.checkpoints.files import saved_vocabularies
 from nmt.decoding.search import search_of
@@ -88,13 +90,19 @@ def instantiate_group(group: DictConfig | None) -> list[Any]:
 
 def build_callbacks(cfg: DictConfig) -> list[Callback]:
     """``cfg.callbacks``, less its progress bars when ``trainer.enable_progress_bar=false`` (Lightning
-    refuses both at once); a decay that ends with the run's budget needs ``callbacks.schedule_horizon``."""
+    refuses both at once) or when ``callbacks.progress_lines`` logs progress (the output is not a
+    terminal: a bar would draw only its last frame); a decay that ends with the run's budget needs
+    ``callbacks.schedule_horizon``."""
     callbacks = instantiate_group(cfg.get("callbacks"))
-    if not cfg.trainer.get("enable_progress_bar", True):
-        bars = [type(cb).__name__ for cb in callbacks if isinstance(cb, ProgressBar)]
-        if bars:
-            log.info("trainer.enable_progress_bar=false: leaving out the configured %s", ", ".join(bars))
-            callbacks = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
+    bars = [type(cb).__name__ for cb in callbacks if isinstance(cb, ProgressBar)]
+    if bars and not cfg.trainer.get("enable_progress_bar", True):
+        log.info("trainer.enable_progress_bar=false: leaving out the configured %s", ", ".join(bars))
+        callbacks = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
+    elif bars and any(isinstance(cb, ProgressLines) and cb.active for cb in callbacks):
+        every = next(cb.every for cb in callbacks if isinstance(cb, ProgressLines))
+        log.info("the output is not a terminal: progress as a log line every %d steps (callbacks.progress_lines) "
+                 "instead of the progress bar", every)
+        callbacks = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
     if cfg.get("scheduler") and not any(isinstance(cb, ScheduleHorizon) for cb in callbacks):
         probe = instantiate(cfg.scheduler)(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0))
         if getattr(probe, "from_budget", False):
@@ -131,4 +139,9 @@ def build_trainer(cfg: DictConfig, callbacks: list[Callback], loggers: list[Any]
                          "trainer.check_val_every_n_epoch (1: every epoch); with check_val_every_n_epoch=null "
                          "it counts training batches across epochs and must be a whole number")
     checkpointing = any(isinstance(cb, ModelCheckpoint) for cb in callbacks)
-    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, enable_checkpointing=checkpointing)
+    extra = {}
+    if not any(isinstance(cb, ProgressBar) for cb in callbacks) and \
+            any(isinstance(cb, ProgressLines) and cb.active for cb in callbacks):
+        extra["enable_progress_bar"] = False  # the lines report progress: Lightning would add its own bar
+    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, enable_checkpointing=checkpointing,
+                       **extra)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
 import threading
 import time
@@ -12,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as L
+import torch
 from lightning_fabric.plugins import TorchCheckpointIO
 from pytorch_lightning.callbacks import Callback, EMAWeightAveraging, RichProgressBar, Timer
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from nmt.checkpoints.files import atomic_save
+from nmt.checkpoints.files import atomic_save, read_checkpoint
 from nmt.training.schedules import WarmupCosine
 
 log = logging.getLogger(__name__)
@@ -263,6 +265,38 @@ def hms(seconds: float) -> str:
     return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
 
 
+def share_best_with_last(best: str | Path | None, last: LastCheckpoint | None) -> bool:
+    """Where the best checkpoint holds the final state (the same step and the same weights as
+    ``last.ckpt``: the last validation was the best), ``last.ckpt`` becomes a second name of the
+    best file (a hard link), so a run keeps one copy of the weights, not two. The best file is
+    the one to keep: it was saved after that validation, which its callback state records. A
+    later save of ``last.ckpt`` (a resumed run) writes a new file renamed over it, which leaves
+    the best file as it was. False where the files differ or the folder takes no hard links (both
+    copies stay)."""
+    if not best or last is None or last.step is None or not last.path.is_file() or not Path(best).is_file():
+        return False
+    best = Path(best)
+    if best.samefile(last.path):
+        return True
+    a, b = read_checkpoint(best), read_checkpoint(last.path)
+    if a.get("global_step") != b.get("global_step") or a["state_dict"].keys() != b["state_dict"].keys() or \
+            not all(torch.equal(t, b["state_dict"][name]) for name, t in a["state_dict"].items()):
+        return False
+    del a, b
+    link = last.path.with_name(last.path.name + ".link")
+    try:
+        os.link(best, link)
+        os.replace(link, last.path)
+    except OSError as e:
+        link.unlink(missing_ok=True)
+        log.info("the best checkpoint is the final state, but %s cannot be a hard link of %s (%s): both copies "
+                 "are kept", last.path, best, e)
+        return False
+    log.info("the best checkpoint is the final state: %s is now a second name of %s (one copy on disk)",
+             last.path.name, best.name)
+    return True
+
+
 class ScheduleHorizon(Callback):
     """Ends a learning-rate decay where the run ends: for a schedule whose horizon is the run's
     budget (``scheduler=cosine`` with ``trainer.max_steps=-1``: ``WarmupCosine.from_budget``), sets
@@ -312,7 +346,14 @@ class ScheduleHorizon(Callback):
 
 class RunProgressBar(RichProgressBar):
     """Lightning's rich progress bar with the whole run's time left (``run_eta``) beside the
-    epoch's."""
+    epoch's, and the epoch's number alone where no epoch limit is set (Lightning writes
+    ``Epoch 2/-2`` for ``max_epochs=-1``, a budget in steps)."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        description = f"Epoch {current_epoch}"
+        if self.trainer.max_epochs is not None and self.trainer.max_epochs > 0:
+            description += f"/{self.trainer.max_epochs - 1}"
+        return f"{description:{len(self.validation_description)}}"
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)

@@ -174,7 +174,8 @@ class TranslationModule(L.LightningModule):
             self._skip_step(total)
             return total  # backward still runs (every DDP rank takes part); the update is dropped
         self.nonfinite_in_a_row = 0
-        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/loss", loss, prog_bar=True)  # the objective: label-smoothed, so above train/nll
+        self.log("train/nll", nll, prog_bar=True)  # what val/nll measures
         self.log("train/ppl", torch.exp(nll))
         now = time.perf_counter()
         tokens = batch["num_src_tokens"] + batch["num_tgt_tokens"]
