@@ -108,24 +108,34 @@ def parse_number(text: str) -> float | None:
     return float(number[0].replace(",", "")) if number else None
 
 
-def table_cell(path: Path, section: str, row: str, column: str) -> str:
-    """The cell in ``column`` of the row with a cell ``row`` (exactly, after stripping), in the
-    first markdown table under the heading ``section`` that has both. KeyError if none has."""
-    heading, table, in_code = None, [], False
-    for line in [*path.read_text(encoding="utf-8").splitlines(), ""]:
+def markdown_tables(path: Path) -> list[tuple[str | None, int, list[list[str]]]]:
+    """The markdown tables of a file, each as (the heading above it, the line number of its first
+    row, its rows as stripped cells: header, separator, body); lines in code blocks are neither."""
+    tables, heading, table, start, in_code = [], None, [], 0, False
+    for number, line in enumerate([*path.read_text(encoding="utf-8").splitlines(), ""], 1):
         if line.startswith("```"):
             in_code = not in_code  # a "#" in a code block is no heading
         if line.startswith("|") and not in_code:
+            start = start if table else number
             table.append([cell.strip() for cell in line.strip().strip("|").split("|")])
             continue
-        if table and heading == section and column in table[0]:
+        if table:
+            tables.append((heading, start, table))
+        table = []
+        if line.startswith("#") and not in_code:
+            heading = line.lstrip("#").strip()
+    return tables
+
+
+def table_cell(path: Path, section: str, row: str, column: str) -> str:
+    """The cell in ``column`` of the row with a cell ``row`` (exactly, after stripping), in the
+    first markdown table under the heading ``section`` that has both. KeyError if none has."""
+    for heading, _, table in markdown_tables(path):
+        if heading == section and column in table[0]:
             index = table[0].index(column)
             for cells in table[2:]:
                 if row in cells:
                     return cells[index]
-        table = []
-        if line.startswith("#") and not in_code:
-            heading = line.lstrip("#").strip()
     raise KeyError(f"{path}: no table under '# {section}' with a column '{column}' and a row '{row}'")
 
 
