@@ -345,8 +345,22 @@ def validation_summary(module: L.LightningModule, datamodule: L.LightningDataMod
     runs = list(module.validations)
     full = len(datamodule.datasets["valid"]) if "valid" in datamodule.datasets else None
     sample = datamodule.datasets.get("valid_sample")
-    return {"sentences": full, "during_training": len(sample) if sample is not None else full,
-            "seconds": round(sum(r["seconds"] for r in runs), 1), "runs": runs}
+    during = len(sample) if sample is not None else full
+    return {"sentences": full, "during_training": during,
+            "seconds": round(sum(r["seconds"] for r in runs), 1), "runs": runs, "best_chosen": best_chosen(runs, during)}
+
+
+def best_chosen(runs: list[dict[str, Any]], sentences: int | None) -> dict[str, Any] | None:
+    """How "best" was chosen: the validations during training, all on the same ``sentences``
+    (the final weights among them: ``LastCheckpoint`` stops the fit there, and Lightning then
+    validates), the best of them and the final one."""
+    during = [r for r in runs if r["sentences"] == sentences]  # not the final weights on every pair after it
+    if not during:
+        return None
+    best = max(during, key=lambda r: r["bleu"])  # the first of equal scores, as ModelCheckpoint keeps it
+    return {"sentences": sentences, "steps": [r["step"] for r in during],
+            "best": {"step": best["step"], "bleu": best["bleu"]},
+            "final": {"step": during[-1]["step"], "bleu": during[-1]["bleu"]}}
 
 
 def run_summary(cfg: DictConfig, module, trainer: L.Trainer, tested: dict[str, Any] | None) -> str:

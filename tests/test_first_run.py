@@ -131,3 +131,23 @@ def test_a_translation_of_text_the_model_cannot_read_warns_once(caplog):
     warnings = [r.getMessage() for r in caplog.records if "unknown to this model's source vocabulary" in r.getMessage()]
     assert len(warnings) == 1
     assert "of input lines 1-2 (" in warnings[0] and "(data.src_lang=src)" in warnings[0]
+
+
+def test_the_final_weights_compete_for_best_on_the_same_validation_sample(cfg_train):
+    """A budget that is not a multiple of the validation interval: the final weights are
+    validated on the same sample as the others (step 5 after 2 and 4), and summary.json shows
+    the choice."""
+    from nmt.train import train
+
+    cfg = cfg_train(["test=false", "trainer.max_epochs=-1", "trainer.max_steps=5", "trainer.val_check_interval=2",
+                     "trainer.check_val_every_n_epoch=null", "data.val_sample=4"])
+    train(cfg)
+    record = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
+    validation = record["validation"]
+    assert [(r["step"], r["sentences"]) for r in validation["runs"]] == [(2, 4), (4, 4), (5, 4), (5, validation["sentences"])]
+    chosen = validation["best_chosen"]
+    assert chosen["steps"] == [2, 4, 5] and chosen["final"]["step"] == 5 and chosen["sentences"] == 4
+    scores = {r["step"]: r["bleu"] for r in validation["runs"][:3]}
+    assert chosen["best"] == {"step": max(scores, key=scores.get), "bleu": max(scores.values())}
+    best_step = torch.load(record["best_checkpoint"], weights_only=True, mmap=True)["global_step"]
+    assert best_step == chosen["best"]["step"]

@@ -89,8 +89,10 @@ class LastCheckpoint(Callback):
         at_max_steps = 0 < trainer.max_steps <= step
         remaining = time_left(trainer)
         time_up = remaining is not None and trainer.strategy.broadcast(remaining <= 0)
-        if time_up:
-            trainer.should_stop = True  # what the Timer decides next, decided once
+        if time_up or at_max_steps:
+            # what the Timer decides next, decided once; and the loop then validates these final
+            # weights on the set the other checkpoints were scored on, so they compete for "best"
+            trainer.should_stop = True
         due = bool(self.every) and step > 0 and step % self.every == 0
         if (at_max_steps or time_up or due) and self.step != step:
             self._save(trainer)
