@@ -13,7 +13,9 @@ without a traceback on a user's error, a signal or a closed pipe (``ending_clean
 - ``StopSignals``: SIGINT and SIGTERM stop the run at the next ``check()`` (between the command's
   steps; the writer calls it after each batch, when every line that can be written in order is),
   so the output holds only whole lines, or at once while the input is awaited. A second signal
-  stops at once. ``hold_stop_signals`` keeps one that comes before, from the script's first line.
+  stops at once. Before any output exists, a first signal that no check meets within ``grace``
+  seconds (a file that takes long to read or load, whatever it holds) ends the process then
+  (``translate.py``: ``STOP_GRACE``). ``hold_stop_signals`` keeps one that comes before, from the script's first line.
 - ``write_failure``: the error for a write that failed (a full disk, a file-size limit), naming
   the file and what was kept; torch and SentencePiece report such failures as other errors.
 - ``ending_cleanly``: exit statuses 128 + signal (130 SIGINT, 143 SIGTERM); 141 (128 + SIGPIPE,
@@ -187,6 +189,7 @@ class Stopped(BaseException):
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_GRACE = 3.0  # seconds a first signal waits for the next check before any output exists
 _held: list[int] = []  # the stop signals received while only ``hold_stop_signals``'s handler was set
 
 
@@ -229,10 +232,12 @@ class StopSignals:
     swallowed (a finalizer, a library's ``except BaseException``) is raised again by the next
     ``check()``, by ``defer()``, or as the block ends."""
 
-    def __init__(self) -> None:
+    def __init__(self, grace: float | None = None) -> None:
         self.pending: int | None = None
         self.deferred = True
+        self.grace = grace
         self._previous: dict[int, object] = {}
+        self._overdue_timer: threading.Timer | None = None
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
@@ -250,6 +255,7 @@ class StopSignals:
         self._previous = {}
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
+        self._disarm()
         self._restore()
         if exc_type is None and self.pending is not None:  # a stop that was swallowed on its way out
             raise Stopped(self.pending)
@@ -259,8 +265,25 @@ class StopSignals:
         if first:
             self.pending = signum
         if self.deferred and first:
+            if self.grace is not None:
+                self._overdue_timer = threading.Timer(self.grace, self._overdue, args=(signum,))
+                self._overdue_timer.daemon = True
+                self._overdue_timer.start()
             return
         raise Stopped(signum)
+
+    def _overdue(self, signum: int) -> None:
+        """The step under way outlived the grace after a first signal (a file that takes long to
+        read or load, whatever it holds): end the process now, which loses nothing before any
+        output exists (``defer`` ends the grace once it does)."""
+        _say(f"stopped by {signal.Signals(signum).name}: the file being read or loaded did not let go within "
+             f"{self.grace:g} s; nothing was written")
+        os._exit(128 + signum)
+
+    def _disarm(self) -> None:
+        if self._overdue_timer is not None:
+            self._overdue_timer.cancel()
+            self._overdue_timer = None
 
     def waiting(self, items: Iterable[T]) -> Iterator[T]:
         """``items``, a signal stopping the run at once while the next one is awaited: input that
@@ -279,11 +302,15 @@ class StopSignals:
             yield item
 
     def defer(self) -> None:
-        """A first signal stops the run only at ``check()`` (as from the start)."""
+        """A first signal stops the run only at ``check()`` (as from the start), with no grace:
+        from here on output exists, and a run ends between whole lines."""
         self.deferred = True
+        self.grace = None
+        self._disarm()
 
     def check(self) -> None:
         if self.pending is not None:
+            self._disarm()
             raise Stopped(self.pending)
 
 

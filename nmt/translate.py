@@ -58,7 +58,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nmt import CONF_DIR, register_resolvers
 from nmt.inference.backends import backend_of, model_files, open_translator, search_settings
-from nmt.cli_io import OutputFile, StopSignals, Stopped, check_paths, ending_cleanly, stop_if_held
+from nmt.cli_io import STOP_GRACE, OutputFile, StopSignals, Stopped, check_paths, ending_cleanly, stop_if_held
 from nmt.inference.requests import GUIDES, Naming, Request
 from nmt.inference.line_streams import OrderedWriter, Progress, chunked, count_lines, read_pairs
 from nmt.text_lines import iter_lines, read_lines, report_replaced
@@ -245,7 +245,7 @@ def main() -> None:
 
 @hydra.main(config_path=CONF_DIR, config_name="translate", version_base="1.3")
 def run(cfg: DictConfig) -> None:
-    with ending_cleanly(), StopSignals() as signals:
+    with ending_cleanly(), StopSignals(grace=STOP_GRACE) as signals:
         translate_file(cfg, signals)
 
 

@@ -382,3 +382,70 @@ def test_a_named_pipe_as_input_loses_no_line(ckpt, tmp_path):
     assert status == 0, stderr
     assert out.read_text(encoding="utf-8") == expected.read_text(encoding="utf-8")
     assert len(out.read_text(encoding="utf-8").splitlines()) == len(lines)
+
+
+STEP_THAT_HANGS = """
+import sys, time
+from nmt.cli_io import StopSignals, ending_cleanly
+with ending_cleanly(), StopSignals(grace=0.5) as signals:
+    if sys.argv[1] == "writing":
+        signals.defer()  # output exists: no grace, the run ends at its next check
+    print("reading", flush=True)
+    for _ in range(40):  # a read that lets no check run: 4 s, Python code (a C++ call would be the same)
+        time.sleep(0.1)
+    print("read to the end", flush=True)
+    signals.check()
+"""
+
+
+@pytest.mark.parametrize("phase", ["loading", "writing"])
+def test_a_first_signal_during_a_long_load_ends_the_process_after_the_grace(tmp_path, phase):
+    """Before any output exists a first SIGTERM that no check meets within the grace (a file
+    that takes long to read or load, whatever it holds) ends the process then, status 143;
+    once output exists (``defer``) the run ends at its next check, between whole lines."""
+    proc = subprocess.Popen([sys.executable, "-c", STEP_THAT_HANGS, phase], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout.readline() == "reading\n"
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, errors = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert proc.returncode == 143 and "Traceback" not in errors, errors
+    if phase == "loading":
+        assert out == "" and took < 3.5  # 4 s of reading left: it did not wait for them
+        assert errors.strip() == ("stopped by SIGTERM: the file being read or loaded did not let go within 0.5 s; "
+                                  "nothing was written")
+    else:
+        assert out == "read to the end\n" and errors.strip() == "stopped by SIGTERM"
+
+
+@pytest.mark.slow  # end to end in a process of its own: the slow tier
+def test_translate_stops_within_the_grace_while_a_model_loads(tmp_path):
+    """``translate.py`` with a model whose load does not end (stood in for by a load that
+    sleeps): SIGTERM ends it within STOP_GRACE seconds, status 143, and no output file."""
+    from nmt.cli_io import STOP_GRACE
+
+    saved = ROOT / "tests" / "data" / "saved" / "transformer.ckpt"
+    script = ("import sys, time, nmt.translate as t\n"
+              "def hang(cfg):\n    print('loading', file=sys.stderr, flush=True)\n    time.sleep(600)\n"
+              "t.open_translator = hang\nsys.argv = ['translate.py', *sys.argv[1:]]\nt.main()\n")
+    out = tmp_path / "out.txt"
+    with open(tmp_path / "stderr.txt", "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-c", script, f"ckpt={saved}", f"output={out}"], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=stderr, cwd=tmp_path)
+        try:
+            deadline = time.monotonic() + 300
+            while "loading" not in (tmp_path / "stderr.txt").read_text() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            sent = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            status = proc.wait(timeout=120)
+            took = time.monotonic() - sent
+        finally:
+            proc.kill()
+    errors = (tmp_path / "stderr.txt").read_text()
+    assert status == 143 and "stopped by SIGTERM" in errors and "Traceback" not in errors, errors[-2000:]
+    assert took < STOP_GRACE + 5 and not out.exists()
