@@ -124,6 +124,7 @@ class TranslationModule(L.LightningModule):
         self.skipped_steps = 0  # steps whose loss was not finite, in total
         self.nonfinite_in_a_row = 0
         self._drop_update = False
+        self._update_tokens = 0  # target tokens of the micro-batches of the optimizer step under way, this process
         self.last_results: dict[str, Any] = {}
         # Set by train(): saved in every checkpoint so translation needs nothing else.
         self.run_config: dict[str, Any] | None = None
@@ -170,6 +171,11 @@ class TranslationModule(L.LightningModule):
         if align is not None:
             self.log("train/align_loss", align)
         total = loss if align is None else loss + self.guided.weight * align
+        if self.normalised_per_update():
+            # the batch's sum over its target tokens; on_before_optimizer_step divides the update's
+            # gradients by the target tokens of all its micro-batches on all processes
+            self._update_tokens += int(batch["num_tgt_tokens"])
+            total = total * batch["num_tgt_tokens"]
         if not self._is_finite(total):
             self._skip_step(total)
             return total  # backward still runs (every DDP rank takes part); the update is dropped
@@ -211,13 +217,33 @@ class TranslationModule(L.LightningModule):
                 f"trainer.gradient_clip_val, or check the data of these batches."
             )
 
+    def normalised_per_update(self) -> bool:
+        """Whether an optimizer step sums several micro-batches (gradient accumulation) or processes
+        (DDP): then the loss is normalised by the target tokens of the whole update, as fairseq
+        does, not averaged per micro-batch (which weighs a token of a batch of short sentences
+        more than one of long sentences). One batch on one process: the batch's mean, the same."""
+        trainer = self._trainer
+        return trainer is not None and (trainer.accumulate_grad_batches > 1 or trainer.world_size > 1)
+
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Drop the gradients of a skipped step: optimizers leave parameters without one untouched."""
+        """Drop the gradients of a skipped step (optimizers leave parameters without one
+        untouched); else, for a loss normalised per update, divide the gradients by the update's
+        target tokens (Lightning divided each micro-batch's loss by their number, and DDP averaged
+        over the processes: both undone here). Before clipping, after fp16's unscaling."""
+        tokens, self._update_tokens = self._update_tokens, 0
         if self._drop_update:
             for group in optimizer.param_groups:
                 for p in group["params"]:
                     p.grad = None
             self._drop_update = False
+            return
+        if self.normalised_per_update():
+            total = self.trainer.strategy.reduce(torch.tensor(float(tokens), device=self.device), reduce_op="sum")
+            factor = self.trainer.accumulate_grad_batches * self.trainer.world_size / total.clamp(min=1.0)
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.mul_(factor.to(p.grad.dtype))
 
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:
