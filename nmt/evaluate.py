@@ -157,7 +157,7 @@ def evaluate(cfg: DictConfig) -> None:
     word_frequency = bool(cfg.get("word_frequency", True))  # counts the training split's target words
     datamodule = load_data(data_cfg, data_source, split_name, train_text=word_frequency)
     tagged, refs = datamodule.raw(split_name)
-    # the unit and tokenizer of the split's languages (auto: nmt.writing); directions resolve their own
+    # the unit and tokenizer of the split's languages (auto: nmt.languages.writing); directions resolve their own
     options, by_direction = directions.report_options(datamodule, cfg.length_buckets, cfg.sacrebleu_tokenize)
     unit, tokenize, edges = options["unit"], options["tokenize"], length_buckets(cfg.length_buckets, options["unit"])
     sources = directions.untagged(tagged)  # what the reports count and show; multilingual models read the tags

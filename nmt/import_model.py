@@ -22,7 +22,7 @@ from nmt.checkpoints.files import atomic_save
 from nmt.checkpoints.loading import load_checkpoint
 from nmt.checkpoints.marian import import_marian
 from nmt.cli_io import ending_cleanly
-from nmt.languages import vocabulary_languages
+from nmt.languages.tags import vocabulary_languages
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ Backends (``backend``): ``torch`` (``nmt.inference.translator``: a checkpoint or
 format=ctranslate2``; torch is never imported); ``auto`` picks by what ``ckpt`` is.
 
 A multilingual model (``data=multi30k_multilingual``) takes the language to translate into as
-``tgt_lang=fr``: its tag ``<2fr>`` starts every input line (``nmt.languages``); without it, each
+``tgt_lang=fr``: its tag ``<2fr>`` starts every input line (``nmt.languages.tags``); without it, each
 line must start with a tag of its own. A line without one, or a language the model has no tag
 for, stops the run before any output (for an input file: it is read once more first).
 

@@ -1,4 +1,4 @@
-"""The length unit and BLEU tokenizer follow the languages a split is in (nmt/writing.py): for the
+"""The length unit and BLEU tokenizer follow the languages a split is in (nmt/languages/writing.py): for the
 reports of evaluate.py, of a training run's test and of each direction of a multilingual test set;
 explicit settings are kept as given. The texts are written here: a few made-up sentences of
 Chinese, Japanese and Thai characters, not lines of a corpus."""
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from nmt import writing
+from nmt.languages import writing
 from nmt.evaluation import directions
 from nmt.evaluation.length_report import FINE_EDGES, Tokens, data_unit, length_report, markdown_table, source_lengths
 
@@ -58,10 +58,10 @@ def test_an_unknown_code_is_judged_from_the_text(caplog):
     assert writing.text_unit(sentences(JA, 50, 2)) == "chars"
     assert writing.text_unit(sentences(TH, 50, 3, spaced=20)) == "chars"  # spaces between phrases, not words
     assert writing.text_unit(english(50, 4)) == "words"
-    with caplog.at_level(logging.INFO, logger="nmt.writing"):
+    with caplog.at_level(logging.INFO, logger="nmt.languages.writing"):
         assert writing.length_unit("xx", sentences(TH, 50, 3, spaced=20)) == "chars"
     assert [r.getMessage() for r in caplog.records] == [
-        "source length in chars: the language code 'xx' is not in nmt/writing.py, and 50 source sentences have "
+        "source length in chars: the language code 'xx' is not in nmt/languages/writing.py, and 50 source sentences have "
         "few spaces between words (set data.src_words to choose)"]
     assert writing.length_unit("zh", english(5, 1)) == "chars"  # a known code: the table, not the text
 
@@ -69,7 +69,7 @@ def test_an_unknown_code_is_judged_from_the_text(caplog):
 def test_a_missing_tokenizer_package_gives_characters_and_one_warning(monkeypatch, caplog):
     monkeypatch.setattr(writing, "installed", lambda modules: False)
     writing._missing.cache_clear()
-    with caplog.at_level(logging.WARNING, logger="nmt.writing"):
+    with caplog.at_level(logging.WARNING, logger="nmt.languages.writing"):
         assert [writing.bleu_tokenizer(lang) for lang in ("ja", "jpn", "ja", "ko")] == ["char"] * 4
     assert [r.getMessage() for r in caplog.records] == [
         "BLEU tokenizer: sacreBLEU's ja-mecab needs MeCab and ipadic, which are not installed; scoring characters "

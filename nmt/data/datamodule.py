@@ -29,7 +29,7 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
-from nmt import writing
+from nmt.languages import writing
 from nmt.data.alignments import AlignedSplit, WordLinks, collate_aligned, prepare_alignments
 from nmt.data.augment import AugmentedSplit, Augmentation
 from nmt.data.batching import TokenBatchSampler, TokenizedSplit, collate
@@ -119,7 +119,7 @@ class TranslationDataModule(L.LightningDataModule):
         longer training pairs. src_words: how a source's length is counted (the reports' buckets,
         `train_max_words`, `text_lengths`): "words", "chars", "tokens" (its source SentencePiece
         pieces, in the reports; words or characters, as auto, in the prepared data) or "auto": the
-        source language's unit (`nmt.writing`: characters for Chinese, Japanese, Thai...), judged from
+        source language's unit (`nmt.languages.writing`: characters for Chinese, Japanese, Thai...), judged from
         the test sources for a code it does not know. `src_words` holds the resolved words | chars.
     train_max_words: drop training pairs whose source (counted as `src_words`) or target has
         more words than this, before `train_pairs` draws its subset (Bahdanau et al. 2015 trained
@@ -284,7 +284,7 @@ class TranslationDataModule(L.LightningDataModule):
                 raise DataError(f"data.vocab_from={self.vocab_from}: its vocabulary has no piece for the "
                                 f"target-language tag(s) {', '.join(missing)} of data.source; a multilingual "
                                 "model continues from a model trained with those languages")
-        if self.src_words is None:  # a language code nmt.writing does not know: the text tells
+        if self.src_words is None:  # a language code nmt.languages.writing does not know: the text tells
             split = "test" if "test" in self.splits else self.splits[0]
             self.src_words = writing.length_unit(self.src_lang, source_sample(self.source, split))
         start = time.perf_counter()

@@ -202,7 +202,7 @@ def streaming(source: Any) -> Any:
 
 def source_sample(source: Any, split: str, size: int = 5000) -> list[str]:
     """The first `size` source sentences of `split`, without a leading target-language tag: what
-    `nmt.writing.text_unit` reads when the source language's length unit is not known."""
+    `nmt.languages.writing.text_unit` reads when the source language's length unit is not known."""
     tags, out, source = frozenset(getattr(source, "tags", ())), [], streaming(source)
     source.describe()  # a source plans its reading there (a FileSource finds its files)
     for src, *_ in source.pairs(split):
