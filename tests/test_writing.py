@@ -212,7 +212,7 @@ def test_evaluate_scores_bleu_into_chinese_and_thai_with_their_tokenizers(tmp_pa
     assert "tok:char" in json.loads((tmp_path / "th" / "comparison.json").read_text())["m"]["bleu_signature"]
 
 
-def test_the_data_module_resolves_auto_once_and_keeps_explicit_units(tmp_path, zh_en):
+def test_the_data_module_resolves_auto_once_and_keeps_explicit_units(tmp_path, zh_en, caplog):
     from nmt.data.datamodule import TranslationDataModule
     from nmt.data.sources import FileSource
 
@@ -227,8 +227,12 @@ def test_the_data_module_resolves_auto_once_and_keeps_explicit_units(tmp_path, z
                                   for split in ("train", "valid", "test")})
     unknown = module("xx", "en", th, "auto")
     assert unknown.src_words is None
-    unknown.setup()
+    with caplog.at_level(logging.INFO, logger="nmt.languages.writing"):
+        unknown.setup()
     assert unknown.src_words == "chars"
+    assert [r.getMessage() for r in caplog.records if r.name == "nmt.languages.writing"] == [
+        "source length in chars: the language code 'xx' is not in nmt/languages/writing.py, and 40 source sentences "
+        "have few spaces between words (set data.src_words to choose)"]
     assert unknown.text_lengths("test").tolist() == source_lengths(unknown.raw("test")[0], "chars")
     tokens = module("zh", "en", zh_en, "tokens")
     tokens.setup()
@@ -237,6 +241,29 @@ def test_the_data_module_resolves_auto_once_and_keeps_explicit_units(tmp_path, z
     assert source_lengths(sources, data_unit(tokens)) == [len(tokens.src_vocab.encode(s)) for s in sources]
     with pytest.raises(ValueError, match="data.src_words='letters': choose auto, words, chars, tokens"):
         module("zh", "en", zh_en, "letters")
+
+
+def test_the_synthetic_default_counts_words_and_says_nothing_of_its_language_codes(tmp_path, caplog):
+    """The default data (nmt/conf/data/synthetic.yaml: codes src and tgt, src_words=auto) are
+    written with spaces, as their source says: words, with no line about a language code the
+    table does not know (an unknown code's data still get one: the test above)."""
+    from omegaconf import OmegaConf
+
+    from nmt import CONF_DIR
+    from nmt.data.datamodule import TranslationDataModule
+    from nmt.data.sources import SyntheticSource
+
+    default = OmegaConf.load(f"{CONF_DIR}/data/synthetic.yaml")
+    assert (default.source._target_, default.src_lang, default.src_words) == ("nmt.data.sources.SyntheticSource", "src", "auto")
+    assert writing.writing(default.src_lang) is None  # a code the table does not know
+    module = TranslationDataModule(SyntheticSource(num_pairs=60, valid_pairs=10, test_pairs=20, seed=1),
+                                   {"vocab_size": 120, "hard_vocab_limit": False}, default.src_lang, default.tgt_lang,
+                                   src_words=default.src_words, cache_dir=str(tmp_path / "cache"))
+    assert module.src_words == "words"  # known before any text is read
+    with caplog.at_level(logging.INFO):
+        module.prepare_data(workers=1)
+    assert module.src_words == "words"
+    assert not [r.getMessage() for r in caplog.records if "source length" in r.getMessage()]
 
 
 def test_a_training_runs_test_report_counts_and_scores_in_its_languages(cfg_train, tmp_path):
