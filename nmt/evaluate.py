@@ -21,13 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import hydra
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from nmt import CONF_DIR, register_resolvers
 from nmt.checkpoints import file_config
 from nmt.checkpoints.files import CheckpointError, saved_vocabularies
-from nmt.cli_io import ending_cleanly
+from nmt.cli_io import hydra_command
 from nmt.evaluation import directions, reordering
 from nmt.evaluation.analyses import (Scored, by_comet, by_frequency, by_reordering, reference_alignments, robustness,
                                      training_counts, translate_with_entropy)
@@ -101,18 +99,6 @@ def load_comet_model(cfg: DictConfig) -> Any:
 
     return load_comet(str(settings.model), settings.get("encoder"), batch_size=settings.get("batch_size", 16),
                       device=decoding_device(str(settings.get("device", "auto")), "32"))
-
-
-def main() -> None:
-    """``nmt-evaluate``, ``python evaluate.py``: the config resolvers, then Hydra composes and runs ``run``."""
-    register_resolvers()
-    run()
-
-
-@hydra.main(config_path=CONF_DIR, config_name="evaluate", version_base="1.3")
-@ending_cleanly()  # a user's error: one line on stderr, status 2
-def run(cfg: DictConfig) -> None:
-    evaluate(cfg)
 
 
 def evaluate(cfg: DictConfig) -> None:
@@ -212,6 +198,8 @@ def evaluate(cfg: DictConfig) -> None:
         robust = robustness(cfg, dict(zip(names, loaded)), variants, test, inputs, reports, out_dir)
         log.info("clean and augmented test sets -> %s\n%s", robust, robust.read_text())
 
+
+main = hydra_command("evaluate", evaluate)  # nmt-evaluate, python evaluate.py: nmt/conf/evaluate.yaml
 
 if __name__ == "__main__":
     main()
