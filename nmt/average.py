@@ -22,12 +22,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import hydra
 import torch
 from omegaconf import DictConfig
 
-from nmt import CONF_DIR, register_resolvers
-from nmt.cli_io import ending_cleanly
+from nmt.cli_io import hydra_command
 from nmt.checkpoints.files import (CheckpointError, atomic_save, check_run_config, model_weights, nonfinite,
                                   read_checkpoint)
 from nmt.checkpoints.release import release
@@ -131,17 +129,7 @@ def run_average(cfg: DictConfig) -> Path:
     return out
 
 
-def main() -> None:
-    """``nmt-average``: the config resolvers, then Hydra composes and runs ``run``."""
-    register_resolvers()
-    run()
-
-
-@hydra.main(config_path=CONF_DIR, config_name="average", version_base="1.3")
-@ending_cleanly()  # a user's error: one line on stderr, status 2
-def run(cfg: DictConfig) -> None:
-    run_average(cfg)
-
+main = hydra_command("average", run_average)  # nmt-average: nmt/conf/average.yaml
 
 if __name__ == "__main__":
     main()

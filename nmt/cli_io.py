@@ -1,8 +1,10 @@
 """What ``translate.py`` (both modes) reads, writes, and how it ends: the output is never one of
 the inputs, it is opened only once everything before the first line is checked, and a run ends
-without a traceback on a user's error, a signal or a closed pipe (``ending_cleanly`` ends
-``nmt-evaluate``, ``nmt-export``, ``nmt-average`` and ``nmt-serve`` the same way).
+without a traceback on a user's error, a signal or a closed pipe (``ending_cleanly`` ends every
+Hydra command the same way, through ``hydra_command``).
 
+- ``hydra_command``: a command's ``main``: the config resolvers, Hydra's composition of its
+  config and command line, and its work run under ``ending_cleanly``.
 - ``check_paths``: every input opens for reading, the output's folder exists, and the output is
   not an input (the same device and inode: through symlinks and hard links too, and stdin or
   stdout redirected from or to it); a one-line ``ValueError`` names the keys.
@@ -28,6 +30,7 @@ without a traceback on a user's error, a signal or a closed pipe (``ending_clean
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import re
 import signal
@@ -39,7 +42,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO, Any, TypeVar
 
 PACKAGE = Path(__file__).resolve().parent
 T = TypeVar("T")
@@ -385,3 +388,31 @@ def instantiation_error(error: BaseException) -> str | None:
     if key is None:
         return text
     return f"{key.group(1)}.{text}" if re.match(r"\w+=", text) else f"{key.group(1)}: {text}"
+
+
+def hydra_command(config_name: str, work: Callable[[Any], Any],
+                  set_up: Callable[[Any], None] | None = None) -> Callable[[], None]:
+    """A command's ``main``: the config resolvers registered, then Hydra composes
+    ``nmt/conf/<config_name>.yaml`` with the command line (overrides, ``--help``, ``--cfg``,
+    ``-m``) and runs ``work(cfg)`` under ``ending_cleanly`` (a user's error: one line, status 2).
+    ``set_up(cfg)``, a run's process-wide settings, comes first, outside it. Hydra names the job
+    (its log file, its ``--help``) after ``work``'s module, and what ``work`` returns is the job's
+    value (the metric a sweeper optimizes). Hydra is imported when ``main`` runs, not before."""
+
+    def main() -> None:
+        import hydra
+
+        from nmt import CONF_DIR, register_resolvers
+
+        @hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")
+        @functools.wraps(work)  # Hydra reads the job's name through __wrapped__: work's module
+        def run(cfg: Any) -> Any:
+            if set_up is not None:
+                set_up(cfg)
+            with ending_cleanly():
+                return work(cfg)
+
+        register_resolvers()
+        run()
+
+    return main

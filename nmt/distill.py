@@ -17,40 +17,35 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from pathlib import Path
 
-import hydra
 from hydra import compose
 from omegaconf import DictConfig, open_dict
 
-from nmt import CONF_DIR, register_resolvers
-from nmt.cli_io import ending_cleanly
+from nmt.cli_io import hydra_command
 from nmt.runs.files import SUMMARY
 
 log = logging.getLogger(__name__)
 
 
-def main() -> None:
-    """``nmt-distill``, ``python distill.py``: the config resolvers, then Hydra composes and runs ``run``."""
-    register_resolvers()
-    run()
-
-
-@hydra.main(config_path=CONF_DIR, config_name="distill", version_base="1.3")
-def run(cfg: DictConfig) -> float | None:
-    from nmt.train import set_up_process, train
-    from nmt.training.distillation import distil, student_data
+def set_up(cfg: DictConfig) -> None:
+    """A training run's process-wide settings (``nmt.train.set_up_process``)."""
+    from nmt.train import set_up_process
 
     set_up_process(cfg)
-    with ending_cleanly():  # a teacher that is not a model, a bad key: one line, status 2
 
-        student_data(cfg, distil(cfg))
-        metrics = train(cfg)
-        if cfg.distill.get("compare", True) and cfg.get("test", True):
-            compare(cfg)
-    value = metrics.get(cfg.get("optimized_metric") or "")
-    return None if value is None or math.isnan(value) else value
+
+def run_distillation(cfg: DictConfig) -> float | None:
+    """The teacher's translations of the training sources, the student trained on them, then
+    compared with the teacher; the metric a sweeper optimizes."""
+    from nmt.train import optimized_value, train
+    from nmt.training.distillation import distil, student_data
+
+    student_data(cfg, distil(cfg))
+    metrics = train(cfg)
+    if cfg.distill.get("compare", True) and cfg.get("test", True):
+        compare(cfg)
+    return optimized_value(cfg, metrics)
 
 
 def compare(cfg: DictConfig) -> Path:
@@ -82,6 +77,8 @@ def compare(cfg: DictConfig) -> Path:
     log.info("the teacher and the students side by side: %s", out / "comparison.md")
     return out / "comparison.md"
 
+
+main = hydra_command("distill", run_distillation, set_up)  # nmt-distill, python distill.py: nmt/conf/distill.yaml
 
 if __name__ == "__main__":
     main()

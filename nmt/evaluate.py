@@ -21,13 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import hydra
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from nmt import CONF_DIR, register_resolvers
 from nmt.checkpoints import file_config
 from nmt.checkpoints.files import CheckpointError, saved_vocabularies
-from nmt.cli_io import ending_cleanly
+from nmt.cli_io import hydra_command
 from nmt.evaluation import directions, reordering
 from nmt.evaluation.analyses import (Scored, by_comet, by_frequency, by_reordering, reference_alignments, robustness,
                                      training_counts, translate_with_entropy)
@@ -103,18 +101,6 @@ def load_comet_model(cfg: DictConfig) -> Any:
                       device=decoding_device(str(settings.get("device", "auto")), "32"))
 
 
-def main() -> None:
-    """``nmt-evaluate``, ``python evaluate.py``: the config resolvers, then Hydra composes and runs ``run``."""
-    register_resolvers()
-    run()
-
-
-@hydra.main(config_path=CONF_DIR, config_name="evaluate", version_base="1.3")
-@ending_cleanly()  # a user's error: one line on stderr, status 2
-def run(cfg: DictConfig) -> None:
-    evaluate(cfg)
-
-
 def evaluate(cfg: DictConfig) -> None:
     """Translate the test split with each of ``cfg.ckpts``, read ``cfg.hyps``, and write each
     system's BLEU-by-length report and the comparison of all (with significance) to ``paths.output_dir``."""
@@ -157,7 +143,7 @@ def evaluate(cfg: DictConfig) -> None:
     word_frequency = bool(cfg.get("word_frequency", True))  # counts the training split's target words
     datamodule = load_data(data_cfg, data_source, split_name, train_text=word_frequency)
     tagged, refs = datamodule.raw(split_name)
-    # the unit and tokenizer of the split's languages (auto: nmt.writing); directions resolve their own
+    # the unit and tokenizer of the split's languages (auto: nmt.languages.writing); directions resolve their own
     options, by_direction = directions.report_options(datamodule, cfg.length_buckets, cfg.sacrebleu_tokenize)
     unit, tokenize, edges = options["unit"], options["tokenize"], length_buckets(cfg.length_buckets, options["unit"])
     sources = directions.untagged(tagged)  # what the reports count and show; multilingual models read the tags
@@ -212,6 +198,8 @@ def evaluate(cfg: DictConfig) -> None:
         robust = robustness(cfg, dict(zip(names, loaded)), variants, test, inputs, reports, out_dir)
         log.info("clean and augmented test sets -> %s\n%s", robust, robust.read_text())
 
+
+main = hydra_command("evaluate", evaluate)  # nmt-evaluate, python evaluate.py: nmt/conf/evaluate.yaml
 
 if __name__ == "__main__":
     main()

@@ -15,11 +15,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig
 
-from nmt import CONF_DIR, register_resolvers
-from nmt.cli_io import ending_cleanly
+from nmt.cli_io import hydra_command
 from nmt.checkpoints.files import atomic_save, checkpoint_kind, model_weights, read_checkpoint
 from nmt.checkpoints.loading import load_checkpoint
 from nmt.checkpoints.release import release
@@ -72,17 +70,7 @@ def export(cfg: DictConfig) -> Path:
     return out
 
 
-def main() -> None:
-    """``nmt-export``: the config resolvers, then Hydra composes and runs ``run``."""
-    register_resolvers()
-    run()
-
-
-@hydra.main(config_path=CONF_DIR, config_name="export", version_base="1.3")
-@ending_cleanly()  # a user's error: one line on stderr, status 2
-def run(cfg: DictConfig) -> None:
-    export(cfg)
-
+main = hydra_command("export", export)  # nmt-export: nmt/conf/export.yaml
 
 if __name__ == "__main__":
     main()

@@ -14,15 +14,13 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig
 
-from nmt import CONF_DIR, register_resolvers
 from nmt.checkpoints.files import atomic_save
 from nmt.checkpoints.loading import load_checkpoint
 from nmt.checkpoints.marian import import_marian
-from nmt.cli_io import ending_cleanly
-from nmt.languages import vocabulary_languages
+from nmt.cli_io import hydra_command
+from nmt.languages.tags import vocabulary_languages
 
 log = logging.getLogger(__name__)
 
@@ -57,17 +55,7 @@ def import_model(cfg: DictConfig) -> Path:
     return out
 
 
-def main() -> None:
-    """``nmt-import``: the config resolvers, then Hydra composes and runs ``run``."""
-    register_resolvers()
-    run()
-
-
-@hydra.main(config_path=CONF_DIR, config_name="import_model", version_base="1.3")
-@ending_cleanly()  # a user's error: one line on stderr
-def run(cfg: DictConfig) -> None:
-    import_model(cfg)
-
+main = hydra_command("import_model", import_model)  # nmt-import: nmt/conf/import_model.yaml
 
 if __name__ == "__main__":
     main()

@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import hydra
 import numpy as np
 import pytorch_lightning as L
 import torch
@@ -42,14 +41,14 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from nmt import CONF_DIR, register_resolvers
+from nmt import register_resolvers
 from nmt.training.builders import (build_callbacks, build_datamodule, build_loggers, build_model, build_module,
                           build_trainer, compile_plan, count_parameters)
 from nmt.training.batch_probe import CPU_TOKENS, START, probe_max_tokens, training_step_of
 from nmt.training.compiling import allow_recompiles, compile_counters, compile_summary
 from nmt.data.shapes import bucket, resolve_shapes
 from nmt.training.callbacks import LastCheckpoint, budget_timer, ended_by, share_best_with_last
-from nmt.cli_io import ending_cleanly
+from nmt.cli_io import hydra_command
 from nmt.checkpoints.finetune import (INIT_OPTIMIZER, check_architecture, check_init_vocabularies, imported_init,
                                      init_origin, init_weights, read_init)
 from nmt.checkpoints.resume import check_resume
@@ -471,12 +470,6 @@ def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: t
     path.write_text(json_text(summary))
 
 
-def main() -> None:
-    """``nmt-train``, ``python train.py``: the config resolvers, then Hydra composes and runs ``run``."""
-    register_resolvers()
-    run()
-
-
 def set_up_process(cfg: DictConfig) -> None:
     """The process-wide settings a training run wants (also ``nmt-distill``'s)."""
     register_resolvers()  # again: a launcher (submitit) may run this in a process of its own
@@ -490,13 +483,18 @@ def set_up_process(cfg: DictConfig) -> None:
         # not a boolean is refused by resolve_batches, in train()
 
 
-@hydra.main(config_path=CONF_DIR, config_name="train", version_base="1.3")
-def run(cfg: DictConfig) -> float | None:
-    set_up_process(cfg)
-    with ending_cleanly():  # a user's error (a bad key, a file that is not a model): one line, status 2
-        metrics = train(cfg)
+def optimized_value(cfg: DictConfig, metrics: dict[str, float]) -> float | None:
+    """The value of ``cfg.optimized_metric`` a sweeper optimizes (None: not set, not measured, or NaN)."""
     value = metrics.get(cfg.get("optimized_metric") or "")
     return None if value is None or math.isnan(value) else value
+
+
+def run_training(cfg: DictConfig) -> float | None:
+    """``train(cfg)``; the metric a sweeper optimizes (``optimized_value``)."""
+    return optimized_value(cfg, train(cfg))
+
+
+main = hydra_command("train", run_training, set_up_process)  # nmt-train, python train.py: nmt/conf/train.yaml
 
 
 if __name__ == "__main__":

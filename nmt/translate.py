@@ -17,7 +17,7 @@ Backends (``backend``): ``torch`` (``nmt.inference.translator``: a checkpoint or
 format=ctranslate2``; torch is never imported); ``auto`` picks by what ``ckpt`` is.
 
 A multilingual model (``data=multi30k_multilingual``) takes the language to translate into as
-``tgt_lang=fr``: its tag ``<2fr>`` starts every input line (``nmt.languages``); without it, each
+``tgt_lang=fr``: its tag ``<2fr>`` starts every input line (``nmt.languages.tags``); without it, each
 line must start with a tag of its own. A line without one, or a language the model has no tag
 for, stops the run before any output (for an input file: it is read once more first).
 
@@ -52,13 +52,11 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from nmt import CONF_DIR, register_resolvers
 from nmt.inference.backends import backend_of, model_files, open_translator, search_settings
-from nmt.cli_io import STOP_GRACE, OutputFile, StopSignals, Stopped, check_paths, ending_cleanly, stop_if_held
+from nmt.cli_io import STOP_GRACE, OutputFile, StopSignals, Stopped, check_paths, hydra_command, stop_if_held
 from nmt.inference.requests import GUIDES, Naming, Request
 from nmt.inference.line_streams import OrderedWriter, Progress, chunked, count_lines, read_pairs
 from nmt.text_lines import iter_lines, read_lines, report_replaced
@@ -232,21 +230,23 @@ def check_options(cfg: DictConfig) -> None:
     output_format(str(cfg.format), str(cfg.mode), nbest)
 
 
+def translate_until_stopped(cfg: DictConfig) -> None:
+    """``translate_file`` under the run's stop-signal handlers."""
+    with StopSignals(grace=STOP_GRACE) as signals:
+        translate_file(cfg, signals)
+
+
+run = hydra_command("translate", translate_until_stopped)  # nmt/conf/translate.yaml
+
+
 def main() -> None:
-    """``nmt-translate``, ``python translate.py``: the config resolvers, then Hydra composes and runs ``run``."""
+    """``nmt-translate``, ``python translate.py``: stop signals kept from the start, then ``run``."""
     hold_stop_signals()
-    register_resolvers()
     try:
         run()
     except KeyboardInterrupt:  # Ctrl-C while Hydra composes, before run's own handlers
         raise SystemExit(128 + signal.SIGINT) from None
     stop_if_held()  # a signal after the run's handlers were gone (its lines are all written)
-
-
-@hydra.main(config_path=CONF_DIR, config_name="translate", version_base="1.3")
-def run(cfg: DictConfig) -> None:
-    with ending_cleanly(), StopSignals(grace=STOP_GRACE) as signals:
-        translate_file(cfg, signals)
 
 
 def translate_file(cfg: DictConfig, signals: StopSignals) -> None:

@@ -172,21 +172,16 @@ class Finished:
 
 
 def translate_here(capsys, *overrides: str) -> Finished:
-    """``translate.py <overrides>`` in this process: ``nmt.translate.run``'s body on the config Hydra
-    composes from the same overrides, with nmt's log lines on stderr as Hydra's logging prints
+    """``translate.py <overrides>`` in this process: what ``nmt.translate.main`` runs on the config
+    Hydra composes from the same overrides, with nmt's log lines on stderr as Hydra's logging prints
     them. No run folder (``hydra.run.dir``): what needs one runs ``translate.py`` itself."""
-    from nmt.cli_io import StopSignals, ending_cleanly
-    from nmt.translate import translate_file
+    from nmt.cli_io import ending_cleanly
+    from nmt.translate import translate_until_stopped
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("translate", overrides=list(overrides))
-
-    def body() -> None:
-        with ending_cleanly(), StopSignals() as signals:
-            translate_file(cfg, signals)
-
-    return captured(capsys, body)
+    return captured(capsys, lambda: ending_cleanly()(translate_until_stopped)(cfg))
 
 
 def captured(capsys, body: Callable[[], None]) -> Finished:

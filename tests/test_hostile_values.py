@@ -202,6 +202,7 @@ def test_corpus_statistics_name_a_missing_folder_in_one_line(tmp_path, capsys):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    from nmt.cli_io import ending_cleanly
     from nmt.data import stats
     from tests.conftest import CONF_DIR, captured
 
@@ -209,7 +210,7 @@ def test_corpus_statistics_name_a_missing_folder_in_one_line(tmp_path, capsys):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("stats", overrides=["data=files", f"data.source.path={tmp_path / 'none'}", "data.src_lang=de",
                                           "data.tgt_lang=en", f"paths.cache_dir={tmp_path}"])
-    finished = captured(capsys, lambda: stats.run.__wrapped__(cfg))
+    finished = captured(capsys, lambda: ending_cleanly()(stats.show_stats)(cfg))  # what stats.main runs
     assert finished.returncode == 2 and "Traceback" not in finished.stderr
     assert finished.stderr.strip().splitlines() == [f"error: data folder {tmp_path / 'none'} does not exist; set "
                                                     "data.source.path or NMT_DATA_DIR (the folder that holds the corpus "

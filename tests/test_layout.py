@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+from pathlib import Path
 
 from tests.conftest import ROOT
 
 PACKAGE = ROOT / "nmt"
 LAYOUT = ROOT / "docs" / "layout.md"
+RESULTS = ROOT / "docs" / "results"
+RESULTS_BYTES = 1_000_000  # docs/results holds summaries: tables, JSON summaries, overrides, a few plots
+SUMMARY_KINDS = {".md", ".json", ".csv", ".yaml", ".png"}  # not logs, hypothesis texts or checkpoints
 ENTRY = re.compile(r"^(nmt/\S*)\s+(\S.*)$")
 
 
@@ -54,3 +59,25 @@ def test_no_script_edits_sys_path():
     edits = re.compile(r"sys\.path\.(insert|append|extend)|sys\.path\s*[+]?=|PYTHONPATH")
     found = [p.name for p in sorted((ROOT / "scripts").glob("*.py")) if edits.search(p.read_text(encoding="utf-8"))]
     assert not found, f"scripts that edit sys.path: {found}"
+
+
+def results_files() -> list[Path]:
+    """The files of docs/results git tracks (every file there outside a git checkout)."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--", str(RESULTS)], cwd=ROOT, capture_output=True,
+                                check=True, timeout=60).stdout.decode().split("\0")
+    except (OSError, subprocess.SubprocessError):
+        return [p for p in RESULTS.rglob("*") if p.is_file()]
+    return [ROOT / name for name in listed if name and (ROOT / name).is_file()]
+
+
+def test_docs_results_hold_summaries_under_1_mb():
+    """docs/results is what the guides cite: summaries a reader opens, not a run's raw outputs."""
+    files = results_files()
+    assert files, "docs/results: no files found"
+    total = sum(p.stat().st_size for p in files)
+    biggest = sorted(files, key=lambda p: -p.stat().st_size)[:5]
+    assert total < RESULTS_BYTES, (f"docs/results holds {total:,} bytes (at most {RESULTS_BYTES:,}); the biggest: "
+                                   + ", ".join(f"{p.relative_to(ROOT)} ({p.stat().st_size:,})" for p in biggest))
+    raw = sorted(str(p.relative_to(ROOT)) for p in files if p.suffix not in SUMMARY_KINDS)
+    assert not raw, f"raw outputs in docs/results (keep summaries: {', '.join(sorted(SUMMARY_KINDS))}): {raw}"

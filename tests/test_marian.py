@@ -23,7 +23,7 @@ from nmt.checkpoints.marian import ImportRefused, import_marian  # noqa: E402
 from nmt.data.tokenizer import BOS, EOS, PAD, train_sentencepiece  # noqa: E402
 from nmt.decoding.search import beam_search, greedy_search  # noqa: E402
 from nmt.exporters.huggingface import to_huggingface  # noqa: E402
-from nmt.languages import vocabulary_languages, with_target_language  # noqa: E402
+from nmt.languages.tags import vocabulary_languages, with_target_language  # noqa: E402
 from tests.test_export_ctranslate2 import lines_of  # noqa: E402
 
 LANGUAGES = ("fra", "deu", "por_Latn")

@@ -1,4 +1,4 @@
-"""Multilingual models (nmt.data.multilingual, nmt.languages, nmt.evaluation.directions): the tagged source and
+"""Multilingual models (nmt.data.multilingual, nmt.languages.tags, nmt.evaluation.directions): the tagged source and
 each pair's direction, temperature sampling, the tags in translate, evaluate and serve, the
 wrong-language rate, and every bad input the issue names."""
 
@@ -18,7 +18,7 @@ from nmt.data.multilingual import MultilingualSource, sampling_changes, temperat
 from nmt.data.sources import DataError
 from nmt.evaluation.directions import Plan, direction_reports, wrong_language
 from nmt.evaluation.language_id import identify
-from nmt.languages import split_tag, tag, tag_languages, with_target_language
+from nmt.languages.tags import split_tag, tag, tag_languages, with_target_language
 from tests.conftest import TINY, compose_run, evaluate_here, translate_here
 
 WORDS = {"de": ["hund", "katze", "mann", "frau", "haus", "baum", "auto", "ball"],
@@ -183,7 +183,7 @@ def test_the_target_language_tag_is_added_and_checked():
 
 def test_alignments_leave_the_tag_out_and_count_the_sentences_own_words():
     from nmt.inference.alignments import pharaoh
-    from nmt.languages import tag_words
+    from nmt.languages.tags import tag_words
 
     tagged, plain = ["\u2581", "<2fr>", "\u2581hund", "\u2581kat", "ze"], ["\u2581hund", "\u2581kat", "ze"]
     assert tag_words(tagged) == 1 and tag_words(["\u2581<2fr>", "\u2581a"]) == 1 and tag_words(plain) == 0

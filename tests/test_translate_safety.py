@@ -50,17 +50,17 @@ def translate(ckpt: Path, cwd: Path, *overrides: str, stdin: Path | None = None)
 
 
 def translate_here(ckpt: Path, capsys, *overrides: str) -> tuple[int, str]:
-    """The same run in this process (``nmt.translate.run`` without Hydra's command line): faster,
-    for the errors raised before any line is translated."""
-    from nmt.cli_io import StopSignals, ending_cleanly
-    from nmt.translate import translate_file
+    """The same run in this process (what ``nmt.translate.main`` runs, without Hydra's command
+    line): faster, for the errors raised before any line is translated."""
+    from nmt.cli_io import ending_cleanly
+    from nmt.translate import translate_until_stopped
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("translate", overrides=[f"ckpt={ckpt}", "decoding=greedy", *overrides])
     capsys.readouterr()
-    with pytest.raises(SystemExit) as stop, ending_cleanly(), StopSignals() as signals:
-        translate_file(cfg, signals)
+    with pytest.raises(SystemExit) as stop, ending_cleanly():
+        translate_until_stopped(cfg)
     return stop.value.code, capsys.readouterr().err
 
 

@@ -1,4 +1,4 @@
-"""The length unit and BLEU tokenizer follow the languages a split is in (nmt/writing.py): for the
+"""The length unit and BLEU tokenizer follow the languages a split is in (nmt/languages/writing.py): for the
 reports of evaluate.py, of a training run's test and of each direction of a multilingual test set;
 explicit settings are kept as given. The texts are written here: a few made-up sentences of
 Chinese, Japanese and Thai characters, not lines of a corpus."""
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from nmt import writing
+from nmt.languages import writing
 from nmt.evaluation import directions
 from nmt.evaluation.length_report import FINE_EDGES, Tokens, data_unit, length_report, markdown_table, source_lengths
 
@@ -58,10 +58,10 @@ def test_an_unknown_code_is_judged_from_the_text(caplog):
     assert writing.text_unit(sentences(JA, 50, 2)) == "chars"
     assert writing.text_unit(sentences(TH, 50, 3, spaced=20)) == "chars"  # spaces between phrases, not words
     assert writing.text_unit(english(50, 4)) == "words"
-    with caplog.at_level(logging.INFO, logger="nmt.writing"):
+    with caplog.at_level(logging.INFO, logger="nmt.languages.writing"):
         assert writing.length_unit("xx", sentences(TH, 50, 3, spaced=20)) == "chars"
     assert [r.getMessage() for r in caplog.records] == [
-        "source length in chars: the language code 'xx' is not in nmt/writing.py, and 50 source sentences have "
+        "source length in chars: the language code 'xx' is not in nmt/languages/writing.py, and 50 source sentences have "
         "few spaces between words (set data.src_words to choose)"]
     assert writing.length_unit("zh", english(5, 1)) == "chars"  # a known code: the table, not the text
 
@@ -69,7 +69,7 @@ def test_an_unknown_code_is_judged_from_the_text(caplog):
 def test_a_missing_tokenizer_package_gives_characters_and_one_warning(monkeypatch, caplog):
     monkeypatch.setattr(writing, "installed", lambda modules: False)
     writing._missing.cache_clear()
-    with caplog.at_level(logging.WARNING, logger="nmt.writing"):
+    with caplog.at_level(logging.WARNING, logger="nmt.languages.writing"):
         assert [writing.bleu_tokenizer(lang) for lang in ("ja", "jpn", "ja", "ko")] == ["char"] * 4
     assert [r.getMessage() for r in caplog.records] == [
         "BLEU tokenizer: sacreBLEU's ja-mecab needs MeCab and ipadic, which are not installed; scoring characters "
@@ -212,7 +212,7 @@ def test_evaluate_scores_bleu_into_chinese_and_thai_with_their_tokenizers(tmp_pa
     assert "tok:char" in json.loads((tmp_path / "th" / "comparison.json").read_text())["m"]["bleu_signature"]
 
 
-def test_the_data_module_resolves_auto_once_and_keeps_explicit_units(tmp_path, zh_en):
+def test_the_data_module_resolves_auto_once_and_keeps_explicit_units(tmp_path, zh_en, caplog):
     from nmt.data.datamodule import TranslationDataModule
     from nmt.data.sources import FileSource
 
@@ -227,8 +227,12 @@ def test_the_data_module_resolves_auto_once_and_keeps_explicit_units(tmp_path, z
                                   for split in ("train", "valid", "test")})
     unknown = module("xx", "en", th, "auto")
     assert unknown.src_words is None
-    unknown.setup()
+    with caplog.at_level(logging.INFO, logger="nmt.languages.writing"):
+        unknown.setup()
     assert unknown.src_words == "chars"
+    assert [r.getMessage() for r in caplog.records if r.name == "nmt.languages.writing"] == [
+        "source length in chars: the language code 'xx' is not in nmt/languages/writing.py, and 40 source sentences "
+        "have few spaces between words (set data.src_words to choose)"]
     assert unknown.text_lengths("test").tolist() == source_lengths(unknown.raw("test")[0], "chars")
     tokens = module("zh", "en", zh_en, "tokens")
     tokens.setup()
@@ -237,6 +241,29 @@ def test_the_data_module_resolves_auto_once_and_keeps_explicit_units(tmp_path, z
     assert source_lengths(sources, data_unit(tokens)) == [len(tokens.src_vocab.encode(s)) for s in sources]
     with pytest.raises(ValueError, match="data.src_words='letters': choose auto, words, chars, tokens"):
         module("zh", "en", zh_en, "letters")
+
+
+def test_the_synthetic_default_counts_words_and_says_nothing_of_its_language_codes(tmp_path, caplog):
+    """The default data (nmt/conf/data/synthetic.yaml: codes src and tgt, src_words=auto) are
+    written with spaces, as their source says: words, with no line about a language code the
+    table does not know (an unknown code's data still get one: the test above)."""
+    from omegaconf import OmegaConf
+
+    from nmt import CONF_DIR
+    from nmt.data.datamodule import TranslationDataModule
+    from nmt.data.sources import SyntheticSource
+
+    default = OmegaConf.load(f"{CONF_DIR}/data/synthetic.yaml")
+    assert (default.source._target_, default.src_lang, default.src_words) == ("nmt.data.sources.SyntheticSource", "src", "auto")
+    assert writing.writing(default.src_lang) is None  # a code the table does not know
+    module = TranslationDataModule(SyntheticSource(num_pairs=60, valid_pairs=10, test_pairs=20, seed=1),
+                                   {"vocab_size": 120, "hard_vocab_limit": False}, default.src_lang, default.tgt_lang,
+                                   src_words=default.src_words, cache_dir=str(tmp_path / "cache"))
+    assert module.src_words == "words"  # known before any text is read
+    with caplog.at_level(logging.INFO):
+        module.prepare_data(workers=1)
+    assert module.src_words == "words"
+    assert not [r.getMessage() for r in caplog.records if "source length" in r.getMessage()]
 
 
 def test_a_training_runs_test_report_counts_and_scores_in_its_languages(cfg_train, tmp_path):

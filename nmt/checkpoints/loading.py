@@ -126,7 +126,7 @@ def load_ensemble(paths: list[str | Path], device: torch.device | str = "cpu", a
     vocabulary (pieces, scores and a multilingual model's language tags); a one-line CheckpointError
     names the two files that differ. One path is that file's model alone. The run config, step and
     report are the first file's."""
-    from nmt.languages import vocabulary_languages
+    from nmt.languages.tags import vocabulary_languages
     from nmt.models.ensemble import Ensemble
 
     if not paths:

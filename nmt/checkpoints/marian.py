@@ -20,7 +20,7 @@ The reverse of ``nmt.exporters.huggingface``: Marian is the post-norm Transforme
   (bias ``NEVER``).
 - Multilingual models mark the target language with ``>>fra<<``, which MarianTokenizer splits off
   the start of the source: the piece becomes ``▁<2fra>`` (user-defined), so our ``tgt_lang=fra``
-  (``nmt.languages``), which writes ``<2fra> text``, gives their ids.
+  (``nmt.languages.tags``), which writes ``<2fra> text``, gives their ids.
 
 A folder is untrusted input: weights are read from ``model.safetensors`` only (a pickled
 ``pytorch_model.bin`` is refused unless ``allow_pickle``, and is then read with
@@ -43,7 +43,7 @@ from torch import Tensor
 
 from nmt.checkpoints.files import FORMAT, CheckpointError, _refused_global, nonfinite
 from nmt.data.tokenizer import Tokenizer
-from nmt.languages import LANGUAGE
+from nmt.languages.tags import LANGUAGE
 from nmt.specials import BOS, EOS, PAD, UNK
 
 # Bounds on config.json's sizes, checked before any tensor is allocated (OPUS-MT big: 1024 wide,

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nmt.cli_io import hydra_command
 from nmt.data.prepare import FORMAT, TMP_PREFIX
 
 log = logging.getLogger(__name__)
@@ -136,28 +137,22 @@ def prune(cache_dir: Path, unused_days: float | None = None, partial_hours: floa
     return gone
 
 
-def main() -> None:
-    import hydra
-    from omegaconf import DictConfig
+def show_cache(cfg: Any) -> None:
+    """List the prepared-data folders of ``cfg.paths.cache_dir``; with ``cfg.prune``, delete the unused ones."""
+    cache_dir = Path(cfg.paths.cache_dir)
+    found = entries(cache_dir)
+    if not found:
+        log.info("no prepared data under %s", cache_dir / "prepared")
+        return
+    log.info("prepared data under %s, %s in all:\n%s", cache_dir / "prepared", _mb(sum(e.size for e in found)),
+             table(found))
+    if cfg.prune:
+        gone = prune(cache_dir, cfg.unused_days, cfg.partial_hours, cfg.dry_run)
+        log.info("%s %d folder%s, %s", "would delete" if cfg.dry_run else "deleted", len(gone),
+                 "" if len(gone) == 1 else "s", _mb(sum(e.size for e in gone)))
 
-    from nmt import CONF_DIR, register_resolvers
 
-    @hydra.main(config_path=CONF_DIR, config_name="cache", version_base="1.3")
-    def run(cfg: DictConfig) -> None:
-        cache_dir = Path(cfg.paths.cache_dir)
-        found = entries(cache_dir)
-        if not found:
-            log.info("no prepared data under %s", cache_dir / "prepared")
-            return
-        log.info("prepared data under %s, %s in all:\n%s", cache_dir / "prepared", _mb(sum(e.size for e in found)),
-                 table(found))
-        if cfg.prune:
-            gone = prune(cache_dir, cfg.unused_days, cfg.partial_hours, cfg.dry_run)
-            log.info("%s %d folder%s, %s", "would delete" if cfg.dry_run else "deleted", len(gone),
-                     "" if len(gone) == 1 else "s", _mb(sum(e.size for e in gone)))
-
-    register_resolvers()
-    run()
+main = hydra_command("cache", show_cache)  # python -m nmt.data.cache: nmt/conf/cache.yaml
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
-from nmt import writing
+from nmt.languages import writing
 from nmt.data.alignments import AlignedSplit, WordLinks, collate_aligned, prepare_alignments
 from nmt.data.augment import AugmentedSplit, Augmentation
 from nmt.data.batching import TokenBatchSampler, TokenizedSplit, collate
@@ -119,8 +119,9 @@ class TranslationDataModule(L.LightningDataModule):
         longer training pairs. src_words: how a source's length is counted (the reports' buckets,
         `train_max_words`, `text_lengths`): "words", "chars", "tokens" (its source SentencePiece
         pieces, in the reports; words or characters, as auto, in the prepared data) or "auto": the
-        source language's unit (`nmt.writing`: characters for Chinese, Japanese, Thai...), judged from
-        the test sources for a code it does not know. `src_words` holds the resolved words | chars.
+        source language's unit (a source's own `length_unit`, as the synthetic languages'; else
+        `nmt.languages.writing`: characters for Chinese, Japanese, Thai...), judged from the test sources
+        for a code it does not know (and said in the log). `src_words` holds the resolved words | chars.
     train_max_words: drop training pairs whose source (counted as `src_words`) or target has
         more words than this, before `train_pairs` draws its subset (Bahdanau et al. 2015 trained
         on sentences of at most 30 or 50 words); valid and test keep every length. None: no limit.
@@ -232,9 +233,10 @@ class TranslationDataModule(L.LightningDataModule):
         self.eval_max_tokens = eval_max_tokens or max_tokens
         self.max_src_len, self.max_tgt_len, self.too_long = max_src_len, max_tgt_len, too_long
         self.src_words_setting, self.num_workers = src_words, num_workers
-        # how the prepared data count a source's length: words | chars, None until read from the text
+        # how the prepared data count a source's length: words | chars; auto: the source's own unit (the
+        # synthetic languages'), the language's (nmt.languages.writing), or None until read from the text
         self.src_words: str | None = src_words if src_words in ("words", "chars") else (
-            writing.length_unit(src_lang) if writing.writing(src_lang) else None)
+            getattr(source, "length_unit", None) or (writing.length_unit(src_lang) if writing.writing(src_lang) else None))
         self.cache_dir, self.seed = Path(cache_dir), seed
         if train_pairs is not None and train_pairs < 1:
             raise ValueError(f"train_pairs must be a positive number of sentence pairs or null, got {train_pairs}")
@@ -284,7 +286,7 @@ class TranslationDataModule(L.LightningDataModule):
                 raise DataError(f"data.vocab_from={self.vocab_from}: its vocabulary has no piece for the "
                                 f"target-language tag(s) {', '.join(missing)} of data.source; a multilingual "
                                 "model continues from a model trained with those languages")
-        if self.src_words is None:  # a language code nmt.writing does not know: the text tells
+        if self.src_words is None:  # a language code nmt.languages.writing does not know: the text tells
             split = "test" if "test" in self.splits else self.splits[0]
             self.src_words = writing.length_unit(self.src_lang, source_sample(self.source, split))
         start = time.perf_counter()

@@ -2,7 +2,7 @@
 
 `MultilingualSource` reads one folder of `<stem>.<lang>` files (Multi30k: train.de, train.en,
 train.fr, ...) in several directions, `[de-en, en-de, en-fr, fr-en]`, and writes the tag of each
-pair's target language as the first word of its source (`<2fr> A man ...`, `nmt.languages`;
+pair's target language as the first word of its source (`<2fr> A man ...`, `nmt.languages.tags`;
 Johnson et al. 2017). A tag on the source, rather than a forced first target token, leaves the
 decoder, the search and every exported model as they are: the encoder of every architecture
 (the plain LSTM's fixed vector included) sees the tag, the references hold no tag to strip, and a
@@ -25,7 +25,7 @@ import numpy as np
 
 from nmt.data.readers import CHUNK, DataError
 from nmt.data.sources import SPLITS, FileSource, plain
-from nmt.languages import tag
+from nmt.languages.tags import tag
 
 MAX_DIRECTIONS = 1000  # directions of one source (a config from a file must not ask for millions)
 Origins = tuple[list[str], list[str], np.ndarray]  # (sources, targets, origin of each pair) of one chunk

@@ -48,7 +48,7 @@ import sentencepiece as spm
 
 from nmt.data.sources import SPLITS, DataError, columns, drop_empty
 from nmt.data.tokenizer import Tokenizer, options_with_defaults, text_hash, train_sentencepiece
-from nmt.cli_io import FULL, write_failure
+from nmt.cli_io import FULL, configured, hydra_command, write_failure
 from nmt.machine import usable_cores
 
 log = logging.getLogger(__name__)
@@ -202,7 +202,7 @@ def streaming(source: Any) -> Any:
 
 def source_sample(source: Any, split: str, size: int = 5000) -> list[str]:
     """The first `size` source sentences of `split`, without a leading target-language tag: what
-    `nmt.writing.text_unit` reads when the source language's length unit is not known."""
+    `nmt.languages.writing.text_unit` reads when the source language's length unit is not known."""
     tags, out, source = frozenset(getattr(source, "tags", ())), [], streaming(source)
     source.describe()  # a source plans its reading there (a FileSource finds its files)
     for src, *_ in source.pairs(split):
@@ -488,25 +488,17 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     return manifest
 
 
-def main() -> None:
-    import hydra
+def prepare_configured(cfg: Any) -> None:
+    """Prepare the data ``cfg.data`` configures (``python -m nmt.data.prepare``)."""
     from hydra.utils import instantiate
-    from omegaconf import DictConfig
 
-    from nmt import CONF_DIR, register_resolvers
+    dm = configured(lambda: instantiate(cfg.data, vocab_loader=instantiate(cfg.vocab_loader)))  # the config names the reader
+    dm.prepare_data(workers=cfg.get("workers"))
+    manifest = read_manifest(dm.prepared_dir)
+    log.info("prepared data in %s\n%s", dm.prepared_dir, json.dumps(manifest["splits"], indent=1))
 
-    from nmt.cli_io import configured, ending_cleanly
 
-    @hydra.main(config_path=CONF_DIR, config_name="prepare", version_base="1.3")
-    @ending_cleanly()  # a missing folder, a bad key: one line on stderr, status 2
-    def run(cfg: DictConfig) -> None:
-        dm = configured(lambda: instantiate(cfg.data, vocab_loader=instantiate(cfg.vocab_loader)))  # the config names the reader
-        dm.prepare_data(workers=cfg.get("workers"))
-        manifest = read_manifest(dm.prepared_dir)
-        log.info("prepared data in %s\n%s", dm.prepared_dir, json.dumps(manifest["splits"], indent=1))
-
-    register_resolvers()
-    run()
+main = hydra_command("prepare", prepare_configured)  # python -m nmt.data.prepare: nmt/conf/prepare.yaml
 
 
 if __name__ == "__main__":

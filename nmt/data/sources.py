@@ -97,8 +97,11 @@ class SyntheticSource:
     seed, lengths=...)` writes: split i is generated with seed `seed * 1000 + i`. Train lengths
     follow `lengths`, valid lengths `valid_lengths` (default: `lengths`), the test split
     `test_lengths` (default uniform, so that every source-length bucket of the test report holds
-    about as many sentences).
+    about as many sentences). Its made-up languages are written with spaces between words
+    (`length_unit`), whatever codes a config gives them (`src`, `tgt`).
     """
+
+    length_unit = "words"  # how a source's length is counted (data.src_words=auto): known, not judged from the text
 
     def __init__(self, num_pairs: int = 50000, valid_pairs: int = 500, test_pairs: int = 1000,
                  seed: int = 0, min_len: int = 3, max_len: int = 60, lengths: str = "natural",

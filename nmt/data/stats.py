@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import logging
 
-import hydra
 import numpy as np
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from nmt import CONF_DIR, register_resolvers
-from nmt.cli_io import configured, ending_cleanly
+from nmt.cli_io import configured, hydra_command
 from nmt.data.datamodule import TranslationDataModule
 from nmt.data.sources import SPLITS
 
@@ -68,19 +66,14 @@ def report(dm: TranslationDataModule) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    """``python -m nmt.data.stats``: the config resolvers, then Hydra composes and runs ``run``."""
-    register_resolvers()
-    run()
-
-
-@hydra.main(config_path=CONF_DIR, config_name="stats", version_base="1.3")
-@ending_cleanly()  # a missing folder, a bad key: one line on stderr, status 2
-def run(cfg: DictConfig) -> None:
+def show_stats(cfg: DictConfig) -> None:
+    """Log the statistics of the data ``cfg.data`` configures."""
     dm: TranslationDataModule = configured(lambda: instantiate(cfg.data, vocab_loader=instantiate(cfg.vocab_loader)))
     dm.setup()
     log.info("corpus statistics\n%s", report(dm))
 
+
+main = hydra_command("stats", show_stats)  # python -m nmt.data.stats: nmt/conf/stats.yaml
 
 if __name__ == "__main__":
     main()

@@ -16,7 +16,7 @@ from nmt.evaluation import reordering, segment_scores, word_frequency
 from nmt.evaluation.length_report import Unit, bleu_cell, bucket_bounds, bucket_indices, length_report, write_report
 from nmt.evaluation.significance import significance
 from nmt.inference.translator import encode_sources
-from nmt.languages import split_tag, tag
+from nmt.languages.tags import split_tag, tag
 from nmt.runs.files import json_text
 
 

@@ -6,7 +6,7 @@ BLEU-by-length report (`nmt.evaluation.length_report`, on the source without its
 rate: the share of non-empty translations that the language identifier (`nmt.evaluation.language_id`,
 restricted to the languages of the model's directions) does not put in the direction's target
 language. The same rate of the references is the identifier's own error on that data. A length
-unit or BLEU tokenizer set to ``auto`` follows each direction's own languages (``nmt.writing``):
+unit or BLEU tokenizer set to ``auto`` follows each direction's own languages (``nmt.languages.writing``):
 a zh-en direction counts its sources in characters, an en-zh one scores BLEU with sacreBLEU's zh.
 """
 
@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from nmt import writing
+from nmt.languages import writing
 from nmt.evaluation.language_id import identifier, identify
-from nmt.languages import split_tag
+from nmt.languages.tags import split_tag
 from nmt.inference.requests import Naming, Request, RequestError
 from nmt.evaluation.length_report import data_unit, length_report, write_report
 from nmt.runs.files import json_text

@@ -2,7 +2,7 @@
 
 Sentences are bucketed by the length of their *source* (words before subword segmentation;
 characters for a language written without spaces, such as Chinese or Thai; or the source's own
-SentencePiece tokens, ``Tokens``; ``nmt.writing`` says which language is counted how), so every
+SentencePiece tokens, ``Tokens``; ``nmt.languages.writing`` says which language is counted how), so every
 system is scored on the same sentences in each bucket. ``length_buckets="auto"`` picks the edges
 of the unit (``EDGES``). Each
 bucket gets corpus BLEU/chrF over its sentences and a 95% bootstrap confidence interval of its
@@ -163,7 +163,7 @@ def length_report(
 ) -> dict[str, Any]:
     """Overall and per-bucket scores as a JSON-ready dict (``edges``: ``length_buckets``'s;
     ``tokenize``: sacreBLEU's tokenizer, None for its default, 13a; resolve ``auto`` first,
-    ``nmt.writing.resolve_tokenize``)."""
+    ``nmt.languages.writing.resolve_tokenize``)."""
     edges = length_buckets(edges, unit)
     if not len(sources) == len(hyps) == len(refs):
         raise ValueError(f"{len(sources)} sources, {len(hyps)} hypotheses and {len(refs)} references differ in number")

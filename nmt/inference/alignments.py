@@ -31,7 +31,7 @@ def pharaoh(source: Sequence[str], target: Sequence[str], weights: Sequence[Sequ
     """``"s-t ..."`` word alignments of ``source`` and ``target`` pieces (EOS left out) from the
     (target pieces x source pieces) attention ``weights``; columns past the source's are ignored.
     ``skip``: leading source words that are not the sentence's (a multilingual model's target-language
-    tag, ``nmt.languages.tag_words``): links to them are left out, the others counted from the next."""
+    tag, ``nmt.languages.tags.tag_words``): links to them are left out, the others counted from the next."""
     if not source or not target:
         return ""
     src_words, tgt_words = word_of_pieces(source), word_of_pieces(target)

@@ -39,7 +39,7 @@ from typing import Any
 
 from nmt.inference.alignments import pharaoh
 from nmt.data.tokenizer import LINE_BREAKING, check_vocabulary
-from nmt.languages import tag_words, vocabulary_languages
+from nmt.languages.tags import tag_words, vocabulary_languages
 from nmt.decoding.limits import tokens
 from nmt.machine import usable_cores
 from nmt.inference.requests import Naming, Request, RequestMeaning

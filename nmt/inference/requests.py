@@ -1,6 +1,6 @@
 """What a translation request means, checked in one place for every front end (translate.py,
 nmt-serve, evaluate, the Python API): the target language of a multilingual model (its tag on each
-sentence, ``nmt.languages``) and what guides each translation (a prefix it starts with, or phrases
+sentence, ``nmt.languages.tags``) and what guides each translation (a prefix it starts with, or phrases
 it must hold). A front end reads a request its own way (files, JSON) and reports a
 ``RequestError`` in its own form (one line on stderr, HTTP 400); the words are the same everywhere,
 with the names the front end gives its options (``Naming``). No torch here.
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nmt.languages import with_target_language
+from nmt.languages.tags import with_target_language
 
 GUIDES = ("prefixes", "constraints")
 
@@ -72,7 +72,7 @@ class RequestMeaning:
 
     def prepare(self, request: Request, naming: Naming = Naming()) -> Prepared:
         """``request`` checked and made ready, or a ``RequestError``: a language the model has no tag
-        for or a sentence without one (``nmt.languages.with_target_language``); both kinds of
+        for or a sentence without one (``nmt.languages.tags.with_target_language``); both kinds of
         guide; guides on a backend that cannot decode them; not one guide per sentence; a guide
         piece the target vocabulary lacks or one that leaves no room under the length cap."""
         numbers = naming.number_of(len(request.texts))

@@ -41,7 +41,7 @@ from nmt.decoding.constrained import check_constraints, constrained_beam_search
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 from nmt.decoding.search import Hypotheses, length_penalty
 from nmt.kernels import on_cpu
-from nmt.languages import tag_words, vocabulary_languages
+from nmt.languages.tags import tag_words, vocabulary_languages
 from nmt.kernels.malloc import bound_onednn_cache, keep_freed_memory
 from nmt.decoding.limits import model_max_src_len, model_max_tgt_len
 from nmt.machine import decoding_device, resolve_decoding_precision

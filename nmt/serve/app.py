@@ -28,15 +28,14 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
-import hydra
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from nmt import CONF_DIR, register_resolvers
-from nmt.cli_io import ending_cleanly
+from nmt import register_resolvers
+from nmt.cli_io import hydra_command
 from nmt.decoding.settings import BOUNDS
 from nmt.inference.backends import open_translator
 from nmt.inference.requests import Naming, Request as TranslationRequest
@@ -312,15 +311,8 @@ def load(cfg: DictConfig) -> Any:
     return translator
 
 
-def main() -> None:
-    """``nmt-serve``: the config resolvers, then Hydra composes and runs ``run``."""
-    register_resolvers()
-    run()
-
-
-@hydra.main(config_path=CONF_DIR, config_name="serve", version_base="1.3")
-@ending_cleanly()  # a user's error: one line on stderr, status 2
-def run(cfg: DictConfig) -> None:
+def serve(cfg: DictConfig) -> None:
+    """Load the model ``cfg`` names and serve it on ``cfg.host``:``cfg.port`` until stopped."""
     import uvicorn
 
     app = create_app(load(cfg), cfg)
@@ -331,6 +323,8 @@ def run(cfg: DictConfig) -> None:
                 h11_max_incomplete_event_size=int(limits.max_header_bytes), timeout_keep_alive=int(limits.keep_alive_s),
                 limit_concurrency=int(limits.max_connections), timeout_graceful_shutdown=int(cfg.shutdown_timeout_s))
 
+
+main = hydra_command("serve", serve)  # nmt-serve: nmt/conf/serve.yaml
 
 if __name__ == "__main__":
     main()

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from nmt import writing
+from nmt.languages import writing
 from nmt.evaluation import directions
 from nmt.checkpoints.files import FORMAT, nonfinite
 from nmt.checkpoints.finetune import load_optimizer_state
@@ -61,7 +61,7 @@ class TranslationModule(L.LightningModule):
     report_name: the system's name in that report (the model preset; default: decoder class).
     length_buckets: upper edges of the source-length buckets of that report; "auto": those of the
         unit the source is counted in (``nmt.evaluation.length_report.EDGES``).
-    sacrebleu_tokenize: sacreBLEU tokenizer of the target language: "auto" (``nmt.writing``: zh for
+    sacrebleu_tokenize: sacreBLEU tokenizer of the target language: "auto" (``nmt.languages.writing``: zh for
         Chinese, char for Thai, 13a for languages written with spaces), or one by name (13a, zh,
         ja-mecab, char...; None = 13a).
     max_nonfinite_steps: consecutive steps with a NaN/inf loss (each skipped) that stop training.
@@ -356,7 +356,7 @@ class TranslationModule(L.LightningModule):
         return scores
 
     def _tokenize(self) -> str | None:
-        """sacreBLEU's tokenizer of the data's target language (``sacrebleu_tokenize``; auto: ``nmt.writing``)."""
+        """sacreBLEU's tokenizer of the data's target language (``sacrebleu_tokenize``; auto: ``nmt.languages.writing``)."""
         return writing.resolve_tokenize(self.hparams.sacrebleu_tokenize, getattr(self.trainer.datamodule, "tgt_lang", ""))
 
     def on_validation_epoch_end(self) -> None:

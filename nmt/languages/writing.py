@@ -84,7 +84,7 @@ def length_unit(lang: str, texts: Sequence[str] | None = None) -> str:
     if known is not None or texts is None:
         return (known or SPACED).unit
     unit = text_unit(texts)
-    log.info("source length in %s: the language code %r is not in nmt/writing.py, and %d source sentences "
+    log.info("source length in %s: the language code %r is not in nmt/languages/writing.py, and %d source sentences "
              "have %s (set data.src_words to choose)", unit, str(lang)[:40], len(texts),
              "few spaces between words" if unit == "chars" else "spaces between words")
     return unit
