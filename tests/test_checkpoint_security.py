@@ -379,3 +379,46 @@ def test_a_release_files_embedded_report_is_read_only_up_to_a_run_folders_limit(
     with caplog.at_level(logging.WARNING, logger="nmt"):
         assert run_report(released, SAVED_RELEASE) is None
     assert f"more than a report's {MAX_REPORT_BYTES['json']:,}: left out" in caplog.text
+
+
+SAVED = Path(__file__).parent / "data" / "saved" / "transformer.ckpt"
+
+
+@pytest.mark.parametrize("payload, limit, message", [
+    (lambda: [[]] * 3000, ("MAX_STRUCTURE_OPS", 2000), "holds over 2,000 operations or 250,000 containers, where a checkpoint's holds about 10,000 and 3,000"),
+    (lambda: [[] for _ in range(3000)], ("MAX_CONTAINERS", 2000), "holds over 1,000,000 operations or 2,000 containers, where a checkpoint's holds about 10,000 and 3,000"),
+    (lambda: b"x" * 300_000, ("MAX_STRUCTURE_BYTES", 200_000), "is over 0 MB, where a checkpoint's is about 1 MB"),
+])
+def test_a_file_whose_structure_is_over_the_limits_is_refused_before_it_is_built(tmp_path, monkeypatch, payload,
+                                                                                    limit, message):
+    """What ``torch.load`` would build from a file is counted first: past a limit the file is
+    refused, one line naming it, and nothing is built (the limits lowered here to keep files small)."""
+    from nmt.checkpoints import files
+
+    checkpoint = torch.load(SAVED, weights_only=True)
+    path = tmp_path / "crafted.ckpt"
+    torch.save({**checkpoint, "loops": {**checkpoint.get("loops", {}), "crafted": payload()}}, path)
+    read_checkpoint(path)  # within today's limits
+    monkeypatch.setattr(files, limit[0], limit[1])
+    built = []
+    monkeypatch.setattr(torch, "load", lambda *a, **k: built.append(a))
+    with pytest.raises(CheckpointError) as refused:
+        read_checkpoint(path)
+    assert str(refused.value) == (f"{path}: its pickled structure (crafted/data.pkl) {message}"
+                                  + (": refused, it was not written by nmt"))
+    assert built == []
+
+
+def test_a_wide_container_is_walked_in_memory_that_follows_the_depth(tmp_path):
+    """A list of 200,000 references to one list: its names are made one at a time, never all at once."""
+    import tracemalloc
+
+    from nmt.checkpoints.files import file_tensors
+
+    checkpoint = {"state_dict": {"w": torch.zeros(2)}, "loops": {"x": [[]] * 200_000 + [torch.ones(1)]}}
+    tracemalloc.start()
+    found = file_tensors(checkpoint, "f.ckpt")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert [name for name, _, _ in found] == ["w", "loops.x[200000]"]
+    assert peak < 2_000_000  # names pushed for every item took ~30 MB

@@ -11,6 +11,13 @@ wherever it is, and the values every reader uses are checked on reading (``check
 ``check_values``); what resuming restores is checked by ``nmt.checkpoints.resume``. Checkpoints
 written before format 2 hold pickled Python objects: they load only with ``allow_pickle=True``,
 for files you trust, since unpickling runs whatever code the file names.
+
+Before ``torch.load`` builds anything, the archive's pickled structure (its ``*.pkl`` entries:
+everything but the tensors' bytes) is read and counted (``check_structure``): at most
+``MAX_STRUCTURE_BYTES``, ``MAX_STRUCTURE_OPS`` pickle operations and ``MAX_CONTAINERS`` lists,
+dicts, tuples and sets. A checkpoint's structure is about 1 MB, 10,000 operations and 3,000
+containers; within the limits the worst a file can build (each operation a new container or a
+reference) is a few hundred MB and a few seconds, whatever it repeats.
 """
 
 from __future__ import annotations
@@ -19,10 +26,12 @@ import errno
 import math
 import os
 import pickle
+import pickletools
 import re
 import tempfile
 import zipfile
-from collections.abc import Iterable
+import zlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +54,41 @@ def _refused_global(error: Exception) -> str:
     return f"it names {found.group(1)}" if found else str(error).strip().splitlines()[0]
 
 
+MAX_STRUCTURE_BYTES = 64 << 20  # a file's pickled structure: configs, tokenizers (a 256k-piece model: ~5 MB), ...
+MAX_STRUCTURE_OPS = 1_000_000  # a checkpoint's: about 10,000 (a model of 1,000 weight tensors: about 100,000)
+MAX_CONTAINERS = 250_000
+CONTAINER_OPS = frozenset({"EMPTY_LIST", "LIST", "EMPTY_DICT", "DICT", "EMPTY_TUPLE", "TUPLE", "TUPLE1", "TUPLE2",
+                           "TUPLE3", "EMPTY_SET", "FROZENSET", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD"})
+
+
+def check_structure(path: Path) -> None:
+    """A ``CheckpointError`` for a torch archive whose pickled structure is larger than the
+    limits above (read and counted without building it)."""
+    with zipfile.ZipFile(path) as archive:
+        for entry in archive.infolist():
+            if not entry.filename.endswith(".pkl"):
+                continue
+            if entry.file_size > MAX_STRUCTURE_BYTES:  # the size zipfile holds the entry's reading to
+                raise CheckpointError(f"{path}: its pickled structure ({entry.filename}) is over "
+                                      f"{MAX_STRUCTURE_BYTES >> 20} MB, where a checkpoint's is about 1 MB: refused, it "
+                                      "was not written by nmt")
+            ops = containers = 0
+            try:
+                with archive.open(entry) as f:  # read as it is counted: a string at a time
+                    for op, _, _ in pickletools.genops(f):
+                        ops += 1
+                        containers += op.name in CONTAINER_OPS
+                        if ops > MAX_STRUCTURE_OPS or containers > MAX_CONTAINERS:
+                            raise CheckpointError(
+                                f"{path}: its pickled structure ({entry.filename}) holds over "
+                                f"{MAX_STRUCTURE_OPS:,} operations or {MAX_CONTAINERS:,} containers, where a "
+                                "checkpoint's holds about 10,000 and 3,000: refused, it was not written by nmt")
+            except ValueError as e:  # not a pickle pickletools can read: torch's own reader says what it is
+                if isinstance(e, CheckpointError):
+                    raise
+                return
+
+
 def read_checkpoint(path: str | Path, allow_pickle: bool = False, what: str = "ckpt") -> dict[str, Any]:
     """The checkpoint dict of ``path``, read with ``weights_only=True`` (memory-mapped), or a
     one-line ``CheckpointError`` naming the file and what it is: not a checkpoint, truncated, of a
@@ -62,6 +106,7 @@ def read_checkpoint(path: str | Path, allow_pickle: bool = False, what: str = "c
         raise CheckpointError(f"{path}: not a checkpoint (not a torch.save archive); give a .ckpt written by "
                               "nmt's train.py, nmt-average or nmt-export")
     try:
+        check_structure(path)
         checkpoint = torch.load(path, map_location="cpu", weights_only=not allow_pickle, mmap=True)
     except pickle.UnpicklingError as e:
         if _refused_global(e) in ("it names bytes", "it names builtins.bytes"):  # how pickle writes b"": no nmt file has one
@@ -72,7 +117,7 @@ def read_checkpoint(path: str | Path, allow_pickle: bool = False, what: str = "c
             "code when loaded; nmt checkpoints before format 2 do. Only if you trust the file: set "
             "allow_pickle=true (convert it once with nmt-export ckpt=... format=release allow_pickle=true)"
         ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, zlib.error, NotImplementedError) as e:
         raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({str(e).strip().splitlines()[0]})") from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise CheckpointError(f"{path}: a torch file, but not a checkpoint (no state_dict); give a .ckpt written by "
@@ -156,26 +201,34 @@ def file_tensors(checkpoint: dict[str, Any], path: str | Path) -> list[tuple[str
     it is named (a list of two references to one list, 45 levels deep, is 46 lists and 2^45 paths),
     so the walk costs what the file's objects count, not its paths."""
     found: list[tuple[str, Any, str]] = []
-    stack: list[tuple[str, Any, str, int]] = [(str(k), v, str(k), 1) for k, v in reversed(checkpoint.items())]
     walked: set[int] = set()  # the ids of the containers walked (all alive: the checkpoint holds them)
+    # one iterator per open container: memory follows the depth, and a name is made when its item is reached
+    stack: list[Iterator[tuple[str, Any, str]]] = [iter([(str(k), v, str(k)) for k, v in checkpoint.items()])]
     while stack:
-        where, node, section, depth = stack.pop()
-        if depth > MAX_DEPTH:
+        item = next(stack[-1], None)
+        if item is None:
+            stack.pop()
+            continue
+        where, node, section = item
+        if len(stack) > MAX_DEPTH:
             raise CheckpointError(f"{path}: {where} is nested deeper than any nmt file ({MAX_DEPTH} levels); refused")
-        if isinstance(node, (dict, list, tuple)):
-            if id(node) in walked:
-                continue
-            walked.add(id(node))
         if torch.is_tensor(node):
             found.append((where, node, section))
-        elif isinstance(node, dict):
-            for key, value in reversed(list(node.items())):
-                name = (str(key) if where in STATE_DICTS and section == "state_dict"
-                        else f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}")
-                stack.append((name, value, section, depth + 1))
-        elif isinstance(node, (list, tuple)):
-            stack.extend((f"{where}[{i}]", value, section, depth + 1) for i, value in reversed(list(enumerate(node))))
+        elif isinstance(node, (dict, list, tuple)) and id(node) not in walked:
+            walked.add(id(node))
+            stack.append(_named_children(where, node, section))
     return found
+
+
+def _named_children(where: str, node: dict | list | tuple, section: str) -> Iterator[tuple[str, Any, str]]:
+    """(name, value, section) of each item of a container named ``where`` (``file_tensors``)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield (str(key) if where in STATE_DICTS and section == "state_dict"
+                   else f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}"), value, section
+    else:
+        for i, value in enumerate(node):
+            yield f"{where}[{i}]", value, section
 
 
 def _not_plain(t: torch.Tensor) -> str | None:
