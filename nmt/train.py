@@ -211,8 +211,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
         raise SystemExit(128 + stopped_by)
 
     last_checkpoint = next((cb for cb in callbacks if isinstance(cb, LastCheckpoint) and cb.step is not None), None)
-    if cfg.get("train", True) and trainer.is_global_zero and trainer.checkpoint_callback:
-        share_best_with_last(trainer.checkpoint_callback.best_model_path, last_checkpoint)
+    # the best file of this fit: testing a checkpoint restores the callbacks' state that file holds
+    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    if cfg.get("train", True) and trainer.is_global_zero and best:
+        share_best_with_last(best, last_checkpoint)
     tested = None
     if cfg.get("test", False):
         last = str(last_checkpoint.path) if last_checkpoint is not None else None
@@ -227,9 +229,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
         shapes = len(np.unique(sampler.shapes_of_epoch(0), axis=0)) if sampler is not None else None
         device_use = {"compile": compile_summary(plan, compiled_before, shapes) if compiled_before else None,
                       "shapes": cfg.data.get("shapes"), "batch_probe": batch_probe}
-        write_summary(cfg, module, metrics, seconds, params, trainer, resumed_from=ckpt_path, tested=tested,
+        write_summary(cfg, module, metrics, seconds, params, trainer, resumed_from=ckpt_path, tested=tested, best=best,
                       ended_by=end, device_use=device_use)
-        log.info("%s", run_summary(cfg, module, trainer, tested))
+        log.info("%s", run_summary(cfg, module, best, tested))
     if any(type(logger).__name__ == "WandbLogger" for logger in loggers):
         import wandb
 
@@ -362,7 +364,7 @@ def best_chosen(runs: list[dict[str, Any]], sentences: int | None) -> dict[str, 
             "final": {"step": during[-1]["step"], "bleu": during[-1]["bleu"]}}
 
 
-def run_summary(cfg: DictConfig, module, trainer: L.Trainer, tested: dict[str, Any] | None) -> str:
+def run_summary(cfg: DictConfig, module, best: str, tested: dict[str, Any] | None) -> str:
     """What the terminal shows at the end of a run: test scores and the by-length table, where
     the checkpoints and reports are, and the command that translates with the tested weights."""
     out = Path(cfg.paths.output_dir)
@@ -375,7 +377,6 @@ def run_summary(cfg: DictConfig, module, trainer: L.Trainer, tested: dict[str, A
                      f"({report['count']} sentences; step {tested['step']})")
         lines.append(markdown_table({report_name(cfg, module): report}).rstrip())
         lines.append(f"report: {results['report_paths']['md']} (plot: {results['report_paths']['png']})")
-    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     last = out / CHECKPOINTS / "last.ckpt"
     if best:
         lines.append(f"best checkpoint: {best}")
@@ -425,7 +426,7 @@ def test_scores(module) -> dict[str, Any] | None:
 def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: tuple[float, float], params: int, trainer,
                   resumed_from: str | None = None, stopped_by: str | None = None,
                   tested: dict[str, Any] | None = None, ended_by: str | None = None,
-                  device_use: dict[str, Any] | None = None) -> None:
+                  device_use: dict[str, Any] | None = None, best: str | None = None) -> None:
     """``<run>/summary.json``: what a study or sweep table needs from a run; ``seconds``: this
     call's ``fit`` time and the run's training time (``train_wall_seconds``)."""
     fit_seconds, train_seconds = seconds
@@ -444,7 +445,8 @@ def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: t
         "train_tokens_per_sec": round(module.train_tokens * trainer.world_size / max(module.train_seconds, 1e-9), 1),
         "train_tgt_tokens_per_sec": None if module.train_tgt_tokens is None else  # resumed from an older checkpoint
         round(module.train_tgt_tokens * trainer.world_size / max(module.train_seconds, 1e-9), 1),
-        "best_checkpoint": trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else None,
+        "best_checkpoint": best if best is not None else  # after a test, best_model_path is its file's record
+        (trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else None),
         "tested_checkpoint": tested,  # {"path", "step"} the test metrics were scored with
         "test": test_scores(module),  # BLEU with its 95% bootstrap interval, chrF, sentences
         "resumed_from": resumed_from,

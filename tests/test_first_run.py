@@ -60,7 +60,7 @@ def test_a_run_writing_to_a_file_logs_progress_lines_examples_and_keeps_one_copy
     final_is_best = torch.load(best, weights_only=True, mmap=True)["global_step"] == record["steps"]
     assert os.path.samefile(best, last) == final_is_best
     if final_is_best:
-        assert "last.ckpt is now a second name of" in text
+        assert "is now a second name of last.ckpt (one copy on disk)" in text
 
 
 def test_the_best_and_the_last_checkpoint_share_a_file_only_when_equal(tmp_path):

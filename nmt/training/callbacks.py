@@ -269,9 +269,10 @@ def hms(seconds: float) -> str:
 
 def share_best_with_last(best: str | Path | None, last: LastCheckpoint | None) -> bool:
     """Where the best checkpoint holds the final state (the same step and the same weights as
-    ``last.ckpt``: the last validation was the best), ``last.ckpt`` becomes a second name of the
-    best file (a hard link), so a run keeps one copy of the weights, not two. The best file is
-    the one to keep: it was saved after that validation, which its callback state records. A
+    ``last.ckpt``: the last validation was the best), the best file becomes a second name of
+    ``last.ckpt`` (a hard link), so a run keeps one copy of the weights, not two. ``last.ckpt`` is
+    the one to keep: saved at the end of the batch, it resumes exactly (``LastCheckpoint``); the
+    best file's own callback state, saved after the validation, is the only thing dropped. A
     later save of ``last.ckpt`` (a resumed run) writes a new file renamed over it, which leaves
     the best file as it was. False where the files differ or the folder takes no hard links (both
     copies stay)."""
@@ -285,17 +286,17 @@ def share_best_with_last(best: str | Path | None, last: LastCheckpoint | None) -
             not all(torch.equal(t, b["state_dict"][name]) for name, t in a["state_dict"].items()):
         return False
     del a, b
-    link = last.path.with_name(last.path.name + ".link")
+    link = best.with_name(best.name + ".link")
     try:
-        os.link(best, link)
-        os.replace(link, last.path)
+        os.link(last.path, link)
+        os.replace(link, best)
     except OSError as e:
         link.unlink(missing_ok=True)
         log.info("the best checkpoint is the final state, but %s cannot be a hard link of %s (%s): both copies "
-                 "are kept", last.path, best, e)
+                 "are kept", best, last.path, e)
         return False
     log.info("the best checkpoint is the final state: %s is now a second name of %s (one copy on disk)",
-             last.path.name, best.name)
+             best.name, last.path.name)
     return True
 
 
