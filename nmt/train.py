@@ -44,7 +44,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from nmt import CONF_DIR, register_resolvers
 from nmt.training.builders import (build_callbacks, build_datamodule, build_loggers, build_model, build_module,
-                          build_trainer, compile_plan, count_parameters)
+                          build_trainer, compile_plan, count_parameters, trainer_processes)
 from nmt.training.batch_probe import CPU_TOKENS, START, probe_max_tokens, training_step_of
 from nmt.training.compiling import allow_recompiles, compile_counters, compile_summary
 from nmt.data.shapes import bucket, resolve_shapes
@@ -298,12 +298,13 @@ def fit_batch_to_device(cfg: DictConfig, model: torch.nn.Module, module: L.Light
 def accumulate_to_tokens(cfg: DictConfig) -> None:
     """``tokens_per_update``: accumulate enough batches of ``data.max_tokens`` (on every process) for
     an optimizer step to see about that many tokens, as the Transformer's recipe counts its ~25k
-    (Vaswani et al. 2017, sec. 5.1); sets ``trainer.accumulate_grad_batches``, logged."""
+    (Vaswani et al. 2017, sec. 5.1); sets ``trainer.accumulate_grad_batches``, logged. The processes
+    are those the Trainer will run (``trainer_processes``: ``trainer.devices`` in any of its forms,
+    times ``trainer.num_nodes``)."""
     target = cfg.get("tokens_per_update")  # checked by resolve_batches
     if target is None:
         return
-    devices = cfg.trainer.get("devices", 1)
-    world = int(cfg.trainer.get("num_nodes", 1)) * (int(devices) if str(devices).isdigit() else 1)
+    world = trainer_processes(cfg.trainer)
     steps = max(1, round(target / (int(cfg.data.max_tokens) * world)))
     with open_dict(cfg):
         cfg.trainer.accumulate_grad_batches = steps

@@ -145,3 +145,22 @@ def build_trainer(cfg: DictConfig, callbacks: list[Callback], loggers: list[Any]
         extra["enable_progress_bar"] = False  # the lines report progress: Lightning would add its own bar
     return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, enable_checkpointing=checkpointing,
                        **extra)
+
+
+def trainer_processes(trainer_cfg: DictConfig) -> int:
+    """How many processes ``cfg.trainer`` trains with, as the Trainer will resolve them: Lightning's
+    own accelerator connector reads ``accelerator``, ``strategy``, ``devices`` (a count, ``auto`` or
+    ``-1``: every device the accelerator sees, a list of indices, or a string such as ``"0,1"``) and
+    ``num_nodes``; the strategy's world size is the answer (``num_nodes`` x the devices of a node)."""
+    from pytorch_lightning.trainer.connectors.accelerator_connector import _AcceleratorConnector
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, DictConfig) and "_target_" in value:
+            return instantiate(value)
+        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+    connector = _AcceleratorConnector(devices=plain(trainer_cfg.get("devices", "auto")),
+                                      num_nodes=int(trainer_cfg.get("num_nodes", 1)),
+                                      accelerator=plain(trainer_cfg.get("accelerator", "auto")),
+                                      strategy=plain(trainer_cfg.get("strategy", "auto")))
+    return int(getattr(connector.strategy, "world_size", 1))  # Trainer.world_size reads it so
