@@ -375,7 +375,7 @@ def run_summary(cfg: DictConfig, module, trainer: L.Trainer, tested: dict[str, A
         low, high = report["bleu_ci"]
         lines.append(f"test BLEU {report['bleu']:.1f} [{low:.1f}, {high:.1f}], chrF {report['chrf']:.1f} "
                      f"({report['count']} sentences; step {tested['step']})")
-        lines.append(markdown_table({report_name(cfg, module): report}).rstrip())
+        lines.append(markdown_table({report_name(module): report}).rstrip())
         lines.append(f"report: {results['report_paths']['md']} (plot: {results['report_paths']['png']})")
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     last = out / CHECKPOINTS / "last.ckpt"
@@ -403,7 +403,7 @@ def example_lines(sources: list[str], count: int = 3, longest: int = 15) -> list
     return (short or list(range(len(sources))))[:count]
 
 
-def report_name(cfg: DictConfig, module) -> str:
+def report_name(module: L.LightningModule) -> str:
     """The system's name in the test report (``module.report_name``), as ``write_test_report`` names it."""
     return module.hparams.get("report_name") or type(module.model.decoder).__name__
 

@@ -9,10 +9,10 @@ import functools
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
 from omegaconf import DictConfig, open_dict
 
 from nmt.data.tokenizer import BOS, PAD
+from nmt.training.builders import instantiate_model
 from tests.conftest import CONF_DIR
 
 VOCAB = 40
@@ -73,7 +73,7 @@ def build(name: str, vocab: int = VOCAB) -> torch.nn.Module:
             if "num_heads" in part:
                 part.num_heads, part.ff_size = 2, 32
     torch.manual_seed(0)
-    return instantiate(model_cfg).set_kernels(_built["kernels"]).eval()
+    return instantiate_model(model_cfg).set_kernels(_built["kernels"]).eval()
 
 
 def batch(lengths=(7, 5, 3), tgt_len=6, seed=0):
@@ -232,7 +232,7 @@ def test_tied_and_shared_embeddings():
         cfg = compose("train", overrides=["model=transformer", "model.hidden_size=16", "model.encoder.num_heads=2", "model.decoder.num_heads=2"])
     with open_dict(cfg):
         cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = VOCAB
-    model = instantiate(cfg.model)
+    model = instantiate_model(cfg.model)
     assert cfg.model.share_src_tgt_embeddings is True  # the synthetic data's vocabulary is joint
     assert model.decoder.out.weight is model.decoder.embed.weight
     assert model.encoder.embed.weight is model.decoder.embed.weight

@@ -26,6 +26,7 @@ from nmt.training.callbacks import ScheduleHorizon
 from nmt.training.compiling import CompilePlan, gpu_compiler_available, resolve_compile
 from nmt.training.progress_lines import ProgressLines
 from nmt.machine import training_device
+from nmt.models.base import seq2seq_config
 from nmt.checkpoints.files import saved_vocabularies
 from nmt.decoding.search import search_of
 from nmt.decoding.settings import SearchSettings
@@ -52,11 +53,19 @@ def build_model(cfg: DictConfig, src_vocab_size: int, tgt_vocab_size: int) -> to
     with open_dict(cfg):
         cfg.model.src_vocab_size = src_vocab_size
         cfg.model.tgt_vocab_size = tgt_vocab_size
-    model = instantiate(cfg.model).set_kernels(cfg.get("kernels", "auto"))
+    model = instantiate_model(cfg.model).set_kernels(cfg.get("kernels", "auto"))
     plan = compile_plan(cfg)
     if plan is not None:
         model.compile_features(plan.dynamic, plan.mode, plan.backend)
     return model
+
+
+def instantiate_model(model_cfg: DictConfig | dict[str, Any]) -> torch.nn.Module:
+    """``hydra.utils.instantiate`` of a model config, its shared sizes left out once they have
+    reached the encoder and decoder (``nmt.models.base.seq2seq_config``)."""
+    resolved = OmegaConf.to_container(model_cfg, resolve=True) if OmegaConf.is_config(model_cfg) else dict(model_cfg)
+    key = (model_cfg._key() if OmegaConf.is_config(model_cfg) else None) or "model"
+    return instantiate(OmegaConf.create({key: seq2seq_config(resolved)})[key])  # errors name "model.<key>"
 
 
 def compile_plan(cfg: DictConfig) -> CompilePlan | None:
