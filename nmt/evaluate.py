@@ -28,7 +28,7 @@ from nmt.checkpoints.files import CheckpointError, saved_vocabularies
 from nmt.cli_io import hydra_command
 from nmt.evaluation import directions, reordering
 from nmt.evaluation.analyses import (Scored, by_comet, by_frequency, by_reordering, reference_alignments, robustness,
-                                     training_counts, translate_with_entropy)
+                                     training_counts, translate_with_entropy, words_of)
 from nmt.evaluation.comparison import compare
 from nmt.evaluation.length_report import data_unit, length_buckets, length_report, write_report
 from nmt.evaluation.significance import significance
@@ -149,7 +149,7 @@ def evaluate(cfg: DictConfig) -> None:
     sources = directions.untagged(tagged)  # what the reports count and show; multilingual models read the tags
     inputs = {name: directions.model_inputs(t, name, tagged, sources, datamodule) for name, t in zip(names, loaded)}
     split = directions.plan(datamodule)  # before any translation: the language identifier
-    frequency = training_counts(datamodule) if word_frequency else None
+    frequency = training_counts(datamodule, tokenize) if word_frequency else None
     hyps: dict[str, list[str]] = {}
     entropies: dict[str, list[float | None]] = {}
     seconds: dict[str, float] = {}
@@ -167,7 +167,8 @@ def evaluate(cfg: DictConfig) -> None:
             raise ValueError(f"{file}: {len(lines)} lines, but the {split_name} split has {len(refs)} references")
         hyps[str(name)] = lines
     baseline = str(cfg.baseline) if cfg.get("baseline") is not None else next(iter(hyps))
-    test = Scored(sources, tagged, refs, unit, hyps, baseline, edges, tokenize)
+    test = Scored(sources, tagged, refs, unit, hyps, baseline, edges, tokenize,
+                  (words_of(datamodule.src_lang, sources), words_of(datamodule.tgt_lang, refs)))
     reports = {name: length_report(sources, h, refs, edges, unit=unit, tokenize=tokenize,
                                    n_bootstrap=cfg.n_bootstrap) for name, h in hyps.items()}
     for name, value in seconds.items():  # with the attention the analyses read, when asked for
@@ -175,7 +176,8 @@ def evaluate(cfg: DictConfig) -> None:
     if frequency is not None:
         by_frequency(cfg, test, frequency, reports)
     if cfg.get("reordering", True):
-        by_reordering(cfg, test, reference_alignments(datamodule, dict(zip(names, loaded)), sources, refs, inputs), reports)
+        by_reordering(cfg, test, reference_alignments(datamodule, dict(zip(names, loaded)), sources, refs, inputs, test.words),
+                      reports)
     for name, values in entropies.items():
         reports[name]["attention_entropy"] = reordering.entropy_by_length(sources, values, edges, unit)
     if comet is not None:

@@ -43,7 +43,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from nmt import register_resolvers
 from nmt.training.builders import (build_callbacks, build_datamodule, build_loggers, build_model, build_module,
-                          build_trainer, compile_plan, count_parameters)
+                          build_trainer, compile_plan, count_parameters, trainer_processes)
 from nmt.training.batch_probe import CPU_TOKENS, START, probe_max_tokens, training_step_of
 from nmt.training.compiling import allow_recompiles, compile_counters, compile_summary
 from nmt.data.shapes import bucket, resolve_shapes
@@ -299,12 +299,13 @@ def fit_batch_to_device(cfg: DictConfig, model: torch.nn.Module, module: L.Light
 def accumulate_to_tokens(cfg: DictConfig) -> None:
     """``tokens_per_update``: accumulate enough batches of ``data.max_tokens`` (on every process) for
     an optimizer step to see about that many tokens, as the Transformer's recipe counts its ~25k
-    (Vaswani et al. 2017, sec. 5.1); sets ``trainer.accumulate_grad_batches``, logged."""
+    (Vaswani et al. 2017, sec. 5.1); sets ``trainer.accumulate_grad_batches``, logged. The processes
+    are those the Trainer will run (``trainer_processes``: ``trainer.devices`` in any of its forms,
+    times ``trainer.num_nodes``)."""
     target = cfg.get("tokens_per_update")  # checked by resolve_batches
     if target is None:
         return
-    devices = cfg.trainer.get("devices", 1)
-    world = int(cfg.trainer.get("num_nodes", 1)) * (int(devices) if str(devices).isdigit() else 1)
+    world = trainer_processes(cfg.trainer)
     steps = max(1, round(target / (int(cfg.data.max_tokens) * world)))
     with open_dict(cfg):
         cfg.trainer.accumulate_grad_batches = steps
@@ -375,7 +376,7 @@ def run_summary(cfg: DictConfig, module, best: str, tested: dict[str, Any] | Non
         low, high = report["bleu_ci"]
         lines.append(f"test BLEU {report['bleu']:.1f} [{low:.1f}, {high:.1f}], chrF {report['chrf']:.1f} "
                      f"({report['count']} sentences; step {tested['step']})")
-        lines.append(markdown_table({report_name(cfg, module): report}).rstrip())
+        lines.append(markdown_table({report_name(module): report}).rstrip())
         lines.append(f"report: {results['report_paths']['md']} (plot: {results['report_paths']['png']})")
     last = out / CHECKPOINTS / "last.ckpt"
     if best:
@@ -402,7 +403,7 @@ def example_lines(sources: list[str], count: int = 3, longest: int = 15) -> list
     return (short or list(range(len(sources))))[:count]
 
 
-def report_name(cfg: DictConfig, module) -> str:
+def report_name(module: L.LightningModule) -> str:
     """The system's name in the test report (``module.report_name``), as ``write_test_report`` names it."""
     return module.hparams.get("report_name") or type(module.model.decoder).__name__
 

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
 from omegaconf import open_dict
 
 from nmt import CONF_DIR, register_resolvers
 from nmt.bench.measure import SavedBytes
+from nmt.training.builders import instantiate_model
 
 
 def build(model: str, vocab: int, overrides: list[str]) -> torch.nn.Module:
@@ -37,7 +37,7 @@ def build(model: str, vocab: int, overrides: list[str]) -> torch.nn.Module:
     with open_dict(cfg):
         cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = vocab
         cfg.model.share_src_tgt_embeddings = False
-    return instantiate(cfg.model)
+    return instantiate_model(cfg.model)
 
 
 def measure(model: torch.nn.Module, batch: tuple[torch.Tensor, ...], enabled: bool, warmup: int, steps: int, device: torch.device) -> dict:

@@ -32,7 +32,6 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
 from omegaconf import open_dict
 from torch.profiler import ProfilerActivity, profile
 
@@ -40,6 +39,7 @@ from nmt import CONF_DIR, register_resolvers
 from nmt.data.batching import collate
 from nmt.data.shapes import ShapeBuckets
 from nmt.decoding.search import beam_search
+from nmt.training.builders import instantiate_model
 from nmt.training.lit_module import TranslationModule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,7 +88,7 @@ def build(preset: str) -> torch.nn.Module:
     with open_dict(cfg):
         cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = VOCAB
     torch.manual_seed(0)
-    return instantiate(cfg.model).set_kernels("reference")
+    return instantiate_model(cfg.model).set_kernels("reference")
 
 
 def batch(rows: int = 16, length: int = 23) -> dict:

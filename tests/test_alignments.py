@@ -179,3 +179,20 @@ def test_alignments_of_random_sentences_link_only_real_words(serve_ckpt):
     for translation, line in zip(translator.translate(lines, alignments=True), lines):
         links = parse(translation.hypotheses[0].alignment)
         assert all(s < len(line.split()) and t < len(translation.text.split()) for s, t in links)
+
+
+def test_a_side_written_without_spaces_is_aligned_in_characters():
+    """Chinese target pieces lifted to characters (each piece to its first one, "▁" not counted),
+    where words would make the whole clause one word; a tagged source's offset in characters too."""
+    from nmt.inference.alignments import unit_of_pieces
+
+    target = ["▁我", "喜欢", "猫", "。"]  # one whitespace word, five characters
+    assert word_of_pieces(target) == [0, 0, 0, 0] and unit_of_pieces(target, "chars") == [0, 1, 3, 4]
+    source = ["▁I", "▁like", "▁cats", "▁."]
+    weights = [[0.9, 0.0, 0.0, 0.1], [0.0, 0.9, 0.0, 0.1], [0.0, 0.0, 0.9, 0.1], [0.0, 0.1, 0.0, 0.9]]
+    assert pharaoh(source, target, weights) == "0-0 1-0 2-0 3-0"
+    assert pharaoh(source, target, weights, units=("words", "chars")) == "0-0 1-1 2-3 3-4"
+    tagged = ["▁<2zh>", "▁我", "喜欢"]
+    assert pharaoh(tagged, ["▁I", "▁like"], [[0.0, 0.9, 0.1], [0.0, 0.1, 0.9]], skip=1, units=("chars", "words")) == "0-0 1-1"
+    with pytest.raises(ValueError, match="alignment unit must be 'words' or 'chars', got 'tokens'"):
+        unit_of_pieces(target, "tokens")

@@ -76,13 +76,30 @@ def test_auto_on_a_cpu_is_a_fixed_batch_and_on_several_gpus_is_refused(cfg_train
     assert resolve_batches(cfg) is False and cfg.data.shapes == "buckets"
 
 
-def test_tokens_per_update_sets_the_accumulation_for_the_batch_and_processes(cfg_train):
+def test_tokens_per_update_sets_the_accumulation_for_the_batch_and_processes(cfg_train, monkeypatch, caplog):
     cfg = cfg_train(["tokens_per_update=25000", "data.max_tokens=8192"])
     accumulate_to_tokens(cfg)
     assert cfg.trainer.accumulate_grad_batches == 3
     cfg = cfg_train(["tokens_per_update=25000", "data.max_tokens=6000", "trainer.devices=2"])
-    accumulate_to_tokens(cfg)
+    with caplog.at_level("INFO", logger="nmt.train"):
+        accumulate_to_tokens(cfg)
     assert cfg.trainer.accumulate_grad_batches == 2  # 2 processes x 2 batches x 6,000 tokens
+    assert "tokens_per_update=25000: 2 batch(es) of 6000 tokens on 2 process(es) per optimizer step (24000 tokens)" \
+        in caplog.text
+    import lightning_fabric.accelerators.cuda
+    import pytorch_lightning.accelerators.cuda
+
+    for module in (lightning_fabric.accelerators.cuda, pytorch_lightning.accelerators.cuda):
+        monkeypatch.setattr(module, "num_cuda_devices", lambda: 8)  # a machine that shows 8 GPUs
+    for devices in ("auto", "-1", "[0,1,2,3,4,5,6,7]", "'0,1,2,3,4,5,6,7'"):
+        cfg = cfg_train(["tokens_per_update=25000", "data.max_tokens=3125", "trainer.accelerator=gpu",
+                         f"trainer.devices={devices}"])
+        accumulate_to_tokens(cfg)
+        assert cfg.trainer.accumulate_grad_batches == 1, devices  # 8 processes x 3,125 tokens: the recipe's 25k
+    cfg = cfg_train(["tokens_per_update=25000", "data.max_tokens=3125", "trainer.accelerator=gpu", "trainer.devices=4",
+                     "trainer.num_nodes=2"])
+    accumulate_to_tokens(cfg)
+    assert cfg.trainer.accumulate_grad_batches == 1
     for bad in ("0", "abc", "True"):
         cfg = cfg_train([f"tokens_per_update={bad}"])
         with pytest.raises(ValueError, match=rf"^tokens_per_update={bad}: a positive number of tokens per optimizer step"):

@@ -10,11 +10,11 @@ import itertools
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
 from omegaconf import open_dict
 
 from nmt.decoding.search import beam_search, greedy_search, length_penalty
 from nmt.specials import BOS, EOS, PAD, UNK
+from nmt.training.builders import instantiate_model
 from tests.conftest import CONF_DIR, heads
 
 VOCAB = 6
@@ -36,7 +36,7 @@ def model(request):
                                           "model.dropout=0.0", *heads(request.param)])
     with open_dict(cfg):
         cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = VOCAB  # a joint vocabulary: the Transformer ties them
-    model = instantiate(cfg.model).eval()
+    model = instantiate_model(cfg.model).eval()
     torch.manual_seed(1)
     with torch.no_grad():
         for weight in model.parameters():

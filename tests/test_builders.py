@@ -16,7 +16,7 @@ from omegaconf import open_dict
 from pytorch_lightning.callbacks import Callback, ProgressBar
 
 import nmt.training.builders
-from nmt.training.builders import build_callbacks, build_loggers, build_trainer
+from nmt.training.builders import build_callbacks, build_loggers, build_trainer, trainer_processes
 from nmt.training.callbacks import AtomicCheckpointIO, ScheduleHorizon
 from nmt.checkpoints.files import read_checkpoint
 from nmt.train import train
@@ -25,6 +25,36 @@ from tests.conftest import CONF_DIR, ROOT
 
 def trainer_of(cfg):
     return build_trainer(cfg, build_callbacks(cfg), build_loggers(cfg))
+
+
+def test_two_cpu_devices_are_two_ddp_processes_as_the_trainer_counts_them(cfg_train):
+    """trainer.accelerator=cpu trainer.devices=2: two processes under DDP (gloo), the number the
+    Trainer built from the same config holds as its world size; num_nodes multiplies it."""
+    from pytorch_lightning.strategies import DDPStrategy
+
+    for overrides, processes in ((["trainer.devices=2"], 2), (["trainer.devices=auto"], 1),
+                                 (["trainer.devices=2", "trainer.num_nodes=2"], 4), (["trainer=ddp", "trainer.accelerator=cpu"], 2)):
+        cfg = cfg_train(["trainer.accelerator=cpu", *overrides])
+        trainer = trainer_of(cfg)
+        assert trainer_processes(cfg.trainer) == trainer.world_size == processes, overrides
+        assert isinstance(trainer.strategy, DDPStrategy) == (processes > 1)
+
+
+@pytest.mark.parametrize("devices, num_nodes, processes", [("auto", 1, 8), (-1, 1, 8), ("-1", 2, 16), ([0, 3], 1, 2),
+                                                           ("0,1,2", 1, 3), ("2", 2, 4), (1, 1, 1), ([5], 3, 3)])
+def test_every_form_of_trainer_devices_counts_the_processes(cfg_train, monkeypatch, devices, num_nodes, processes):
+    """On a machine that shows 8 GPUs (Lightning's device count replaced), every form of
+    ``trainer.devices`` Lightning accepts gives the processes it runs: all of them for auto and -1,
+    as many as a list or a string names."""
+    import lightning_fabric.accelerators.cuda
+    import pytorch_lightning.accelerators.cuda
+
+    for module in (lightning_fabric.accelerators.cuda, pytorch_lightning.accelerators.cuda):
+        monkeypatch.setattr(module, "num_cuda_devices", lambda: 8)
+    cfg = cfg_train(["trainer.accelerator=auto"])
+    with open_dict(cfg):
+        cfg.trainer.devices, cfg.trainer.num_nodes = devices, num_nodes
+    assert trainer_processes(cfg.trainer) == processes
 
 
 def test_the_trainer_gets_the_configs_plugins_and_callbacks(cfg_train):

@@ -211,11 +211,11 @@ def test_every_class_a_config_names_is_buildable_by_its_exact_name():
 
 def test_a_stored_config_builds_the_same_model_as_hydra(trained):
     """The file builder gives the model hydra's instantiate gives from the same (trusted) config."""
-    from hydra.utils import instantiate
+    from nmt.training.builders import instantiate_model
 
     checkpoint = read_checkpoint(trained)
     loaded = load_checkpoint(trained)
-    reference = instantiate(OmegaConf.create(checkpoint["run_config"]["model"]))
+    reference = instantiate_model(checkpoint["run_config"]["model"])
     assert [(n, p.shape) for n, p in loaded.model.named_parameters()] == \
            [(n, p.shape) for n, p in reference.named_parameters()]
     assert repr(loaded.model) == repr(reference)

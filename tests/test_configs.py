@@ -15,6 +15,7 @@ from omegaconf import OmegaConf, open_dict
 from pytorch_lightning import Callback
 from pytorch_lightning.loggers import Logger
 
+from nmt.training.builders import instantiate_model
 from tests.conftest import CONF_DIR, compose_train
 
 
@@ -33,7 +34,7 @@ def test_every_encoder_decoder_pair_builds(encoder, decoder):
     cfg = compose_with([f"model/encoder={encoder}", f"model/decoder={decoder}", "model.hidden_size=32", "model.emb_size=32"])
     with open_dict(cfg):
         cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = 50
-    model = instantiate(cfg.model)
+    model = instantiate_model(cfg.model)
     expected = {"lstm": "RNNEncoder", "transformer": "TransformerEncoder"}[encoder]
     assert type(model.encoder).__name__ == expected
     assert (model.bridge is not None) == (encoder == "transformer" and decoder.startswith("lstm"))
@@ -44,7 +45,7 @@ def test_every_model_preset_builds(model):
     cfg = compose_with([f"model={model}"])
     with open_dict(cfg):
         cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = 1000
-    params = sum(p.numel() for p in instantiate(cfg.model).parameters())
+    params = sum(p.numel() for p in instantiate_model(cfg.model).parameters())
     assert 1e6 < params < 2e7  # sized for a CPU: a few million parameters
 
 
@@ -130,7 +131,7 @@ def test_every_experiment_composes_with_its_values(experiment, tmp_path):
     with open_dict(cfg):
         cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = 1000
     decoder = "TransformerDecoder" if choices.model == "transformer" else "RNNDecoder"
-    assert type(instantiate(cfg.model).decoder).__name__ == decoder
+    assert type(instantiate_model(cfg.model).decoder).__name__ == decoder
     # and under the tests' tiny settings, its trainer builds
     cfg = compose_train(tmp_path, [f"experiment={experiment}"], model=None)
     instantiate(cfg.trainer)
@@ -147,7 +148,7 @@ def test_only_transformer_encoders_shift_positions(model, tmp_path):
         with open_dict(cfg):
             cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = 1000
             cfg.hydra.runtime.choices.model = model
-        encoder = instantiate(cfg.model).encoder
+        encoder = instantiate_model(cfg.model).encoder
         assert getattr(encoder, "position_shift", None) == (cfg.position_shift if model == "transformer" else None)
         shifts[tuple(experiment)] = cfg.position_shift
     assert shifts == {("experiment=bleu_vs_length",): 30, (): 30, ("position_shift=7",): 7, ("position_shift=0",): 0}

@@ -17,7 +17,6 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.core.global_hydra import GlobalHydra  # noqa: E402
-from hydra.utils import instantiate  # noqa: E402
 from omegaconf import OmegaConf, open_dict  # noqa: E402
 
 import nmt.exporters.ctranslate2 as export  # noqa: E402
@@ -26,6 +25,7 @@ from nmt.data.tokenizer import BOS, EOS, PAD, train_sentencepiece  # noqa: E402
 from nmt.decoding.search import greedy_search  # noqa: E402
 from nmt.exporters.ctranslate2 import to_ctranslate2  # noqa: E402
 from nmt.train import train  # noqa: E402
+from nmt.training.builders import instantiate_model  # noqa: E402
 from tests.conftest import CONF_DIR, ROOT, TORCH_INIT, compose_train, file_size_limit  # noqa: E402
 
 TINY = ROOT / "tests" / "data" / "tiny"
@@ -55,7 +55,7 @@ def build(overrides: list[str], vocab_size: int, preset: str = "transformer"):
     with open_dict(cfg.model):
         cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = vocab_size
     torch.manual_seed(0)
-    return instantiate(cfg.model).eval(), {"model": OmegaConf.to_container(cfg.model, resolve=True)}
+    return instantiate_model(cfg.model).eval(), {"model": OmegaConf.to_container(cfg.model, resolve=True)}
 
 
 def encode(vocab, lines: list[str]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -90,10 +90,10 @@ def build_sized(overrides: list[str], src_size: int, tgt_size: int):
     config = OmegaConf.create(run_config["model"])
     config.tgt_vocab_size = tgt_size
     config.decoder.vocab_size = -(-tgt_size // config.vocab_multiple) * config.vocab_multiple
-    from hydra.utils import instantiate
+    from nmt.training.builders import instantiate_model
 
     torch.manual_seed(0)
-    return instantiate(config).eval(), {"model": OmegaConf.to_container(config)}
+    return instantiate_model(config).eval(), {"model": OmegaConf.to_container(config)}
 
 
 @pytest.fixture(scope="module", params=["pre_norm", pytest.param("post_norm", marks=pytest.mark.slow)])

@@ -168,7 +168,7 @@ def tiny_transformer(layers: int = 2, heads: int = 2) -> Seq2Seq:
     torch.manual_seed(0)
     encoder = TransformerEncoder(20, hidden_size=16, num_layers=layers, num_heads=heads, ff_size=32, dropout=0.0)
     decoder = TransformerDecoder(20, hidden_size=16, num_layers=layers, num_heads=heads, ff_size=32, dropout=0.0)
-    return Seq2Seq(encoder, decoder, 20, 20, 16, 16)
+    return Seq2Seq(encoder, decoder, 20, 20, 16)
 
 
 @pytest.mark.parametrize("layer", [0, 1, -1])
@@ -214,7 +214,7 @@ def test_the_module_refuses_a_decoder_without_multi_head_cross_attention():
     from nmt.models.rnn import RNNDecoder, RNNEncoder
     from nmt.training.lit_module import TranslationModule
 
-    model = Seq2Seq(RNNEncoder(20, 8, 8, 1), RNNDecoder(20, 8, 8, 1, attention=None), 20, 20, 8, 8)
+    model = Seq2Seq(RNNEncoder(20, 8, 8, 1), RNNDecoder(20, 8, 8, 1, attention=None), 20, 20, 8)
     with pytest.raises(ValueError, match="model.decoder is a decoder without attention \\(RNNDecoder\\)"):
         TranslationModule(model, optimizer=torch.optim.Adam, guided_alignment={"weight": 1.0})
     TranslationModule(model, optimizer=torch.optim.Adam, guided_alignment={"weight": 0.0})  # off: any model

@@ -177,7 +177,7 @@ def test_an_export_over_a_dangling_symbolic_link_is_refused_in_one_line(tmp_path
 def test_model_sizes_that_cannot_build_are_one_line_naming_the_key(tmp_path, capsys, model, override, line):
     """They were Hydra's multi-line 'Error in call to target' around a ZeroDivisionError, an
     UnboundLocalError or a tensor-size RuntimeError, naming no key."""
-    from hydra.utils import instantiate
+    from nmt.training.builders import instantiate_model
     from omegaconf import open_dict
 
     from nmt.cli_io import ending_cleanly
@@ -190,7 +190,7 @@ def test_model_sizes_that_cannot_build_are_one_line_naming_the_key(tmp_path, cap
 
     def body() -> None:
         with ending_cleanly():
-            instantiate(cfg.model)
+            instantiate_model(cfg.model)
 
     finished = captured(capsys, body)
     assert finished.returncode == 2 and "Traceback" not in finished.stderr

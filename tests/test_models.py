@@ -9,10 +9,10 @@ import functools
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
 from omegaconf import DictConfig, open_dict
 
 from nmt.data.tokenizer import BOS, PAD
+from nmt.training.builders import instantiate_model
 from tests.conftest import CONF_DIR
 
 VOCAB = 40
@@ -73,7 +73,7 @@ def build(name: str, vocab: int = VOCAB) -> torch.nn.Module:
             if "num_heads" in part:
                 part.num_heads, part.ff_size = 2, 32
     torch.manual_seed(0)
-    return instantiate(model_cfg).set_kernels(_built["kernels"]).eval()
+    return instantiate_model(model_cfg).set_kernels(_built["kernels"]).eval()
 
 
 def batch(lengths=(7, 5, 3), tgt_len=6, seed=0):
@@ -232,7 +232,7 @@ def test_tied_and_shared_embeddings():
         cfg = compose("train", overrides=["model=transformer", "model.hidden_size=16", "model.encoder.num_heads=2", "model.decoder.num_heads=2"])
     with open_dict(cfg):
         cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = VOCAB
-    model = instantiate(cfg.model)
+    model = instantiate_model(cfg.model)
     assert cfg.model.share_src_tgt_embeddings is True  # the synthetic data's vocabulary is joint
     assert model.decoder.out.weight is model.decoder.embed.weight
     assert model.encoder.embed.weight is model.decoder.embed.weight
@@ -347,3 +347,48 @@ def test_activation_and_logits_bias_default_to_the_plain_transformer():
     assert torch.allclose(other(src, src != PAD, tgt_in)[..., 9], before[..., 9] + 2.5, atol=1e-5)
     with pytest.raises(Exception, match=r"activation must be one of \('relu', 'gelu', 'swish'\), got 'tanh'"):
         build(["model.encoder.activation=tanh"], 40)  # hydra's InstantiationException names the ValueError
+
+
+@pytest.mark.parametrize("name", ["lstm_luong", "lstm_bahdanau", "hybrid_transformer_luong"])
+def test_the_lstm_cell_state_is_fp32_at_every_step_under_bf16_autocast(name):
+    """Greedy decoding under CPU bf16 autocast, from an encoder cell state in bf16 (what cuDNN's
+    LSTM returns under autocast): the carried cell state is fp32 after every step, the logits equal
+    those of a decoding that casts it to fp32 explicitly after each step, and they are closer to
+    fp32 decoding than those of a decoding that carries the cell in bf16, as the decoders did. The
+    decoder's forget gates are opened (bias 4) so that the cell sums many steps, as on long
+    sentences, where a bf16 cell (8 bits of mantissa) drops the small updates."""
+    model = build(name)
+    with torch.no_grad():
+        for layer in range(model.decoder.rnn.num_layers):
+            getattr(model.decoder.rnn, f"bias_hh_l{layer}")[16:32] += 4.0  # the forget gates (i, f, g, o), H = 16
+    src, src_mask, _ = batch()
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        state, prev, tokens = model.init_state(memory), torch.full((src.size(0),), BOS), []
+        for _ in range(30):  # fp32 greedy: the tokens every decoding below is fed
+            logits, state, _ = model.decode_step(prev, memory, state)
+            prev = logits.argmax(-1)
+            tokens.append(prev)
+
+    def decode(autocast: bool, carry: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor, list]:
+        """Log-probabilities (B, T, V), the cell states (B, T, L, H) and their dtypes per step."""
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            memory = model.encode(src, src_mask)
+            if autocast:
+                memory = {**memory, "final_c": memory["final_c"].bfloat16()}
+            state, prev, out, cells = model.init_state(memory), torch.full((src.size(0),), BOS), [], []
+            for token in tokens:
+                logits, state, _ = model.decode_step(prev, memory, state)
+                cells.append(state["c"])
+                if carry is not None:
+                    state = {**state, "c": state["c"].to(carry)}
+                out.append(torch.log_softmax(logits.float(), -1))
+                prev = token
+        return torch.stack(out, 1), torch.stack([c.float() for c in cells], 1), [c.dtype for c in cells]
+
+    fp32, fp32_cells, _ = decode(False)
+    kept, kept_cells, dtypes = decode(True)
+    assert dtypes == [torch.float32] * len(tokens)
+    torch.testing.assert_close(kept, decode(True, carry=torch.float32)[0], rtol=0, atol=0)
+    _, rounded_cells, _ = decode(True, carry=torch.bfloat16)
+    assert (kept_cells - fp32_cells).abs().mean() < (rounded_cells - fp32_cells).abs().mean()

@@ -42,6 +42,29 @@ def test_attention_entropy_is_zero_when_sharp_and_log_n_when_uniform():
     assert rows == [{"bucket": "1-10", "count": 1, "entropy": 0.5}, {"bucket": ">10", "count": 0, "entropy": None}]
 
 
+def test_chinese_reordering_counts_characters_not_clauses():
+    """English to Chinese: forced alignments in characters (Scored.words from nmt.languages.writing) place
+    the target's words; in whitespace words every link would point at the one clause."""
+    from omegaconf import OmegaConf
+
+    from nmt.evaluation.analyses import Scored, by_reordering, words_of
+
+    assert words_of("zh", ["我喜欢猫。"]) == "chars" and words_of("en", ["I like cats ."]) == "words"
+    assert words_of("xx", ["我喜欢猫。他喜欢狗。"]) == "chars"  # a code nmt.languages.writing does not list: judged from the text
+    sources, refs = ["I like cats ."] * 3, ["我喜欢猫。"] * 3
+    monotone = {(0, 0), (1, 1), (2, 3), (3, 4)}  # in characters: in order, 4 words onto 5 characters
+    test = Scored(sources, sources, refs, "words", {"sys": refs}, "sys", (10,), "zh", ("words", "chars"))
+    reports = {"sys": {}}
+    by_reordering(OmegaConf.create({"n_bootstrap": 0, "significance": {}}), test,
+                  ("sys's forced", [monotone] * 3, ("words", "chars")), reports)
+    row = reports["sys"]["reordering"][1]
+    assert (row["bucket"], row["count"], row["mean_distance"]) == ("0-0.25", 3, pytest.approx(0.125))
+    assert reports["sys"]["reordering_units"] == ["words", "chars"]
+    md = ro.markdown(reports, "sys's forced")
+    assert "| reordering (words) |" in md
+    assert ro.reordering_distance(monotone, 4, 1) == pytest.approx(3 / 2)  # the clause as one word: links look moved
+
+
 SYNTHETIC = ["data=synthetic", "data.source.num_pairs=300", "data.source.valid_pairs=20", "data.source.test_pairs=60",
              "data.tokenizer.input_sentence_size=300"]
 

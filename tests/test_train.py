@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from sacrebleu.metrics import BLEU, CHRF
 
 from nmt.checkpoints.loading import load_checkpoint
-from nmt.data.tokenizer import EOS, PAD
+from nmt.data.tokenizer import BOS, EOS, PAD
 from nmt.decoding.search import beam_search, greedy_search, search_of
 from nmt.decoding.settings import SearchSettings
 from nmt.train import build_model, build_module, cpu_name, train
@@ -206,8 +206,9 @@ def test_translate_cli_keeps_one_line_per_input_line(runs, tmp_path, capsys):
 @pytest.mark.parametrize("vocab", [40, 37])
 def test_loss_on_real_positions_equals_cross_entropy_on_all_logits(cfg_train, eps, vocab):
     """The module's loss (output layer on real target positions, one log-softmax) and its
-    gradients equal torch's label-smoothed cross-entropy over the full padded logits; with a
-    vocabulary of 37 the output layer has 40 rows and the 3 padding rows take no part."""
+    gradients equal the label-smoothed cross-entropy over the full padded logits, the smoothed
+    mass on every entry but padding and BOS (no target is either); with a vocabulary of 37 the
+    output layer has 40 rows and the 3 padding rows take no part."""
     cfg = cfg_train([f"module.label_smoothing={eps}"], model="transformer")
     torch.manual_seed(0)
     module = build_module(cfg, build_model(cfg, vocab, vocab))
@@ -224,7 +225,9 @@ def test_loss_on_real_positions_equals_cross_entropy_on_all_logits(cfg_train, ep
     loss, nll = module.loss(batch)
     grads = torch.autograd.grad(loss, list(module.model.parameters()), allow_unused=True)
     logits = module.model(batch["src"], src_mask, tgt)[..., :vocab].flatten(0, 1)
-    ref = torch.nn.functional.cross_entropy(logits, tgt.flatten(), ignore_index=PAD, label_smoothing=eps)
+    log_probs, real = torch.log_softmax(logits, -1), tgt.flatten() != PAD
+    smooth = -torch.cat([log_probs[:, :PAD], log_probs[:, PAD + 1 : BOS], log_probs[:, BOS + 1 :]], -1).mean(-1)
+    ref = (1 - eps) * torch.nn.functional.cross_entropy(logits, tgt.flatten(), ignore_index=PAD) + eps * smooth[real].mean()
     ref_grads = torch.autograd.grad(ref, list(module.model.parameters()), allow_unused=True)
     torch.testing.assert_close(loss, ref)
     torch.testing.assert_close(nll, torch.nn.functional.cross_entropy(logits, tgt.flatten(), ignore_index=PAD).detach())

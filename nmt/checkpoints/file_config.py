@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from nmt import pad_to
+from nmt.models.base import seq2seq_config
 
 
 # What a config read from a file may build, by section of the run config: exact qualified names.
@@ -216,6 +217,7 @@ def build_model(config: dict[str, Any], state: Mapping[str, torch.Tensor], sourc
     """The model a checked ``model`` config describes, with ``state``'s weights loaded. It is built
     on the meta device first and ``check_weights`` compares it with ``state``; buffers outside the
     weights (position tables) may not outgrow them. Only then is it built for real."""
+    config = seq2seq_config(config)  # the preset's shared sizes reached the encoder and decoder already
     counter = _CountParameters(len(state), source)
     hook = torch.nn.modules.module.register_module_parameter_registration_hook(counter)
     try:

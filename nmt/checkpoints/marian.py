@@ -341,10 +341,6 @@ def _expected(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-TABLES = {"model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
-          "lm_head.weight", "final_logits_bias"}
-
-
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors' names of the dtypes a weight may be stored in
 
 

@@ -55,15 +55,6 @@ def batch_bounds(widths: np.ndarray, max_tokens: int | None, batch_size: int | N
     return np.array(bounds, dtype=np.int64)
 
 
-def make_batches(lengths: np.ndarray, order: np.ndarray, max_tokens: int | None,
-                 batch_size: int | None) -> list[list[int]]:
-    """`order` (indices sorted by length) cut into batches as lists; `lengths` (N,) holds each
-    example's longer side (see `batch_bounds`)."""
-    bounds = batch_bounds(np.asarray(lengths)[order], max_tokens, batch_size)
-    order = np.asarray(order)
-    return [order[a:b].tolist() for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
-
-
 def _columns(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
     """Lengths as (N, sides) integers, uint16 where they fit: (N,) becomes one column."""
     lengths = np.asarray(lengths)

@@ -12,8 +12,10 @@ from typing import Any, Sequence
 
 from omegaconf import DictConfig
 
+from nmt.languages import writing
 from nmt.evaluation import reordering, segment_scores, word_frequency
-from nmt.evaluation.length_report import Unit, bleu_cell, bucket_bounds, bucket_indices, length_report, write_report
+from nmt.evaluation.length_report import (Unit, bleu_cell, bucket_bounds, bucket_indices, length_report, source_lengths,
+                                          write_report)
 from nmt.evaluation.significance import significance
 from nmt.inference.translator import encode_sources
 from nmt.languages.tags import split_tag, tag
@@ -24,7 +26,8 @@ from nmt.runs.files import json_text
 class Scored:
     """What every analysis reads: the split's sources (untagged and as stored), references and
     length unit, each system's hypotheses, the system the others are tested against, the length
-    buckets' edges and sacreBLEU's tokenizer (resolved: no ``auto``)."""
+    buckets' edges, sacreBLEU's tokenizer (resolved: no ``auto``) and the unit the source's and
+    the target's words are counted in where an analysis places words (``words_of``)."""
 
     sources: list[str]
     tagged: list[str]
@@ -34,16 +37,25 @@ class Scored:
     baseline: str
     edges: Sequence[int]
     tokenize: str | None
+    words: tuple[str, str] = ("words", "words")
 
 
-def training_counts(datamodule: Any, chunk: int = 50_000) -> Counter[str]:
-    """Word counts of the target side of the pairs the data config trains on (read in chunks)."""
+def words_of(lang: str, texts: Sequence[str]) -> str:
+    """The unit a word of ``lang`` is counted in: ``nmt.languages.writing``'s (chars for a language written
+    without spaces, such as Chinese or Thai), judged from ``texts`` for a code it does not list."""
+    known = writing.writing(lang)
+    return known.unit if known is not None else writing.text_unit(texts)
+
+
+def training_counts(datamodule: Any, tokenize: str | None = None, chunk: int = 50_000) -> Counter[str]:
+    """Word counts of the target side of the pairs the data config trains on (read in chunks), in
+    the words BLEU scores the target language in (sacreBLEU's ``tokenize``, resolved)."""
     from nmt.data.prepare import TextColumn
 
     column, index = TextColumn(datamodule.prepared_dir, "train.tgt"), datamodule.train_rows()
     total: Counter[str] = Counter()
     for start in range(0, len(index), chunk):
-        total.update(word_frequency.counts(column.take(index[start : start + chunk])))
+        total.update(word_frequency.counts(column.take(index[start : start + chunk]), tokenize))
     return total
 
 
@@ -61,17 +73,19 @@ def translate_with_entropy(translator: Any, sources: list[str], attention: bool)
 
 
 def reference_alignments(datamodule: Any, translators: dict[str, Any], sources: list[str], refs: list[str],
-                         inputs: dict[str, list[str]]) -> tuple[str, list[set[tuple[int, int]]]] | None:
-    """Word alignments of the test pairs and where they come from: the synthetic generator's gold
-    ones, else the forced alignment of the references by the first checkpoint with attention,
-    reading the sources as it translates them (``inputs``: with a multilingual model's tags);
-    None when there is neither."""
+                         inputs: dict[str, list[str]], units: tuple[str, str] = ("words", "words"),
+                         ) -> tuple[str, list[set[tuple[int, int]]], tuple[str, str]] | None:
+    """Word alignments of the test pairs, where they come from and the units they count (source,
+    target): the synthetic generator's gold ones (in words), else the forced alignment of the
+    references by the first checkpoint with attention, reading the sources as it translates them
+    (``inputs``: with a multilingual model's tags), in ``units`` (``Scored.words``: characters for
+    a language written without spaces); None when there is neither."""
     from nmt.inference.alignments import parse
     from nmt.data.sources import SyntheticSource
     from nmt.data.synthetic import gold_alignment
 
     if isinstance(datamodule.source, SyntheticSource):
-        return "gold", [parse(gold_alignment(s)) for s in sources]
+        return "gold", [parse(gold_alignment(s)) for s in sources], ("words", "words")
     for name, translator in translators.items():
         if translator.has_attention:
             links = []
@@ -79,8 +93,8 @@ def reference_alignments(datamodule: Any, translators: dict[str, Any], sources: 
                 part = slice(start, start + 256)
                 src_ids = encode_sources(inputs[name][part], translator.src_vocab, translator.max_src_len)
                 tgt_ids = [t[:-1] for t in encode_sources(refs[part], translator.tgt_vocab, translator.max_tgt_len)]
-                links += [parse(a) for a in translator.alignments(src_ids, tgt_ids)]
-            return f"{name}'s forced", links
+                links += [parse(a) for a in translator.alignments(src_ids, tgt_ids, units=units)]
+            return f"{name}'s forced", links, units
     return None
 
 
@@ -100,30 +114,35 @@ def by_comet(cfg: DictConfig, test: Scored, reports: dict[str, dict[str, Any]], 
 
 
 def by_frequency(cfg: DictConfig, test: Scored, frequency: Counter[str], reports: dict[str, dict[str, Any]]) -> None:
-    """Word F-measure by training frequency per system (``frequency``), and paired against the
-    baseline (``nmt.evaluation.word_frequency``)."""
+    """Word F-measure by training frequency per system (``frequency``: ``training_counts`` in the
+    same tokenizer), and paired against the baseline (``nmt.evaluation.word_frequency``); words are
+    sacreBLEU's tokens of the target language (``test.tokenize``)."""
     for name, h in test.hyps.items():
-        reports[name]["frequency"] = word_frequency.bands(h, test.refs, frequency, n_bootstrap=cfg.n_bootstrap)
+        reports[name]["frequency"] = word_frequency.bands(h, test.refs, frequency, n_bootstrap=cfg.n_bootstrap,
+                                                          tokenize=test.tokenize)
     for name in test.hyps:
         if len(test.hyps) > 1 and name != test.baseline:
             reports[name]["frequency_vs_baseline"] = {"baseline": test.baseline, "rows": word_frequency.paired(
                 test.hyps[name], test.hyps[test.baseline], test.refs, frequency,
-                n_bootstrap=int(cfg.significance.bootstrap))}
+                n_bootstrap=int(cfg.significance.bootstrap), tokenize=test.tokenize)}
 
 
-def by_reordering(cfg: DictConfig, test: Scored, aligned: tuple[str, list[Any]] | None,
+def by_reordering(cfg: DictConfig, test: Scored, aligned: tuple[str, list[Any], tuple[str, str]] | None,
                   reports: dict[str, dict[str, Any]]) -> None:
     """BLEU by reordering distance per system, from the reference alignments ``aligned`` (their
-    origin, the links; None: no alignments, no analysis), with paired tests per distance bucket."""
+    origin, the links, their units; None: no alignments, no analysis), with paired tests per
+    distance bucket. Sentence lengths are counted in the links' units (characters for Chinese)."""
     if aligned is None:
         return
-    distances = [reordering.reordering_distance(links, len(s.split()), len(r.split()))
-                 for links, s, r in zip(aligned[1], test.sources, test.refs)]
+    src_unit, tgt_unit = aligned[2]
+    distances = [reordering.reordering_distance(links, src, tgt) for links, src, tgt in
+                 zip(aligned[1], source_lengths(test.sources, src_unit), source_lengths(test.refs, tgt_unit))]
     for name, h in test.hyps.items():
         reports[name]["reordering"] = reordering.bleu_by_reordering(h, test.refs, distances,
                                                                     tokenize=test.tokenize,
                                                                     n_bootstrap=cfg.n_bootstrap)
         reports[name]["reordering_alignments"] = aligned[0]
+        reports[name]["reordering_units"] = [src_unit, tgt_unit]  # the distance counts the source's
     if len(test.hyps) > 1:
         buckets = list(zip(reordering.reordering_labels(), reordering.reordering_buckets(distances)))
         tests = significance(test.hyps, test.sources, test.refs, test.baseline, test.edges, unit=test.unit,

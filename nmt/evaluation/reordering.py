@@ -4,7 +4,8 @@ Reordering distance of a sentence pair: how far, in words, its aligned words mov
 ``mean |s - t * (source words - 1) / (target words - 1)|`` over the word-alignment links (s, t):
 the target position scaled onto the source's, so that a longer or shorter translation alone adds
 little (a monotone translation of the same length scores 0). It is the distortion a phrase-based system pays
-for, per word. The synthetic pair's noun-adjective swaps move words by one, its verb-final
+for, per word. A side in a language written without spaces (Chinese, Japanese, Thai: ``nmt.languages.writing``)
+counts characters instead of whitespace "words", which there are whole clauses. The synthetic pair's noun-adjective swaps move words by one, its verb-final
 clauses by the length of the object and adverb. The alignments are gold ones where the data
 have them (the synthetic generator's), else a model's forced alignment of the references. Every
 system is scored on the same sentences in each bucket, with a 95% bootstrap interval of its BLEU,
@@ -98,8 +99,9 @@ def markdown(reports: dict[str, dict[str, Any]], source: str) -> str:
     names = [n for n, r in reports.items() if r.get("reordering")]
     if names:
         first = reports[names[0]]["reordering"]
-        lines += [f"BLEU by reordering distance (mean words an aligned word moves, {source} alignments):", "",
-                  "| reordering (words) | sentences | mean | " + " | ".join(f"{n} BLEU [95% CI]" for n in names) + " |",
+        unit = {"words": "words", "chars": "characters"}[reports[names[0]].get("reordering_units", ["words"])[0]]
+        lines += [f"BLEU by reordering distance (mean {unit} an aligned word moves, {source} alignments):", "",
+                  f"| reordering ({unit}) | sentences | mean | " + " | ".join(f"{n} BLEU [95% CI]" for n in names) + " |",
                   "|---|---:|---:|" + "---:|" * len(names)]
         for k, bucket in enumerate(first):
             cells = ["empty" if reports[n]["reordering"][k]["count"] == 0 else

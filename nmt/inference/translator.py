@@ -285,10 +285,12 @@ class Translator(RequestMeaning):
             for hypothesis in translation.hypotheses:
                 hypothesis.alignment = next(texts)
 
-    def alignments(self, sources: list[list[int]], targets: list[list[int]], chunk: int = 32) -> list[str]:
+    def alignments(self, sources: list[list[int]], targets: list[list[int]], chunk: int = 32,
+                   units: tuple[str, str] = ("words", "words")) -> list[str]:
         """Pharaoh word alignments of (source ids + EOS, target ids without BOS/EOS) pairs: each
         target subword to the source subword its attention weighs most, in the model's alignment
-        layer (``Seq2Seq.alignment_attention``), lifted to words. Empty strings for a model
+        layer (``Seq2Seq.alignment_attention``), lifted to words (or characters: ``units`` of the
+        source and target, ``nmt.inference.alignments.pharaoh``). Empty strings for a model
         without attention or an empty side."""
         out: list[str] = []
         for start in range(0, len(sources), chunk):  # every layer's weights of a chunk at a time: bounded memory
@@ -303,7 +305,7 @@ class Translator(RequestMeaning):
             for i, (s, t) in enumerate(zip(part_s, part_t)):
                 pieces = self.src_vocab.pieces(s[:-1])
                 out.append(pharaoh(pieces, self.tgt_vocab.pieces(t), weights[i, : len(t), : len(s) - 1].tolist(),
-                                   skip=tag_words(pieces) if self.target_languages else 0))
+                                   skip=tag_words(pieces) if self.target_languages else 0, units=units))
         return out
 
     @property

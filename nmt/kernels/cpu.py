@@ -62,8 +62,9 @@ class CPUOps(ReferenceOps):
             return torch.log_softmax(x, -1, dtype=torch.float32)
         return torch._log_softmax(x, -1, False, out=x)
 
-    def output_cross_entropy(self, hidden: Tensor, weight: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-        return loss.output_cross_entropy(hidden, weight, target, eps)
+    def output_cross_entropy(self, hidden: Tensor, weight: Tensor, target: Tensor, eps: float,
+                             not_targets: tuple[int, ...] = ()) -> tuple[Tensor, Tensor]:
+        return loss.output_cross_entropy(hidden, weight, target, eps, not_targets=not_targets)
 
 
 class Int8Ops(CPUOps):

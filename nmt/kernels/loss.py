@@ -4,11 +4,13 @@ For decoder states ``h`` (N, H), the output weight ``W`` (V, H), logits ``z = h 
 ``y`` and ``log p = log_softmax(z)``:
 
     nll_i    = -log p_{i, y_i}
-    smooth_i = -mean_v log p_{i, v}             (cross-entropy against the uniform distribution)
+    smooth_i = -mean_{v in K} log p_{i, v}      (cross-entropy against the uniform distribution on K)
     loss     = mean_i [(1 - eps) nll_i + eps smooth_i]
 
-which is ``F.cross_entropy(F.linear(h, W), y, label_smoothing=eps)``. The gradient with respect
-to the logits is ``G = (softmax(z) - (1 - eps) onehot(y) - eps / V) / N``, so the forward pass
+where K is the vocabulary less the entries no target can be (``not_targets``: padding and BOS,
+which no target and no search ever uses, as OpenNMT-py leaves padding out); with none left out
+it is ``F.cross_entropy(F.linear(h, W), y, label_smoothing=eps)``. The gradient with respect to
+the logits is ``G = (softmax(z) - (1 - eps) onehot(y) - eps / |K| [v in K]) / N``, so the forward pass
 computes it too (unless no gradient is needed, as in validation), a block of rows at a time: the
 block's logits and their softmax (fp32, in place, with ``log sum exp z`` for the loss) stay in
 the CPU cache, and only ``G`` is written, in the matmul dtype (bf16 under autocast). The
@@ -35,7 +37,8 @@ def _matmul_dtype(x: Tensor) -> torch.dtype:
 
 class _OutputCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, eps: float, block_rows: int) -> tuple[Tensor, Tensor]:
+    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, eps: float, block_rows: int,
+                not_targets: tuple[int, ...]) -> tuple[Tensor, Tensor]:
         dtype = _matmul_dtype(hidden)
         h, w = hidden.to(dtype), weight.to(dtype)
         n, v = h.size(0), w.size(0)
@@ -46,8 +49,11 @@ class _OutputCrossEntropy(torch.autograd.Function):
         # tensors per block would each cost page faults
         logits = h.new_empty(min(block_rows, n), v)
         logits_fp = logits if fp == dtype else logits.new_empty(logits.shape, dtype=fp)
+        left_out = list(not_targets)
+        smoothed = v - len(left_out)  # |K|: the entries the smoothed mass is spread over
         with torch.autocast(h.device.type, enabled=False):  # fp32 also under autocast
-            mean_logit = h.to(fp) @ w.mean(0, dtype=fp)  # (N,): mean_v z_v, for the smoothing term
+            w_mean = (w.sum(0, dtype=fp) - w[left_out].sum(0, dtype=fp)) / smoothed
+            mean_logit = h.to(fp) @ w_mean  # (N,): mean_{v in K} z_v, for the smoothing term
         loss_sum = nll_sum = h.new_zeros((), dtype=fp)
         for start in range(0, n, block_rows):
             rows = slice(start, start + block_rows)
@@ -67,7 +73,9 @@ class _OutputCrossEntropy(torch.autograd.Function):
             loss_sum = loss_sum + ((1 - eps) * nll + eps * (log_total - mean_logit[rows]).sum() if eps else nll)
             if need_grad:
                 probs = exp.mul_(total.reciprocal_())
-                probs.sub_(eps / v).scatter_add_(1, y, probs.new_full(y.shape, eps - 1))
+                probs.sub_(eps / smoothed).scatter_add_(1, y, probs.new_full(y.shape, eps - 1))
+                if left_out and eps:
+                    probs[:, left_out] += eps / smoothed  # no smoothed mass there
                 grad_logits[rows] = probs  # unscaled by 1/N, cast to the matmul dtype
         ctx.save_for_backward(h, w, grad_logits)
         ctx.dtypes = (hidden.dtype, weight.dtype)
@@ -76,24 +84,34 @@ class _OutputCrossEntropy(torch.autograd.Function):
         return loss_sum / n, nll
 
     @staticmethod
-    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor, Tensor, None, None, None]:
+    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor, Tensor, None, None, None, None]:
         h, w, grad_logits = ctx.saved_tensors
         scale = grad_loss / h.size(0)
         if grad_logits.dtype == torch.float16:  # scaled first, so fp16 loss scaling governs the range
             grad_logits = grad_logits * scale.to(grad_logits.dtype)
-            return (grad_logits @ w).to(ctx.dtypes[0]), (grad_logits.t() @ h).to(ctx.dtypes[1]), None, None, None
+            return (grad_logits @ w).to(ctx.dtypes[0]), (grad_logits.t() @ h).to(ctx.dtypes[1]), None, None, None, None
         grad_hidden = (grad_logits @ w).to(ctx.dtypes[0]).mul_(scale)
         grad_weight = (grad_logits.t() @ h).to(ctx.dtypes[1]).mul_(scale)
-        return grad_hidden, grad_weight, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None
 
 
 def output_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, eps: float = 0.0,
-                         block_rows: int | None = None) -> tuple[Tensor, Tensor]:
+                         block_rows: int | None = None, not_targets: tuple[int, ...] = ()) -> tuple[Tensor, Tensor]:
     """Mean label-smoothed loss of the logits ``hidden @ weight.T`` (hidden (N, H), weight (V, H),
-    no bias) against targets (N,), and the mean plain NLL (no gradient, for perplexity). Matmuls
-    run in the autocast dtype when autocast is on; the softmax and the loss in fp32 at least."""
+    no bias) against targets (N,), the smoothed mass spread over the entries other than
+    ``not_targets``, and the mean plain NLL (no gradient, for perplexity). Matmuls run in the
+    autocast dtype when autocast is on; the softmax and the loss in fp32 at least."""
     if hidden.size(0) == 0:
         raise ValueError("output_cross_entropy: no target tokens in the batch")
     if block_rows is None:
         block_rows = max(1, _BLOCK_ELEMENTS.get(hidden.device.type, _DEFAULT_BLOCK_ELEMENTS) // weight.size(0))
-    return _OutputCrossEntropy.apply(hidden, weight, target, float(eps), block_rows)
+    return _OutputCrossEntropy.apply(hidden, weight, target, float(eps), block_rows, smoothed_out(not_targets, weight.size(0)))
+
+
+def smoothed_out(not_targets: tuple[int, ...], vocab_size: int) -> tuple[int, ...]:
+    """The distinct entries label smoothing leaves out, checked against the vocabulary."""
+    left_out = tuple(sorted({int(i) for i in not_targets}))
+    if any(i < 0 or i >= vocab_size for i in left_out) or len(left_out) >= vocab_size:
+        raise ValueError(f"label smoothing: not_targets {list(left_out)} must be entries of a vocabulary of "
+                         f"{vocab_size}, and leave some out of them")
+    return left_out

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from nmt.kernels.dropout import dropout
+from nmt.kernels.reference import cell_dtype
 
 
 def in_autocast_dtype(x: Tensor) -> Tensor:
@@ -34,11 +35,6 @@ def in_autocast_dtype(x: Tensor) -> Tensor:
     if torch.is_autocast_enabled(device):
         return x.to(torch.get_autocast_dtype(device))
     return x
-
-
-def cell_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The LSTM cell state's dtype: at least fp32, also under bf16/fp16 autocast."""
-    return torch.promote_types(dtype, torch.float32)
 
 
 class _SumBiases(torch.autograd.Function):

@@ -17,15 +17,24 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 from torch.utils.checkpoint import checkpoint
 
+from nmt.kernels.loss import smoothed_out
 from nmt.kernels.sdpa import shape_free
 
 
+def cell_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The LSTM cell state's dtype: at least fp32, also under bf16/fp16 autocast."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def lstm_step(x: Tensor, h: Tensor, c: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor, b_hh: Tensor) -> tuple[Tensor, Tensor]:
-    """One LSTM step (torch's gate order i, f, g, o): ``x`` (B, I), h/c (B, H)."""
+    """One LSTM step (torch's gate order i, f, g, o): ``x`` (B, I), h/c (B, H). Under bf16/fp16
+    autocast the gates' matmuls run in the low precision, but the cell, which sums every step's
+    update, is computed and returned in at least fp32 (``cell_dtype``); ``h`` comes out in the
+    gates' dtype, the one the matmuls that read it compute in. In fp32 nothing is cast."""
     gates = F.linear(x, w_ih, b_ih) + F.linear(h, w_hh, b_hh)
-    i, f, g, o = gates.chunk(4, dim=-1)
+    i, f, g, o = gates.to(cell_dtype(gates.dtype)).chunk(4, dim=-1)
     c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-    return torch.sigmoid(o) * torch.tanh(c), c
+    return (torch.sigmoid(o) * torch.tanh(c)).to(gates.dtype), c
 
 
 class LSTMSteps:
@@ -158,12 +167,22 @@ class ReferenceOps:
         """fp32 log-probabilities over the last dimension; ``x`` is the caller's to overwrite."""
         return torch.log_softmax(x, -1, dtype=torch.float32)
 
-    def output_cross_entropy(self, hidden: Tensor, weight: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    def output_cross_entropy(self, hidden: Tensor, weight: Tensor, target: Tensor, eps: float,
+                             not_targets: tuple[int, ...] = ()) -> tuple[Tensor, Tensor]:
         """Mean label-smoothed loss of the logits ``hidden @ weight.T`` (N, V) against targets (N,),
-        and the mean plain NLL (no gradient, for perplexity)."""
+        and the mean plain NLL (no gradient, for perplexity). Label smoothing (Szegedy et al. 2016)
+        spreads ``eps`` evenly over the entries a target can be: all but ``not_targets`` (padding
+        and BOS), as OpenNMT-py leaves padding out; with none left out it is ``F.cross_entropy``'s
+        ``label_smoothing``."""
         logits = F.linear(hidden, weight).float()
         nll = F.cross_entropy(logits.detach(), target)
-        return F.cross_entropy(logits, target, label_smoothing=eps), nll
+        if not eps or not not_targets:
+            return F.cross_entropy(logits, target, label_smoothing=eps), nll
+        log_probs = torch.log_softmax(logits, -1)  # (N, V)
+        uniform = log_probs.new_ones(log_probs.size(-1))
+        uniform[list(smoothed_out(not_targets, log_probs.size(-1)))] = 0
+        uniform /= uniform.sum()  # (V,): the smoothed target, 1/|K| on each entry a target can be
+        return (1 - eps) * F.nll_loss(log_probs, target) - eps * (log_probs @ uniform).mean(), nll
 
 
 REFERENCE = ReferenceOps()

@@ -30,6 +30,7 @@ start from a source summary.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -50,6 +51,17 @@ def select(tree: Tree, index: Tensor) -> Tree:
     if isinstance(tree, (list, tuple)):
         return type(tree)(select(v, index) for v in tree)
     return tree
+
+
+# A preset's sizes that only reach its encoder and decoder configs by interpolation (``${..emb_size}``;
+# ``vocab_multiple`` pads their vocabularies) and stay in the run's config as its record.
+SHARED_SIZES = ("emb_size", "dropout", "vocab_multiple")
+
+
+def seq2seq_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A resolved model config (``conf/model/<preset>``, or a checkpoint's) as ``Seq2Seq`` is built
+    from it: the ``SHARED_SIZES`` left out."""
+    return {key: value for key, value in config.items() if key not in SHARED_SIZES}
 
 
 class MeanPoolBridge(UsesKernels, nn.Module):
@@ -82,8 +94,9 @@ class Seq2Seq(nn.Module):
         src_vocab_size, tgt_vocab_size: the tokenizers' sizes; the embedding and output rows
             may be more (``vocab_multiple``: padded for tensor cores). Ids from
             ``tgt_vocab_size`` up are never predicted: the loss and decoding drop those logits.
-        The remaining arguments are the preset's shared sizes, which reach the encoder and
-        decoder configs by interpolation; they are kept for the checkpoint's record.
+        hidden_size: the encoder's and decoder's size, that of the bridge where there is one.
+        A preset's other shared sizes (``SHARED_SIZES``) reach the encoder and decoder configs by
+        interpolation and stay in the run's config; they are no arguments here (``seq2seq_config``).
     """
 
     def __init__(
@@ -92,13 +105,10 @@ class Seq2Seq(nn.Module):
         decoder: nn.Module,
         src_vocab_size: int,
         tgt_vocab_size: int,
-        emb_size: int,
         hidden_size: int,
-        dropout: float = 0.0,
         tie_embeddings: bool = False,
         share_src_tgt_embeddings: bool = False,
         gradient_checkpointing: bool = False,
-        vocab_multiple: int = 1,
     ) -> None:
         super().__init__()
         self.encoder = encoder

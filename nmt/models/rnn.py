@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.kernels import UsesKernels
-from nmt.kernels.reference import LSTMSteps, lstm_weights
+from nmt.kernels.reference import LSTMSteps, cell_dtype, lstm_weights
 from nmt.models.dropout import Dropout
 from nmt.specials import PAD
 
@@ -172,7 +172,9 @@ class RNNDecoder(UsesKernels, nn.Module):
     fixed_state_steps = 1 << 20
 
     def init_state(self, memory: dict[str, Tensor], capacity: int | None = None) -> dict[str, Any]:
-        state = {"h": memory["final_h"], "c": memory["final_c"]}  # (B, L, H)
+        # (B, L, H); the cell in at least fp32 at every step, also where the encoder (cuDNN's LSTM
+        # under autocast) or a bridge gave it in bf16/fp16: it sums every step's update
+        state = {"h": memory["final_h"], "c": memory["final_c"].to(cell_dtype(memory["final_c"].dtype))}
         if self.fixed_context:  # in the state, which beams and finished sentences select rows of
             state["feed"] = memory["final_h"][:, -1]
         if self.input_feeding == "attentional":

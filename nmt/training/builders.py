@@ -26,6 +26,7 @@ from nmt.training.callbacks import ScheduleHorizon
 from nmt.training.compiling import CompilePlan, gpu_compiler_available, resolve_compile
 from nmt.training.progress_lines import ProgressLines
 from nmt.machine import training_device
+from nmt.models.base import seq2seq_config
 from nmt.checkpoints.files import saved_vocabularies
 from nmt.decoding.search import search_of
 from nmt.decoding.settings import SearchSettings
@@ -52,11 +53,19 @@ def build_model(cfg: DictConfig, src_vocab_size: int, tgt_vocab_size: int) -> to
     with open_dict(cfg):
         cfg.model.src_vocab_size = src_vocab_size
         cfg.model.tgt_vocab_size = tgt_vocab_size
-    model = instantiate(cfg.model).set_kernels(cfg.get("kernels", "auto"))
+    model = instantiate_model(cfg.model).set_kernels(cfg.get("kernels", "auto"))
     plan = compile_plan(cfg)
     if plan is not None:
         model.compile_features(plan.dynamic, plan.mode, plan.backend)
     return model
+
+
+def instantiate_model(model_cfg: DictConfig | dict[str, Any]) -> torch.nn.Module:
+    """``hydra.utils.instantiate`` of a model config, its shared sizes left out once they have
+    reached the encoder and decoder (``nmt.models.base.seq2seq_config``)."""
+    resolved = OmegaConf.to_container(model_cfg, resolve=True) if OmegaConf.is_config(model_cfg) else dict(model_cfg)
+    key = (model_cfg._key() if OmegaConf.is_config(model_cfg) else None) or "model"
+    return instantiate(OmegaConf.create({key: seq2seq_config(resolved)})[key])  # errors name "model.<key>"
 
 
 def compile_plan(cfg: DictConfig) -> CompilePlan | None:
@@ -145,3 +154,22 @@ def build_trainer(cfg: DictConfig, callbacks: list[Callback], loggers: list[Any]
         extra["enable_progress_bar"] = False  # the lines report progress: Lightning would add its own bar
     return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, enable_checkpointing=checkpointing,
                        **extra)
+
+
+def trainer_processes(trainer_cfg: DictConfig) -> int:
+    """How many processes ``cfg.trainer`` trains with, as the Trainer will resolve them: Lightning's
+    own accelerator connector reads ``accelerator``, ``strategy``, ``devices`` (a count, ``auto`` or
+    ``-1``: every device the accelerator sees, a list of indices, or a string such as ``"0,1"``) and
+    ``num_nodes``; the strategy's world size is the answer (``num_nodes`` x the devices of a node)."""
+    from pytorch_lightning.trainer.connectors.accelerator_connector import _AcceleratorConnector
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, DictConfig) and "_target_" in value:
+            return instantiate(value)
+        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+    connector = _AcceleratorConnector(devices=plain(trainer_cfg.get("devices", "auto")),
+                                      num_nodes=int(trainer_cfg.get("num_nodes", 1)),
+                                      accelerator=plain(trainer_cfg.get("accelerator", "auto")),
+                                      strategy=plain(trainer_cfg.get("strategy", "auto")))
+    return int(getattr(connector.strategy, "world_size", 1))  # Trainer.world_size reads it so

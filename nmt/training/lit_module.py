@@ -38,7 +38,7 @@ from nmt.languages import writing
 from nmt.evaluation import directions
 from nmt.checkpoints.files import FORMAT, nonfinite
 from nmt.checkpoints.finetune import load_optimizer_state
-from nmt.data.tokenizer import PAD
+from nmt.data.tokenizer import BOS, PAD
 from nmt.decoding import fixed_beam
 from nmt.evaluation.length_report import length_report, write_report
 from nmt.evaluation.metrics import corpus_scores
@@ -48,6 +48,9 @@ from nmt.runs.files import TEST_TEXT
 log = logging.getLogger(__name__)
 
 
+NOT_TARGETS = (PAD, BOS)  # no target is padding or BOS: label smoothing puts no mass there
+
+
 class TranslationModule(L.LightningModule):
     """Args:
     model: a ``nmt.models.base.Seq2Seq``.
@@ -55,7 +58,8 @@ class TranslationModule(L.LightningModule):
     scheduler: partial ``LambdaLR`` (stepped every optimizer step) or ``ReduceLROnPlateau``
         (stepped after each validation on ``monitor``) builder, or None.
     val_decoding, test_decoding: partial ``greedy_search``/``beam_search``.
-    label_smoothing: epsilon of the smoothed cross-entropy (Szegedy et al. 2016).
+    label_smoothing: epsilon of the smoothed cross-entropy (Szegedy et al. 2016), spread over the
+        entries a target can be (``NOT_TARGETS`` left out).
     num_samples: validation translations written to the log each epoch.
     report_dir: where the test run writes its hypotheses and BLEU-by-length report.
     report_name: the system's name in that report (the model preset; default: decoder class).
@@ -163,8 +167,8 @@ class TranslationModule(L.LightningModule):
         if bias is not None:  # logits h W^T + b as [h, 1] [W, b]^T: the kernel's one matrix product
             hidden = torch.cat([hidden, hidden.new_ones(hidden.size(0), 1)], dim=1)
             weight = torch.cat([weight, bias[: self.model.tgt_vocab_size, None].to(weight.dtype)], dim=1)
-        eps = self.hparams.label_smoothing
-        return (*self.model.kernels.ops(hidden).output_cross_entropy(hidden, weight, target, eps), align)
+        eps = self.hparams.label_smoothing  # spread over the entries a target can be: not PAD, not BOS
+        return (*self.model.kernels.ops(hidden).output_cross_entropy(hidden, weight, target, eps, NOT_TARGETS), align)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         loss, nll, align = self.losses(batch)
