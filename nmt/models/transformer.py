@@ -72,25 +72,43 @@ class Rotary(nn.Module):
 
 
 class MultiHeadAttention(UsesKernels, nn.Module):
-    """Multi-head attention; ``mask`` is a bool (B or 1, 1, T or 1, S) tensor, True = attend."""
+    """Multi-head attention; ``mask`` is a bool (B or 1, 1, T or 1, S) tensor, True = attend.
 
-    def __init__(self, hidden_size: int, num_heads: int, dropout: float, kv_size: int | None = None) -> None:
+    ``head_size`` (default ``hidden_size / num_heads``) lets a pruned layer keep fewer heads of
+    the same size (``prune``). ``head_mask`` (heads,), when set, multiplies each head's output
+    before the output projection: the mask variable of Michel et al. (2019), 1 keeps a head and 0
+    removes it (``nmt.models.head_mask``)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, dropout: float, kv_size: int | None = None,
+                 head_size: int | None = None) -> None:
         super().__init__()
-        if hidden_size % num_heads:
-            raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
+        if head_size is None:
+            if hidden_size % num_heads:
+                raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
+            head_size = hidden_size // num_heads
         self.num_heads = num_heads
+        self.head_size = head_size
         self.dropout = dropout
-        self.q_proj = nn.Linear(hidden_size, hidden_size)
-        self.kv_proj = nn.Linear(kv_size or hidden_size, 2 * hidden_size)
-        self.out_proj = nn.Linear(hidden_size, hidden_size)
+        inner = num_heads * head_size
+        self.q_proj = nn.Linear(hidden_size, inner)
+        self.kv_proj = nn.Linear(kv_size or hidden_size, 2 * inner)
+        self.out_proj = nn.Linear(inner, hidden_size)
         self.pattern: Pattern | None = None  # self-attention only: which keys a query reads (None: all)
+        self.register_buffer("head_mask", None, persistent=False)  # (heads,) or None: every head whole
 
-    def split(self, x: Tensor) -> Tensor:  # (B, T, H) -> (B, heads, T, d)
+    def split(self, x: Tensor) -> Tensor:  # (B, T, heads * d) -> (B, heads, T, d)
         return x.view(x.size(0), x.size(1), self.num_heads, -1).transpose(1, 2)
 
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
         k, v = self.kv_proj(x).chunk(2, dim=-1)
         return self.split(k), self.split(v)
+
+    def merge(self, out: Tensor) -> Tensor:
+        """The heads' outputs (B, heads, T, d), each times its ``head_mask`` entry, concatenated
+        and projected: (B, T, H)."""
+        if self.head_mask is not None:
+            out = out * self.head_mask.to(out.dtype)[:, None, None]
+        return self.out_proj(out.transpose(1, 2).reshape(out.size(0), out.size(2), -1))
 
     def forward(
         self,
@@ -111,8 +129,7 @@ class MultiHeadAttention(UsesKernels, nn.Module):
         ops = self.kernels.ops(q)
         dropout = self.dropout if self.training else 0.0
         out, weights = grouped(lambda q: ops.attention(q, k, v, mask, dropout, is_causal, need_weights, is_grouped), q, k.size(0))
-        out = out.transpose(1, 2).reshape(q.size(0), q.size(2), -1)  # (B, T, H)
-        return self.out_proj(out), weights
+        return self.merge(out), weights
 
     def patterned(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, causal: bool) -> Tensor:
         """Self-attention through ``self.pattern``: q/k/v (B, heads, T, d), ``key_mask`` (B, T) -> (B, T, H)."""
@@ -120,7 +137,28 @@ class MultiHeadAttention(UsesKernels, nn.Module):
         dropout = self.dropout if self.training else 0.0
         out = self.pattern(lambda q, k, v, mask: ops.attention(q, k, v, mask, dropout, False, False, False)[0],
                            q, k, v, key_mask, causal)
-        return self.out_proj(out.transpose(1, 2).reshape(q.size(0), q.size(2), -1))
+        return self.merge(out)
+
+    def keep_heads(self, heads: list[int]) -> None:
+        """Keep only ``heads`` (their indices, in order): their rows of the query, key and value
+        projections and their columns of the output projection (Michel et al. 2019's pruning, made
+        physical); the others' output is gone, as a ``head_mask`` of 0 removes it."""
+        if not heads or sorted(set(heads)) != list(heads) or not 0 <= heads[0] <= heads[-1] < self.num_heads:
+            raise ValueError(f"heads to keep: {heads} is not an increasing list of heads from 0 to {self.num_heads - 1}")
+        rows = torch.cat([torch.arange(h * self.head_size, (h + 1) * self.head_size) for h in heads])
+        kv_rows = torch.cat([rows, rows + self.num_heads * self.head_size])  # kv_proj's rows: keys, then values
+        for name, index, dim in (("q_proj", rows, 0), ("kv_proj", kv_rows, 0), ("out_proj", rows, 1)):
+            old = getattr(self, name)
+            index = index.to(old.weight.device)
+            weight = old.weight.detach().index_select(dim, index)
+            new = nn.Linear(weight.size(1), weight.size(0), device=weight.device, dtype=weight.dtype)
+            with torch.no_grad():
+                new.weight.copy_(weight)
+                new.bias.copy_(old.bias if dim == 1 else old.bias.index_select(0, index))
+            setattr(self, name, new)
+        if self.head_mask is not None:
+            self.head_mask = self.head_mask[torch.tensor(heads, device=self.head_mask.device)]
+        self.num_heads = len(heads)
 
 
 class FeedForward(nn.Sequential):
@@ -174,22 +212,30 @@ class _Block(nn.Module):
 
 class EncoderLayer(_Block):
     def __init__(self, hidden_size: int, num_heads: int, ff_size: int, dropout: float, norm: str, rotary: Rotary | None,
-                 attention_dropout: float = 0.0, activation_dropout: float = 0.0, activation: str = "relu"):
+                 attention_dropout: float = 0.0, activation_dropout: float = 0.0, activation: str = "relu",
+                 head_size: int | None = None):
         super().__init__(hidden_size, dropout, norm, 2)
-        self.self_attn = MultiHeadAttention(hidden_size, num_heads, attention_dropout)
+        self.self_attn = MultiHeadAttention(hidden_size, num_heads, attention_dropout, head_size=head_size)
         self.ff = FeedForward(hidden_size, ff_size, activation_dropout, activation)
         self.rotary = rotary
 
-    def _attend(self, x: Tensor, mask: Tensor) -> Tensor:
+    def _attend(self, x: Tensor, mask: Tensor, weights: list | None) -> Tensor:
         q, (k, v) = self.self_attn.split(self.self_attn.q_proj(x)), self.self_attn.project_kv(x)
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
         if self.self_attn.pattern is not None:
+            if weights is not None:
+                raise ValueError(f"self-attention weights of the {self.self_attn.pattern.name} pattern are not computed: "
+                                 "full attention only")
             return self.self_attn.patterned(q, k, v, mask[:, 0, 0], causal=False)
-        return self.self_attn(q, k, v, mask)[0]
+        out, w = self.self_attn(q, k, v, mask, need_weights=weights is not None)
+        if weights is not None:
+            weights.append(w)
+        return out
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        x = self.residual(0, x, lambda y: self._attend(y, mask))
+    def forward(self, x: Tensor, mask: Tensor, weights: list | None = None) -> Tensor:
+        """``weights``: a list that gets this layer's self-attention weights (B, heads, S, S)."""
+        x = self.residual(0, x, lambda y: self._attend(y, mask, weights))
         return self.residual(1, x, self.ff)
 
 
@@ -197,14 +243,16 @@ class DecoderLayer(_Block):
     def __init__(
         self, hidden_size: int, num_heads: int, ff_size: int, dropout: float, norm: str, rotary: Rotary | None, memory_size: int,
         attention_dropout: float = 0.0, activation_dropout: float = 0.0, activation: str = "relu",
+        head_size: int | None = None, cross_heads: int | None = None,
     ):
         super().__init__(hidden_size, dropout, norm, 3)
-        self.self_attn = MultiHeadAttention(hidden_size, num_heads, attention_dropout)
-        self.cross_attn = MultiHeadAttention(hidden_size, num_heads, attention_dropout, kv_size=memory_size)
+        self.self_attn = MultiHeadAttention(hidden_size, num_heads, attention_dropout, head_size=head_size)
+        self.cross_attn = MultiHeadAttention(hidden_size, cross_heads or num_heads, attention_dropout, kv_size=memory_size,
+                                             head_size=head_size)
         self.ff = FeedForward(hidden_size, ff_size, activation_dropout, activation)
         self.rotary = rotary
 
-    def _self(self, x: Tensor, cache: dict | None, offset: int | Tensor) -> Tensor:
+    def _self(self, x: Tensor, cache: dict | None, offset: int | Tensor, weights: list | None = None) -> Tensor:
         q, (k, v) = self.self_attn.split(self.self_attn.q_proj(x)), self.self_attn.project_kv(x)
         if self.rotary is not None:
             q, k = self.rotary(q, offset), self.rotary(k, offset)
@@ -224,8 +272,13 @@ class DecoderLayer(_Block):
             cache["k"], cache["v"] = k, v
             return self.self_attn(q, k, v)[0]  # one query: every cached key is one it reads
         if pattern is not None:
+            if weights is not None:
+                raise ValueError(f"self-attention weights of the {pattern.name} pattern are not computed: full attention only")
             return self.self_attn.patterned(q, k, v, None, causal=True)
-        return self.self_attn(q, k, v, is_causal=True)[0]
+        out, w = self.self_attn(q, k, v, is_causal=True, need_weights=weights is not None)
+        if weights is not None:
+            weights.append(w)
+        return out
 
     def forward(
         self,
@@ -235,8 +288,11 @@ class DecoderLayer(_Block):
         cache: dict | None = None,
         offset: int | Tensor = 0,
         need_weights: bool = False,
+        self_weights: list | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        x = self.residual(0, x, lambda y: self._self(y, cache, offset))
+        """The layer over x and its cross-attention weights (B, heads, T, S) with ``need_weights``;
+        ``self_weights``: a list that gets the teacher-forced self-attention weights (B, heads, T, T)."""
+        x = self.residual(0, x, lambda y: self._self(y, cache, offset, self_weights))
         weights = []
 
         def cross(y: Tensor) -> Tensor:
@@ -322,6 +378,18 @@ def check_sizes(hidden_size: int, num_layers: int, num_heads: int, ff_size: int,
         raise ValueError(f"hidden_size={hidden_size}: {positions} positions need an even {what}")
 
 
+def layer_heads(key: str, heads: Any, num_layers: int, num_heads: int) -> list[int]:
+    """Each layer's head count: ``heads`` (a pruned model's, one per layer, each 1..num_heads) or
+    ``num_heads`` everywhere (None); a one-line ValueError naming ``key`` otherwise."""
+    if heads is None:
+        return [num_heads] * num_layers
+    heads = list(heads)
+    if len(heads) != num_layers or not all(isinstance(h, int) and not isinstance(h, bool) and 1 <= h <= num_heads
+                                           for h in heads):
+        raise ValueError(f"{key}={heads}: one head count per layer ({num_layers}), each from 1 to num_heads ({num_heads})")
+    return heads
+
+
 class TransformerEncoder(nn.Module):
     def __init__(
         self,
@@ -346,9 +414,11 @@ class TransformerEncoder(nn.Module):
         position_shift: int = 0,
         init: str = "xavier",
         activation: str = "relu",
+        self_heads: list[int] | None = None,
     ) -> None:
         super().__init__()
         check_sizes(hidden_size, num_layers, num_heads, ff_size, max_len, positions)
+        heads = layer_heads("self_heads", self_heads, num_layers, num_heads)
         if position_shift < 0:
             raise ValueError(f"position_shift must be >= 0, got {position_shift}")
         rotary = Rotary(hidden_size // num_heads, max_len) if positions == "rope" else None
@@ -356,9 +426,9 @@ class TransformerEncoder(nn.Module):
         self.embed = self.embed_tokens.embed  # for embedding tying
         self.position_shift = 0 if positions == "rope" else position_shift  # rotary positions are relative already
         self.layers = nn.ModuleList(
-            EncoderLayer(hidden_size, num_heads, ff_size, dropout, norm, rotary, attention_dropout, activation_dropout,
-                         activation)
-            for _ in range(num_layers)
+            EncoderLayer(hidden_size, h, ff_size, dropout, norm, rotary, attention_dropout, activation_dropout,
+                         activation, hidden_size // num_heads)
+            for h in heads
         )
         init_weights(self.layers, init)
         self.final_norm = nn.LayerNorm(hidden_size) if norm == "pre" else nn.Identity()
@@ -370,6 +440,14 @@ class TransformerEncoder(nn.Module):
     def max_positions(self) -> int:
         """The most source tokens the position table (or the rotary angles) covers."""
         return self.embed_tokens.max_len
+
+    def self_attention(self, src: Tensor, src_mask: Tensor) -> list[Tensor]:
+        """Each layer's self-attention weights (B, heads, S, S), in eval mode (a pruned layer has
+        fewer heads)."""
+        x, mask, weights = self.embed_tokens(src), src_mask[:, None, None, :], []
+        for layer in self.layers:
+            x = layer(x, mask, weights)
+        return weights
 
     def forward(self, src: Tensor, src_mask: Tensor) -> dict[str, Tensor]:
         shift = None
@@ -409,16 +487,20 @@ class TransformerDecoder(nn.Module):
         init: str = "xavier",
         activation: str = "relu",
         logits_bias: bool = False,
+        self_heads: list[int] | None = None,
+        cross_heads: list[int] | None = None,
     ) -> None:
         super().__init__()
         check_sizes(hidden_size, num_layers, num_heads, ff_size, max_len, positions)
+        heads = zip(layer_heads("self_heads", self_heads, num_layers, num_heads),
+                    layer_heads("cross_heads", cross_heads, num_layers, num_heads))
         rotary = Rotary(hidden_size // num_heads, max_len) if positions == "rope" else None
         self.embed_tokens = _Embedding(vocab_size, hidden_size, dropout, positions, max_len)
         self.embed = self.embed_tokens.embed
         self.layers = nn.ModuleList(
-            DecoderLayer(hidden_size, num_heads, ff_size, dropout, norm, rotary, memory_size or hidden_size,
-                         attention_dropout, activation_dropout, activation)
-            for _ in range(num_layers)
+            DecoderLayer(hidden_size, h, ff_size, dropout, norm, rotary, memory_size or hidden_size,
+                         attention_dropout, activation_dropout, activation, hidden_size // num_heads, cross)
+            for h, cross in heads
         )
         init_weights(self.layers, init)
         self.final_norm = nn.LayerNorm(hidden_size) if norm == "pre" else nn.Identity()
@@ -440,15 +522,14 @@ class TransformerDecoder(nn.Module):
         each row's position ``pos`` (a tensor (B,)): a state of one shape at every step, which
         ``nmt.decoding.fixed_beam`` reorders in place and a CUDA graph replays."""
         k = memory["cross_kv"][0][0]
-        if capacity is None:
-            empty = k.new_zeros(k.size(0), k.size(1), 0, k.size(3))  # (B, heads, 0, d)
-            return {"pos": 0, "cache": [{"k": empty, "v": empty} for _ in self.layers]}
+        shapes = [(k.size(0), layer.self_attn.num_heads, capacity or 0, k.size(3)) for layer in self.layers]
+        if capacity is None:  # (B, heads, 0, d): a pruned layer keeps fewer heads
+            return {"pos": 0, "cache": [{"k": k.new_zeros(shape), "v": k.new_zeros(shape)} for shape in shapes]}
         if not 1 <= capacity <= self.fixed_state_steps:
             raise ValueError(f"a key/value cache of {capacity} steps: the decoder has positions for 1 to "
                              f"{self.fixed_state_steps}")
-        shape = (k.size(0), k.size(1), capacity, k.size(3))
         return {"pos": torch.zeros(k.size(0), dtype=torch.long, device=k.device),
-                "cache": [{"k": k.new_zeros(shape), "v": k.new_zeros(shape)} for _ in self.layers]}
+                "cache": [{"k": k.new_zeros(shape), "v": k.new_zeros(shape)} for shape in shapes]}
 
     @property
     def fixed_state_steps(self) -> int:
@@ -500,5 +581,18 @@ class TransformerDecoder(nn.Module):
         return self.out(x[:, 0]), state, attn
 
     def cross_attention(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> Tensor:
+        """(B, layers, heads, T, S); a pruned layer's missing heads are filled with its heads' mean
+        (so each layer's mean over heads, what alignments read, is its own)."""
         _, weights = self._layers(self.embed_tokens(tgt_in), memory, None, True)
-        return torch.stack(weights, dim=1)  # (B, layers, heads, T, S)
+        most = max(w.size(1) for w in weights)
+        weights = [torch.cat([w, w.mean(1, keepdim=True).expand(-1, most - w.size(1), -1, -1)], 1) for w in weights]
+        return torch.stack(weights, dim=1)
+
+    def attention(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+        """Each layer's teacher-forced self-attention (B, heads, T, T) and cross-attention
+        (B, heads, T, S) weights, each layer with its own number of heads."""
+        x, src_mask, self_weights, cross_weights = self.embed_tokens(tgt_in), memory["src_mask"][:, None, None, :], [], []
+        for layer, kv in zip(self.layers, memory["cross_kv"]):
+            x, w = layer(x, kv, src_mask, need_weights=True, self_weights=self_weights)
+            cross_weights.append(w)
+        return self_weights, cross_weights
