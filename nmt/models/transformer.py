@@ -588,7 +588,7 @@ class TransformerDecoder(nn.Module):
         weights = [torch.cat([w, w.mean(1, keepdim=True).expand(-1, most - w.size(1), -1, -1)], 1) for w in weights]
         return torch.stack(weights, dim=1)
 
-    def attention(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+    def attention_weights(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> tuple[list[Tensor], list[Tensor]]:
         """Each layer's teacher-forced self-attention (B, heads, T, T) and cross-attention
         (B, heads, T, S) weights, each layer with its own number of heads."""
         x, src_mask, self_weights, cross_weights = self.embed_tokens(tgt_in), memory["src_mask"][:, None, None, :], [], []
