@@ -222,7 +222,8 @@ def plot(rows: list[dict[str, Any]], path: str | Path, stat: str = "confidence",
         ax.set_ylabel("layer")
         ax.set_title(TITLES[kind], fontsize=8)
         fig.colorbar(image, ax=ax, fraction=0.05)
-    return save(fig, ax, path, title or stat)
+    fig.suptitle(title or stat, fontsize=9)
+    return save(fig, ax, path)
 
 
 def write(rows: list[dict[str, Any]], folder: str | Path, name: str = "", stat: str = "confidence") -> dict[str, Path]:
