@@ -27,8 +27,8 @@ from nmt.checkpoints import file_config
 from nmt.checkpoints.files import CheckpointError, saved_vocabularies
 from nmt.cli_io import hydra_command
 from nmt.evaluation import directions, reordering
-from nmt.evaluation.analyses import (Scored, by_comet, by_frequency, by_reordering, reference_alignments, robustness,
-                                     training_counts, translate_with_entropy, words_of)
+from nmt.evaluation.analyses import (Scored, by_comet, by_frequency, by_heads, by_reordering, reference_alignments,
+                                     robustness, training_counts, translate_with_entropy, words_of)
 from nmt.evaluation.comparison import compare
 from nmt.evaluation.length_report import data_unit, length_buckets, length_report, write_report
 from nmt.evaluation.significance import significance
@@ -182,6 +182,9 @@ def evaluate(cfg: DictConfig) -> None:
         reports[name]["attention_entropy"] = reordering.entropy_by_length(sources, values, edges, unit)
     if comet is not None:
         by_comet(cfg, test, reports, comet)
+    if cfg.get("heads", False):
+        for name, path in by_heads(cfg, dict(zip(names, loaded)), test, inputs, datamodule, out_dir).items():
+            log.info("%s: attention heads -> %s", name, path)
     if len(hyps) > 1:
         for name, result in significance(hyps, sources, refs, baseline, edges, unit=unit,
                                          tokenize=tokenize, **cfg.significance).items():

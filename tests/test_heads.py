@@ -108,3 +108,16 @@ def test_rare_pieces_are_the_lowest_scored_share():
         scores[i] for i in range(4, len(scores)) if not rare[i] and not sp.IsControl(i))
     with pytest.raises(ValueError, match=r"^rare_share=0: a share of the vocabulary above 0 and at most 1$"):
         heads.rare_ids(vocab, 0)
+
+
+def test_evaluate_writes_the_head_table_of_each_transformer(tmp_path, capsys):
+    from tests.conftest import evaluate_here
+
+    out = tmp_path / "eval"
+    result = evaluate_here(capsys, out, f"ckpts={{tiny: {SAVED}}}", "heads=true", "head_analysis.pairs=6",
+                           "head_analysis.figure=entropy", "decoding=greedy", "n_bootstrap=0", "significance.bootstrap=0",
+                           "word_frequency=false", "reordering=false")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads((out / "tiny" / "heads.json").read_text())["heads"]
+    assert {r["kind"] for r in rows} == {"encoder", "decoder", "cross"} and (out / "tiny" / "heads.png").is_file()
+    assert "tiny: attention heads -> " in result.stderr

@@ -1,7 +1,7 @@
 """The analyses of a scored split beyond length, one function each, filling each system's report:
 COMET by length with its paired test, word F-measure by training frequency, BLEU by reordering
-distance (from gold or forced alignments), attention entropy, and BLEU on augmented copies of the
-test set (robustness)."""
+distance (from gold or forced alignments), attention entropy, BLEU on augmented copies of the
+test set (robustness), and what each attention head does (``by_heads``)."""
 
 from __future__ import annotations
 
@@ -183,3 +183,27 @@ def robustness(cfg: DictConfig, translators: dict[str, Any], variants: list[str]
     path = out_dir / "robustness.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def by_heads(cfg: DictConfig, translators: dict[str, Any], test: Scored, inputs: dict[str, list[str]], datamodule: Any,
+             out_dir: Path) -> dict[str, Path]:
+    """The per-head table and figure (``nmt.evaluation.heads``) of each checkpoint with Transformer
+    attention, on the first ``head_analysis.pairs`` pairs, in its report folder (``<name>/heads.*``);
+    the cross-attention heads' AER against the synthetic corpus's gold alignments (other corpora
+    have none: no AER). Returns each analysed system's markdown table."""
+    from nmt.data.sources import SyntheticSource
+    from nmt.data.synthetic import gold_alignment
+    from nmt.evaluation import heads
+    from nmt.inference.alignments import parse
+
+    options = cfg.head_analysis
+    n = int(options.pairs)
+    gold = [parse(gold_alignment(s)) for s in test.sources[:n]] if isinstance(datamodule.source, SyntheticSource) else None
+    written = {}
+    for name, translator in translators.items():
+        if not heads.has_heads(translator.model):
+            continue
+        rows = heads.analyse(translator, inputs[name][:n], test.refs[:n], gold, rare_share=float(options.rare_share),
+                             with_importance=bool(options.importance))
+        written[name] = heads.write(rows, out_dir / name, name, stat=str(options.figure))["md"]
+    return written

@@ -42,6 +42,15 @@ TITLES = {"encoder": "encoder self-attention", "decoder": "decoder self-attentio
 Batch = tuple[Tensor, Tensor, Tensor, Tensor]  # src, src_mask, tgt_in, tgt_out
 
 
+def has_heads(model: nn.Module) -> bool:
+    """Whether ``model`` has Transformer attention heads (an RNN or an ensemble has none to read)."""
+    try:
+        attentions(model)
+    except (AttributeError, ValueError):
+        return False
+    return True
+
+
 def rare_ids(tokenizer: Any, share: float = 0.25) -> Tensor:
     """A bool vector over ``tokenizer``'s ids, True on its rare pieces: the ``share`` of its
     ordinary pieces (no control, unknown or unused ones) with the lowest scores."""
