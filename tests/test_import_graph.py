@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nmt"
 # commands and the few modules every layer needs; ``nmt.languages`` the facts of languages they all read.
 BASE = ["nmt", "nmt.specials", "nmt.text_lines", "nmt.cli_io", "nmt.machine"]
 COMMANDS = ["nmt.train", "nmt.translate", "nmt.evaluate", "nmt.export", "nmt.average", "nmt.runs_table",
-            "nmt.import_model"]
+            "nmt.import_model", "nmt.prune"]
 LAYERS = {
     0: [*BASE, "nmt.languages*", "nmt.runs*", "nmt.kernels*"],
     1: ["nmt.data*", "nmt.models*"],

@@ -90,3 +90,25 @@ def pruned_config(model_config: Mapping[str, Any], counts: Mapping[str, Sequence
         part, key = keys[kind]
         config[part] = {**config[part], key: [int(n) for n in per_layer]}
     return config
+
+
+def least_important(scores: Mapping[str, Sequence[Tensor]], share: float) -> dict[str, list[list[int]]]:
+    """The heads to keep, per kind and layer, when the ``share`` of all heads with the lowest
+    ``scores`` (each layer's (heads,), e.g. ``nmt.evaluation.heads.importance``) are pruned, ranked
+    across layers and kinds as Michel et al. (2019) do; every attention keeps at least one head
+    (its next-weakest is then kept and a weaker one elsewhere pruned), ties go to the earlier kind,
+    layer and head."""
+    if not 0.0 <= share < 1.0:
+        raise ValueError(f"a pruning level of {share}: a share of the heads from 0 up to (not including) 1")
+    ranked = sorted((float(s), KINDS.index(kind), layer, head) for kind, layers in scores.items()
+                    for layer, values in enumerate(layers) for head, s in enumerate(values.tolist()))
+    left = {(KINDS.index(kind), layer): len(values) for kind, layers in scores.items() for layer, values in enumerate(layers)}
+    goal, dropped = round(share * len(ranked)), set()
+    for _, kind, layer, head in ranked:
+        if len(dropped) == goal:
+            break
+        if left[(kind, layer)] > 1:
+            left[(kind, layer)] -= 1
+            dropped.add((kind, layer, head))
+    return {kind: [[h for h in range(len(values)) if (KINDS.index(kind), layer, h) not in dropped]
+                   for layer, values in enumerate(layers)] for kind, layers in scores.items()}
