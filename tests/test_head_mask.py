@@ -89,3 +89,18 @@ def test_bad_masks_and_head_lists_are_refused_in_one_line():
         TransformerEncoder(10, hidden_size=8, num_layers=2, num_heads=2, ff_size=8, self_heads=[1, 3])
     with pytest.raises(ValueError, match=r"^a RNNEncoder and a RNNDecoder: no attention heads"):
         head_mask.attentions(build("lstm_luong"))
+
+
+def test_formats_with_the_same_heads_in_every_layer_refuse_a_pruned_model():
+    from nmt.data.tokenizer import Tokenizer
+    from nmt.exporters import ctranslate2, huggingface
+
+    model = build("transformer")
+    assert head_mask.pruned_keys(model) == []
+    head_mask.prune(model, {"cross": [[0, 1], [1]]})
+    assert head_mask.pruned_keys(model) == ["model.decoder.cross_heads"]
+    with pytest.raises(ValueError, match=r"^model.decoder.cross_heads: attention heads pruned \(fewer in some layers "
+                                         r"than others\); no transformers class expresses it"):
+        huggingface.model_class(model, {})
+    with pytest.raises(ValueError, match=r"^model.decoder.cross_heads: attention heads pruned .*; CTranslate2's Transformer"):
+        ctranslate2.build_spec(model, Tokenizer.__new__(Tokenizer), Tokenizer.__new__(Tokenizer))

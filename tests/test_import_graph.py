@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nmt"
 # commands and the few modules every layer needs; ``nmt.languages`` the facts of languages they all read.
 BASE = ["nmt", "nmt.specials", "nmt.text_lines", "nmt.cli_io", "nmt.machine"]
 COMMANDS = ["nmt.train", "nmt.translate", "nmt.evaluate", "nmt.export", "nmt.average", "nmt.runs_table",
-            "nmt.import_model", "nmt.prune"]
+            "nmt.import_model"]
 LAYERS = {
     0: [*BASE, "nmt.languages*", "nmt.runs*", "nmt.kernels*"],
     1: ["nmt.data*", "nmt.models*"],
@@ -26,7 +26,8 @@ LAYERS = {
     4: ["nmt.evaluation*", "nmt.exporters*"],
     5: ["nmt.training*"],
     6: [*COMMANDS, "nmt.serve*"],  # the server is a command too (nmt-serve)
-    7: ["nmt.study", "nmt.distill"],  # they run training (the study also writes evaluate's comparison)
+    7: ["nmt.study", "nmt.distill", "nmt.prune"],  # they run training (the study also writes evaluate's comparison),
+    # or evaluate's split loading (nmt-prune)
     8: ["nmt.bench*"],  # what scripts/ shares: it may import any of nmt, and nothing in nmt imports it
 }
 

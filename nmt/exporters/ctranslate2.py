@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 from nmt.decoding.limits import model_max_src_len
 from nmt.exporters.folder import check_free, new_folder
+from nmt.models.head_mask import pruned_keys
 from nmt.models.transformer import TransformerDecoder, TransformerEncoder
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,9 @@ def build_spec(model: nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer):
     from ctranslate2.specs import TransformerDecoderSpec, TransformerEncoderSpec, TransformerSpec
     from ctranslate2.specs.common_spec import Activation
 
+    if pruned := pruned_keys(model):
+        raise ValueError(f"{pruned[0]}: attention heads pruned (fewer in some layers than others); CTranslate2's "
+                         "Transformer has the same heads in every layer, so the model does not export to it")
     enc, dec = model.encoder, model.decoder
     acts = {nn.ReLU: Activation.RELU, nn.GELU: Activation.GELU, nn.SiLU: Activation.SWISH}  # the ff's activation
     act = lambda stack: acts[type(stack.layers[0].ff[1])]  # noqa: E731

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 from nmt.decoding.limits import model_max_src_len
 from nmt.exporters.folder import new_folder
+from nmt.models.head_mask import pruned_keys
 from nmt.models.transformer import TransformerDecoder, TransformerEncoder
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ def model_class(model: nn.Module, run_config: dict) -> str:
                     "positions other than sinusoidal (the classes recompute their sinusoids when loading)")
         if module.attention != "full":
             _refuse(f"model.{part}.attention={module.attention}", "attention patterns other than full")
+    for key in pruned_keys(model):
+        _refuse(key, "attention heads pruned (fewer in some layers than others)")
     enc, dec = model.encoder, model.decoder
     norms = {enc.layers[0].pre_norm, dec.layers[0].pre_norm}
     if len(norms) > 1:

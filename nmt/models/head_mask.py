@@ -112,3 +112,16 @@ def least_important(scores: Mapping[str, Sequence[Tensor]], share: float) -> dic
             dropped.add((kind, layer, head))
     return {kind: [[h for h in range(len(values)) if (KINDS.index(kind), layer, h) not in dropped]
                    for layer, values in enumerate(layers)] for kind, layers in scores.items()}
+
+
+def pruned_keys(model: nn.Module) -> list[str]:
+    """The config keys of a pruned model's head counts (``encoder.self_heads``, ...) where some
+    layer has fewer heads than its width holds (empty: not pruned): what formats with the same
+    heads in every layer (CTranslate2, Hugging Face) cannot express."""
+    keys = {"encoder": "model.encoder.self_heads", "decoder": "model.decoder.self_heads", "cross": "model.decoder.cross_heads"}
+    try:
+        found = attentions(model)
+    except (AttributeError, ValueError):
+        return []
+    return [keys[kind] for kind, layers in found.items()
+            if any(a.num_heads * a.head_size != a.out_proj.out_features for a in layers)]
