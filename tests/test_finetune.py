@@ -286,3 +286,15 @@ def test_a_file_from_before_activation_and_logits_bias_fine_tunes():
     assert architecture_difference(older, today) is None
     swish = {"encoder": {"num_layers": 2}, "decoder": {"num_layers": 2, "activation": "swish"}}
     assert architecture_difference(swish, today) == ("model.decoder.activation", "swish", "relu")
+
+
+def test_a_file_from_before_head_counts_fine_tunes_and_a_pruned_one_keeps_its_heads():
+    """A model config saved before ``self_heads`` and ``cross_heads`` existed has every head
+    (null today); a pruned file's head counts must be the run's."""
+    from nmt.checkpoints.finetune import architecture_difference
+
+    today = {"encoder": {"num_heads": 4, "self_heads": None}, "decoder": {"num_heads": 4, "self_heads": None, "cross_heads": None}}
+    older = {"encoder": {"num_heads": 4}, "decoder": {"num_heads": 4}}
+    assert architecture_difference(older, today) is None
+    pruned = {"encoder": {"num_heads": 4, "self_heads": [4, 2]}, "decoder": {"num_heads": 4}}
+    assert architecture_difference(pruned, today) == ("model.encoder.self_heads", "[4, 2]", "null")

@@ -26,7 +26,7 @@ from nmt.runs.files import CHECKPOINTS
 # trained model computes. Every other model key must be the file's.
 MAY_DIFFER = ("dropout", "attention_dropout", "activation_dropout", "gradient_checkpointing", "position_shift", "init")
 # Model keys added since files were first written, with the value a file without them was trained with.
-ADDED = {"activation": "relu", "logits_bias": False}
+ADDED = {"activation": "relu", "logits_bias": False, "self_heads": None, "cross_heads": None}
 INIT_OPTIMIZER = ("fresh", "keep")  # init_optimizer: a new optimizer state, or the file's per-parameter state
 
 
