@@ -27,8 +27,8 @@ from nmt.checkpoints import file_config
 from nmt.checkpoints.files import CheckpointError, saved_vocabularies
 from nmt.cli_io import hydra_command
 from nmt.evaluation import directions, reordering
-from nmt.evaluation.analyses import (Scored, by_comet, by_frequency, by_heads, by_reordering, reference_alignments,
-                                     robustness, training_counts, translate_with_entropy, words_of)
+from nmt.evaluation.analyses import (Scored, by_comet, by_frequency, by_heads, by_reordering, check_head_options,
+                                     reference_alignments, robustness, training_counts, translate_with_entropy, words_of)
 from nmt.evaluation.comparison import compare
 from nmt.evaluation.length_report import data_unit, length_buckets, length_report, write_report
 from nmt.evaluation.significance import significance
@@ -117,6 +117,8 @@ def evaluate(cfg: DictConfig) -> None:
         raise ValueError("nothing to evaluate: set ckpts=[<file>.ckpt, ...] and/or hyps={name: file, ...}")
     for key in ("n_bootstrap", "significance.bootstrap"):
         resamples(OmegaConf.select(cfg, key), key)
+    if cfg.get("heads", False):
+        check_head_options(cfg.head_analysis)
     comet = load_comet_model(cfg)  # before any translation: a folder it cannot read is one line now
     split_name = str(cfg.get("split", "test"))
     if split_name not in SPLITS:

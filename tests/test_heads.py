@@ -121,3 +121,33 @@ def test_evaluate_writes_the_head_table_of_each_transformer(tmp_path, capsys):
     rows = json.loads((out / "tiny" / "heads.json").read_text())["heads"]
     assert {r["kind"] for r in rows} == {"encoder", "decoder", "cross"} and (out / "tiny" / "heads.png").is_file()
     assert "tiny: attention heads -> " in result.stderr
+
+
+@pytest.mark.parametrize("override, message", [
+    ("head_analysis.figure=colour", "head_analysis.figure=colour: choose one of confidence, entropy, previous, same, next, "
+                                    "rare, aer, importance"),
+    ("head_analysis.pairs=0", "head_analysis.pairs=0: the number of pairs read, at least 1"),
+])
+def test_evaluate_refuses_bad_head_options_before_any_work(tmp_path, capsys, override, message):
+    from tests.conftest import evaluate_here
+
+    result = evaluate_here(capsys, tmp_path / "eval", f"ckpts=[{SAVED}]", "heads=true", override)
+    assert result.returncode == 2 and result.stderr.strip() == f"error: {message}"
+
+
+def test_self_attention_weights_are_those_the_model_reads():
+    """The weights ``self_attention`` and ``attention_weights`` return: rows summing to 1 over the
+    real keys, the decoder's causal; the cross-attention weights are ``cross_attention``'s."""
+    model = build("transformer")
+    src, src_mask, tgt_in = batch()
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        encoder = model.encoder.self_attention(src, src_mask)
+        decoder, cross = model.decoder.attention_weights(tgt_in, memory)
+    for w in encoder:
+        torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]))
+        assert (w * ~src_mask[:, None, None, :]).abs().max() == 0
+    for w in decoder:
+        assert torch.equal(w, w.tril()) and torch.allclose(w.sum(-1), torch.ones(w.shape[:-1]))
+    assert [w.shape for w in cross] == [(3, 2, tgt_in.size(1), src.size(1))] * 2
+    torch.testing.assert_close(torch.stack(cross, 1), model.cross_attention(src, src_mask, tgt_in))

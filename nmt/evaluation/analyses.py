@@ -5,6 +5,7 @@ test set (robustness), and what each attention head does (``by_heads``)."""
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,8 @@ from nmt.evaluation.significance import significance
 from nmt.inference.translator import encode_sources
 from nmt.languages.tags import split_tag, tag
 from nmt.runs.files import json_text
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -185,6 +188,18 @@ def robustness(cfg: DictConfig, translators: dict[str, Any], variants: list[str]
     return path
 
 
+def check_head_options(options: Any) -> int:
+    """The number of pairs ``head_analysis`` reads; a one-line ValueError naming a bad key."""
+    from nmt.evaluation.heads import COLUMNS
+
+    n = options.pairs
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"head_analysis.pairs={n!r}: the number of pairs read, at least 1")
+    if options.figure not in COLUMNS:
+        raise ValueError(f"head_analysis.figure={options.figure}: choose one of {', '.join(COLUMNS)}")
+    return n
+
+
 def by_heads(cfg: DictConfig, translators: dict[str, Any], test: Scored, inputs: dict[str, list[str]], datamodule: Any,
              out_dir: Path) -> dict[str, Path]:
     """The per-head table and figure (``nmt.evaluation.heads``) of each checkpoint with Transformer
@@ -197,11 +212,12 @@ def by_heads(cfg: DictConfig, translators: dict[str, Any], test: Scored, inputs:
     from nmt.inference.alignments import parse
 
     options = cfg.head_analysis
-    n = int(options.pairs)
+    n = check_head_options(options)
     gold = [parse(gold_alignment(s)) for s in test.sources[:n]] if isinstance(datamodule.source, SyntheticSource) else None
     written = {}
     for name, translator in translators.items():
         if not heads.has_heads(translator.model):
+            log.info("%s: no Transformer attention heads to analyse", name)
             continue
         rows = heads.analyse(translator, inputs[name][:n], test.refs[:n], gold, rare_share=float(options.rare_share),
                              with_importance=bool(options.importance))

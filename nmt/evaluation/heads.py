@@ -37,7 +37,7 @@ from nmt.models.head_mask import KINDS, attentions, ones_mask, set_head_mask
 from nmt.specials import PAD
 
 STATS = ("confidence", "entropy", "previous", "same", "next", "rare")
-SELF_ONLY = ("previous", "same", "next")
+COLUMNS = (*STATS, "aer", "importance")  # every column of the table, and what heads.png may draw
 TITLES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 Batch = tuple[Tensor, Tensor, Tensor, Tensor]  # src, src_mask, tgt_in, tgt_out
 
@@ -200,7 +200,7 @@ def analyse(translator: Any, sources: Sequence[str], refs: Sequence[str], gold: 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The table as markdown, a row per head."""
-    columns = [c for c in (*STATS, "aer", "importance") if any(r[c] is not None for r in rows)]
+    columns = [c for c in COLUMNS if any(r[c] is not None for r in rows)]
     lines = ["| attention | layer | head | " + " | ".join("AER %" if c == "aer" else c for c in columns) + " |",
              "|---|---:|---:|" + "---:|" * len(columns)]
     for r in rows:
