@@ -35,6 +35,7 @@ from nmt.models import head_mask
 from nmt.runs.files import json_text
 
 log = logging.getLogger(__name__)
+WARM_UP = 16  # sentences each level translates before it is timed
 
 
 def pruned_release(checkpoint: dict[str, Any], source: str, model: Any, level: float,
@@ -58,8 +59,19 @@ def levels_of(value: Any) -> list[float]:
     return [float(v) for v in levels]
 
 
+def count_of(value: Any, key: str, none: bool = False) -> int | None:
+    """A number of pairs (at least 1; None where ``none``); a one-line ValueError naming ``key`` else."""
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{key}={value!r}: a number of pairs, at least 1{' (null: all)' if none else ''}")
+    return value
+
+
 def run_prune(cfg: DictConfig) -> Path:
     levels = levels_of(OmegaConf.to_container(cfg.levels) if cfg.get("levels") is not None else None)
+    pairs, held_pairs = count_of(cfg.get("pairs"), "pairs", none=True), count_of(cfg.importance_pairs, "importance_pairs")
+    count_of(cfg.batch_size, "batch_size")
     out = Path(cfg.out) if cfg.get("out") else Path(cfg.paths.output_dir)
     source = str(cfg.ckpt)
     translator = Translator.load(source, device=str(cfg.device), kernels=str(cfg.kernels), precision="32",
@@ -73,11 +85,11 @@ def run_prune(cfg: DictConfig) -> Path:
         data_cfg, data_source = translator.run_config.get("data"), source
         data_cfg = {**data_cfg, "cache_dir": str(cfg.paths.cache_dir)}
     test_data = load_data(data_cfg, data_source, str(cfg.split))
-    sources, refs = (lines[: cfg.pairs] if cfg.get("pairs") else lines for lines in test_data.raw(str(cfg.split)))
+    sources, refs = (lines[:pairs] for lines in test_data.raw(str(cfg.split)))
     options, _ = directions.report_options(test_data, cfg.length_buckets, cfg.sacrebleu_tokenize)
     edges = length_buckets(cfg.length_buckets, options["unit"])
     held = load_data(data_cfg, data_source, str(cfg.importance_split))
-    held_sources, held_refs = (lines[: cfg.importance_pairs] for lines in held.raw(str(cfg.importance_split)))
+    held_sources, held_refs = (lines[:held_pairs] for lines in held.raw(str(cfg.importance_split)))
     scores = heads.importance(translator.model, (b for b, _, _ in heads.teacher_forced_batches(
         translator, held_sources, held_refs, int(cfg.batch_size))))
     total = sum(len(s) for layers in scores.values() for s in layers)
@@ -88,6 +100,7 @@ def run_prune(cfg: DictConfig) -> Path:
         head_mask.prune(model, kept)
         pruned = Translator(model, translator.src_vocab, translator.tgt_vocab, translator.run_config, precision="32",
                             decoding=translator.settings, max_tokens=int(cfg.max_tokens))
+        pruned.translate(list(sources[:WARM_UP]))  # every level timed after the same warm-up (kernel caches)
         start = time.perf_counter()
         hyps = [t.text for t in pruned.translate(list(sources))]
         seconds = time.perf_counter() - start

@@ -62,3 +62,13 @@ def test_bad_levels_are_refused_in_one_line(levels):
 
     with pytest.raises(ValueError, match=r"^levels=.*: increasing shares of the heads to prune, each from 0 up to \(not including\) 1$"):
         levels_of(json.loads(levels))
+
+
+@pytest.mark.parametrize("override, message", [("pairs=0", "pairs=0: a number of pairs, at least 1 (null: all)"),
+                                               ("importance_pairs=true", "importance_pairs=True: a number of pairs, at least 1")])
+def test_bad_pair_counts_are_refused_in_one_line(tmp_path, override, message):
+    from nmt.prune import run_prune
+
+    cfg = compose_run("prune", tmp_path / "prune", [f"ckpt={SAVED}", override])
+    with pytest.raises(ValueError, match=f"^{message.replace('(', '[(]').replace(')', '[)]')}$"):
+        run_prune(cfg)

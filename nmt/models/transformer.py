@@ -14,7 +14,9 @@ gradient checkpointing per layer. The decoder decodes incrementally: its
 projected once per sentence in ``prepare_memory``. SDPA returns no weights, so attention plots
 take an eager path (``need_attn``). ``activation`` is the feed-forward non-linearity (``relu``,
 ``gelu``, ``swish``) and ``logits_bias`` gives the decoder's output layer a bias (both as Marian's
-models have them, ``nmt.checkpoints.marian``).
+models have them, ``nmt.checkpoints.marian``). Every attention can mask its heads' outputs
+(``head_mask``) or drop heads from its weights (``keep_heads``): a pruned encoder or decoder has
+its heads per layer (``self_heads``, ``cross_heads``; ``nmt.models.head_mask``).
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class MultiHeadAttention(UsesKernels, nn.Module):
     """Multi-head attention; ``mask`` is a bool (B or 1, 1, T or 1, S) tensor, True = attend.
 
     ``head_size`` (default ``hidden_size / num_heads``) lets a pruned layer keep fewer heads of
-    the same size (``prune``). ``head_mask`` (heads,), when set, multiplies each head's output
+    the same size (``keep_heads``). ``head_mask`` (heads,), when set, multiplies each head's output
     before the output projection: the mask variable of Michel et al. (2019), 1 keeps a head and 0
     removes it (``nmt.models.head_mask``)."""
 
