@@ -151,3 +151,15 @@ def test_self_attention_weights_are_those_the_model_reads():
         assert torch.equal(w, w.tril()) and torch.allclose(w.sum(-1), torch.ones(w.shape[:-1]))
     assert [w.shape for w in cross] == [(3, 2, tgt_in.size(1), src.size(1))] * 2
     torch.testing.assert_close(torch.stack(cross, 1), model.cross_attention(src, src_mask, tgt_in))
+
+
+def test_a_hybrid_has_the_table_of_its_transformer_side():
+    """A Transformer encoder with an LSTM decoder: its encoder's heads alone."""
+    from nmt.inference.translator import Translator
+
+    saved = Translator.load(SAVED, device="cpu", precision="32")
+    model = build("hybrid_transformer_luong", vocab=saved.src_vocab.vocab_size)
+    translator = Translator(model, saved.src_vocab, saved.tgt_vocab, saved.run_config)
+    rows = heads.analyse(translator, ["a b c", "b"], ["a b", "c b a"])
+    assert {(r["kind"], r["layer"], r["head"]) for r in rows} == {("encoder", i, h) for i in range(2) for h in range(2)}
+    assert all(r["importance"] is not None and r["previous"] is not None for r in rows)

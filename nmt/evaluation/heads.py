@@ -177,7 +177,7 @@ def analyse(translator: Any, sources: Sequence[str], refs: Sequence[str], gold: 
         with torch.inference_mode():
             memory = model.encode(src, src_mask)
             encoder = model.encoder.self_attention(src, src_mask) if "encoder" in kinds else []
-            decoder, cross = model.decoder.attention_weights(tgt_in, memory)
+            decoder, cross = model.decoder.attention_weights(tgt_in, memory) if "cross" in kinds else ([], [])
         for layer, w in enumerate(encoder):
             table.add("encoder", layer, head_sums(w, src_mask, src_mask, rare_src[src], True))
         for layer, w in enumerate(decoder):
