@@ -9,7 +9,7 @@ The reverse of ``nmt.exporters.huggingface``: Marian is the post-norm Transforme
 - Marian's ids: ``</s>`` 0, ``<unk>`` 1, the pieces, ``<pad>`` last, and the decoder starts from
   ``<pad>``. Ours are PAD 0, UNK 1, BOS 2, EOS 3 (``nmt.specials``), so our id ``i`` is their id
   ``order[i]``: PAD their pad, UNK their unk, BOS their decoder start (a second row of their pad
-  when they start from pad), EOS their eos, then their other ids in their order. Every table is
+  when they start from pad, whose logit bias is ``NEVER`` so that the softmax is theirs), EOS their eos, then their other ids in their order. Every table is
   indexed by ``order``; the output layer's PAD and BOS are never generated, as theirs.
 - ``MarianTokenizer`` cuts text with ``source.spm`` (``target.spm`` for targets) and maps the
   pieces through ``vocab.json``. We write each side's SentencePiece model again with the joint
@@ -442,6 +442,8 @@ def our_state(state: dict[str, Tensor], config: dict[str, Any], src: Vocabulary,
         ours[f"{part}.embed.weight"] = ours[f"{part}.embed_tokens.embed.weight"]
     bias = state.get("final_logits_bias", torch.zeros(1, config["decoder_vocab_size"]))[0][torch.tensor(tgt.order)].clone()
     bias[len(tgt.order) - len(tgt.extra):] = NEVER
+    if tgt.order[BOS] == tgt.order[PAD]:  # a second row of their pad: out of the softmax, as theirs has it once
+        bias[BOS] = NEVER
     ours["decoder.out.bias"] = bias
 
     def reads(w: Tensor) -> Tensor:  # a map reading the residual stream: input columns in our unit order
@@ -496,15 +498,19 @@ def model_config(config: dict[str, Any], src_size: int, tgt_size: int, shared: b
 
 
 def decoding_of(folder: Path) -> dict[str, Any]:
-    """Our beam settings of generation_config.json: its beam size; no length penalty when it has
-    none (transformers divides by the length, our beam search uses GNMT's penalty)."""
+    """Our beam settings of generation_config.json: its beam size, and transformers' ranking of
+    ended hypotheses (``scoring: huggingface``: log-prob / length ** length_penalty, its
+    ``early_stopping``; ``nmt.decoding.search.beam_search``) with its length penalty (1.0, transformers'
+    default, where it sets none). A penalty outside 0..10 keeps our GNMT default."""
     generation = _json(folder, "generation_config.json", required=False)
     beams = generation.get("num_beams", 1)
     beams = beams if isinstance(beams, int) and not isinstance(beams, bool) and 1 <= beams <= 64 else 4
     penalty = generation.get("length_penalty", 1.0)
+    early = generation.get("early_stopping", False)
     decoding = {"_target_": "nmt.decoding.search.beam_search", "beam_size": beams, "max_len_a": 1.5, "max_len_b": 10}
-    if penalty == 0:
-        decoding["alpha"] = 0.0
+    if isinstance(penalty, (int, float)) and not isinstance(penalty, bool) and 0 <= penalty <= 10:
+        decoding.update(alpha=float(penalty), scoring="huggingface",
+                        early_stopping=early if early is True or early is False or early == "never" else False)
     return decoding
 
 

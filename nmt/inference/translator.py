@@ -142,7 +142,8 @@ class Translator(RequestMeaning):
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
         settings = decoding if isinstance(decoding, SearchSettings) else SearchSettings.from_config(decoding)
         tested = self.run_config.get("test_decoding")
-        self.settings = settings.for_model(tested.get("alpha") if isinstance(tested, dict) else None)
+        tested = tested if isinstance(tested, dict) else {}
+        self.settings = settings.for_model(tested.get("alpha"), tested.get("scoring"), tested.get("early_stopping"))
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral) or max_tokens < 1:
             raise ValueError(f"max_tokens={max_tokens!r}: a positive whole number of source tokens a batch")
         self.max_tokens, self.workers = int(max_tokens), workers
