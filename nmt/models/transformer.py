@@ -1,7 +1,9 @@
 """Transformer encoder and decoder (Vaswani et al. 2017) on ``scaled_dot_product_attention``.
 
-Options: ``norm: pre | post`` (Xiong et al. 2020 / the original), ``positions: sinusoidal |
-learned | rope`` (Su et al. 2021, applied to self-attention queries and keys),
+Options: ``norm: pre | post`` (Xiong et al. 2020 / the original; pre-norm ends each stack with a
+layer norm), ``positions: sinusoidal | learned | rope | fairseq`` (rope: Su et al. 2021, applied to
+self-attention queries and keys; fairseq: the sinusoids of imported M2M100/NLLB-200 models,
+``fairseq_sinusoids``),
 ``position_shift`` (SHAPE, Kiyono et al. 2021: in training, a sentence pair's absolute positions
 start at a random 0..K on both sides, drawn by the encoder and passed to a Transformer decoder in
 the memory; an LSTM decoder ignores it, and a Transformer decoder after an LSTM encoder is not
@@ -32,7 +34,8 @@ from nmt.models.attention_patterns import ALL_OPTIONS, Pattern, make_pattern
 from nmt.models.dropout import Dropout
 from nmt.specials import PAD
 
-POSITIONS = ("sinusoidal", "learned", "rope")
+POSITIONS = ("sinusoidal", "learned", "rope", "fairseq")
+FAIRSEQ_OFFSET = 2  # fairseq's first position: its padding id (1) + 1
 INITS = ("xavier", "torch")
 # The feed-forward activation: ReLU (Vaswani et al. 2017), GELU (Hendrycks & Gimpel 2016, the
 # exact erf form) or swish/SiLU (Ramachandran et al. 2017; Marian's OPUS-MT models).
@@ -47,6 +50,16 @@ def sinusoids(length: int, size: int) -> Tensor:
     table[:, 0::2] = torch.sin(pos * freq)
     table[:, 1::2] = torch.cos(pos * freq)
     return table
+
+
+def fairseq_sinusoids(length: int, size: int) -> Tensor:
+    """fairseq's sinusoidal table (M2M100 and NLLB-200, Fan et al. 2021; Costa-jussa et al. 2022),
+    (length, size) for positions ``FAIRSEQ_OFFSET`` onwards: the sines in the first half of the
+    units, the cosines in the second, frequencies 10000 ** (-i / (size / 2 - 1))."""
+    half = size // 2
+    freq = torch.exp(torch.arange(half, dtype=torch.float32) * (-math.log(10000.0) / (half - 1)))
+    angles = torch.arange(FAIRSEQ_OFFSET, FAIRSEQ_OFFSET + length, dtype=torch.float32).unsqueeze(1) * freq
+    return torch.cat([angles.sin(), angles.cos()], dim=1)
 
 
 class Rotary(nn.Module):
@@ -268,6 +281,8 @@ class _Embedding(nn.Module):
             self.pos = nn.Embedding(max_len, hidden_size)
         elif positions == "sinusoidal":
             self.register_buffer("pos_table", sinusoids(max_len, hidden_size), persistent=False)
+        elif positions == "fairseq":
+            self.register_buffer("pos_table", fairseq_sinusoids(max_len, hidden_size), persistent=False)
         self.drop = Dropout(dropout)
 
     def forward(self, tokens: Tensor, offset: int | Tensor = 0, shift: tuple[Tensor, int] | None = None) -> Tensor:
@@ -318,8 +333,10 @@ def check_sizes(hidden_size: int, num_layers: int, num_heads: int, ff_size: int,
         raise ValueError(f"hidden_size={hidden_size}: must be a multiple of num_heads ({num_heads})")
     size, what = (hidden_size // num_heads, "a head's size (hidden_size / num_heads)") if positions == "rope" else (
         hidden_size, "hidden_size")
-    if positions in ("sinusoidal", "rope") and size % 2:
+    if positions in ("sinusoidal", "rope", "fairseq") and size % 2:
         raise ValueError(f"hidden_size={hidden_size}: {positions} positions need an even {what}")
+    if positions == "fairseq" and hidden_size < 4:
+        raise ValueError(f"hidden_size={hidden_size}: fairseq positions need at least 4 units")
 
 
 class TransformerEncoder(nn.Module):

@@ -1,0 +1,172 @@
+"""A Hugging Face ``M2M100ForConditionalGeneration`` folder (M2M100, Fan et al. 2021) read as an
+nmt release checkpoint (``nmt-import format=huggingface src=<folder>``; ``init_from=<folder>``).
+
+M2M100 is fairseq's pre-norm Transformer: ``norm: pre`` with a layer norm closing the encoder and the
+decoder (our ``final_norm``), embeddings scaled by sqrt(d_model) as ours, fairseq's sinusoids
+(``positions: fairseq``, ``nmt.models.transformer.fairseq_sinusoids``: sines then cosines, positions
+from padding id + 1 = 2), ReLU, no embedding layer norm, the output layer tied to the embedding.
+The units keep their order (no permutation, unlike Marian's).
+
+The vocabulary is ``M2M100Tokenizer``'s: ``sentencepiece.bpe.model`` cuts the text, ``vocab.json``
+(fairseq's dictionary: ``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3, the pieces) maps the pieces to
+ids, and after it come the language codes ``__fr__`` (``LANGUAGES``, in the order of
+``tokenizer_config.json``'s ``language_codes``) and fairseq's ``madeupword`` fillers up to the
+config's ``vocab_size``. As for Marian (``nmt.checkpoints.marian.Vocabulary``), our id ``i`` is
+their id ``order[i]``: PAD their pad, UNK their unk, BOS a second row of their ``</s>`` (their
+decoder starts from it; its logit is kept out of the softmax), EOS their ``</s>``; a language code
+becomes the piece ``▁<2fr>`` (one of our tags, ``nmt.languages.tags``).
+
+M2M100 writes the *source* language first (``[__en__] + pieces + [</s>]``: ``src_lang`` as a source
+tag, ``<2en> text``) and makes the target language the decoder's first token (``forced_bos``):
+``tgt_lang`` becomes a target prefix of one token, scored 0 by ``scoring=huggingface``
+(``nmt.decoding.search``) as by ``generate()``, and cut from the output
+(``nmt.inference.requests``). The release file records this as ``run_config.languages``.
+
+The folder is untrusted input, read as a Marian folder is (safetensors only unless ``allow_pickle``,
+files and sizes bounded, every tensor's name and shape checked before it is read); ``config.json``
+may hold only the keys in ``CONFIG_KEYS``, and anything else is refused in one line naming the key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from nmt.checkpoints.files import FORMAT
+from nmt.checkpoints.marian import (ACTIVATIONS, LIMITS, ImportRefused, Vocabulary, _count, _json, _ratio, _spm,
+                                    _vocab, decoding_of, model_config, our_state, read_weights, resolve)
+from nmt.data.tokenizer import Tokenizer
+
+ARCHITECTURE = "M2M100ForConditionalGeneration"
+# The language codes of M2M100's dictionaries, in their order (fairseq's lists).
+LANGUAGES = {
+    "m2m100": ("af am ar ast az ba be bg bn br bs ca ceb cs cy da de el en es et fa ff fi fr fy ga gd gl gu ha he hi "
+               "hr ht hu hy id ig ilo is it ja jv ka kk km kn ko lb lg ln lo lt lv mg mk ml mn mr ms my ne nl no ns "
+               "oc or pa pl ps pt ro ru sd si sk sl so sq sr ss su sv sw ta th tl tn tr uk ur uz vi wo xh yi yo zh "
+               "zu").split(),
+    "wmt21": "en ha is ja cs ru zh de".split(),
+}
+# What config.json may hold: the sizes, ids and rates read below, and keys that change nothing
+# nmt computes (training-only layer dropping, generation defaults, bookkeeping).
+CONFIG_KEYS = frozenset({
+    "model_type", "architectures", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+    "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "vocab_size", "max_position_embeddings",
+    "activation_function", "scale_embedding", "dropout", "attention_dropout", "activation_dropout", "pad_token_id",
+    "bos_token_id", "eos_token_id", "decoder_start_token_id", "forced_eos_token_id", "tie_word_embeddings",
+    "encoder_layerdrop", "decoder_layerdrop", "init_std", "use_cache", "is_encoder_decoder", "num_hidden_layers",
+    "transformers_version", "dtype", "torch_dtype", "_name_or_path", "tokenizer_class", "max_length", "num_beams",
+    "early_stopping", "gradient_checkpointing", "id2label", "label2id", "output_past", "return_dict",
+    "output_hidden_states", "output_attentions"})
+FAIRSEQ_PAD = 1  # the padding id fairseq's positions are offset by (positions start at 2)
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    """config.json, checked: an M2M100 model nmt computes exactly, every size bounded."""
+    config = _json(folder, "config.json")
+    where = folder / "config.json"
+    kind, classes = config.get("model_type"), config.get("architectures") or []
+    if kind != "m2m_100" or not isinstance(classes, list) or any(c != ARCHITECTURE for c in classes):
+        raise ImportRefused(f"{where}: model_type={str(kind)[:40]}, architectures={str(classes)[:80]}: not an "
+                            f"{ARCHITECTURE} (model_type=m2m_100)")
+    unknown = sorted(set(config) - CONFIG_KEYS)
+    if unknown:
+        raise ImportRefused(f"{where}: {unknown[0][:60]}={str(config[unknown[0]])[:40]}: a key nmt does not know for "
+                            f"an M2M100 model; it may change what the model computes, so the folder is refused")
+    if config.get("scale_embedding", True) is not True:
+        raise ImportRefused(f"{where}: scale_embedding={config.get('scale_embedding')}: nmt scales embeddings by "
+                            "sqrt(d_model), as M2M100 and NLLB-200 do")
+    act = config.get("activation_function", "relu")
+    if act not in ACTIVATIONS:
+        raise ImportRefused(f"{where}: activation_function={str(act)[:40]}: nmt computes {', '.join(ACTIVATIONS)}")
+    config = {**config, "decoder_vocab_size": config.get("vocab_size")}
+    sizes = {key: _count(config, key, where) for key in LIMITS}
+    if sizes["d_model"] % 2 or sizes["d_model"] < 4:
+        raise ImportRefused(f"{where}: d_model={sizes['d_model']}: fairseq's sinusoids need an even width of at least 4")
+    for part in ("encoder", "decoder"):
+        if sizes["d_model"] % sizes[f"{part}_attention_heads"]:
+            raise ImportRefused(f"{where}: d_model={sizes['d_model']} is not divisible by "
+                                f"{part}_attention_heads={sizes[f'{part}_attention_heads']}")
+    ids = {}
+    for key in ("pad_token_id", "eos_token_id", "decoder_start_token_id"):
+        value = config.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < sizes["vocab_size"]:
+            raise ImportRefused(f"{where}: {key}={str(value)[:40]} is not an id of the vocabulary")
+        ids[key] = value
+    if ids["pad_token_id"] != FAIRSEQ_PAD:
+        raise ImportRefused(f"{where}: pad_token_id={ids['pad_token_id']}: nmt's fairseq positions start at 2, after "
+                            f"fairseq's padding id {FAIRSEQ_PAD}")
+    if len({ids["pad_token_id"], ids["eos_token_id"]}) < 2:
+        raise ImportRefused(f"{where}: pad_token_id and eos_token_id are both {ids['eos_token_id']}")
+    dropouts = {key: _ratio(config, key, where) for key in ("dropout", "attention_dropout", "activation_dropout")}
+    return {**sizes, **ids, **dropouts, "activation": ACTIVATIONS[act], "shared": True,
+            "tied": bool(config.get("tie_word_embeddings", True)), "pre_norm": True}
+
+
+def read_vocabulary(folder: Path, config: dict[str, Any]) -> tuple[Vocabulary, bytes, list[str]]:
+    """The joint vocabulary in our order, the SentencePiece model written again with it, and the
+    languages of its codes."""
+    tokenizer_config = _json(folder, "tokenizer_config.json", required=False)
+    where = folder / "tokenizer_config.json"
+    codes = tokenizer_config.get("language_codes", "m2m100")
+    if codes not in LANGUAGES:
+        raise ImportRefused(f"{where}: language_codes={str(codes)[:40]}: nmt knows {', '.join(LANGUAGES)}")
+    vocab = _vocab(folder, "vocab.json", config["vocab_size"])
+    size = len(vocab)
+    if set(vocab.values()) != set(range(size)):
+        raise ImportRefused(f"{folder / 'vocab.json'}: its ids are not 0 to {size - 1}; M2M100Tokenizer numbers the "
+                            "language codes from its size on")
+    languages = LANGUAGES[codes]
+    fillers = config["vocab_size"] - size - len(languages)
+    if fillers < 0:
+        raise ImportRefused(f"{folder / 'config.json'}: vocab_size={config['vocab_size']} has no room for "
+                            f"vocab.json's {size:,} pieces and {len(languages)} language codes")
+    added = {f"__{lang}__": size + i for i, lang in enumerate(languages)}
+    added.update({f"madeupword{j:04d}": size + len(languages) + j for j in range(fillers)})  # fairseq's fillers
+    clash = sorted(set(added) & set(vocab))
+    if clash:
+        raise ImportRefused(f"{folder / 'vocab.json'}: holds {clash[0][:40]!r}, a language code or filler M2M100Tokenizer adds")
+    unk_piece = tokenizer_config.get("unk_token", "<unk>")
+    unk_piece = unk_piece.get("content") if isinstance(unk_piece, dict) else unk_piece
+    if not isinstance(unk_piece, str) or unk_piece not in vocab:
+        raise ImportRefused(f"{folder / 'vocab.json'}: no {str(unk_piece)[:40]!r} piece (tokenizer_config.json's unk_token)")
+    ids = {"pad": config["pad_token_id"], "eos": config["eos_token_id"], "start": config["decoder_start_token_id"],
+           "unk": vocab[unk_piece]}
+    if ids["unk"] in (ids["pad"], ids["eos"]):
+        raise ImportRefused(f"{folder / 'vocab.json'}: the unk piece {unk_piece[:40]!r} has the pad or eos id")
+    proto = _spm(folder, "sentencepiece.bpe.model")
+    full = Vocabulary({**vocab, **added}, ids, [proto], folder / "vocab.json",
+                      languages={f"__{lang}__": lang for lang in languages})
+    return full, full.proto(proto), languages
+
+
+def import_m2m100(folder: Path, allow_pickle: bool = False, source: str | None = None) -> dict[str, Any]:
+    """The release checkpoint of an M2M100ForConditionalGeneration folder (``resolve``'d)."""
+    config = read_config(folder)
+    vocab, proto, languages = read_vocabulary(folder, config)
+    weights = read_weights(folder, config, allow_pickle, ARCHITECTURE)
+    state, shared, tied = our_state(weights, config, vocab, vocab)
+    try:
+        Tokenizer.from_proto(proto, f"{folder}: the vocabulary")
+    except ValueError as e:
+        raise ImportRefused(str(e)) from None
+    size = len(vocab.pieces)
+    model = model_config(config, size, size, shared, tied)
+    return {"nmt_format": FORMAT, "kind": "release", "state_dict": {f"model.{k}": v for k, v in state.items()},
+            "run_config": {"model": model, "test_decoding": decoding_of(folder),
+                           "languages": {"source": "tag", "target": "decoder_prefix", "codes": languages}},
+            "tokenizers": {"src": proto, "tgt": proto},
+            "global_step": None, "epoch": None, "monitor": None, "report": None,
+            "source": {"path": str(source or folder), "format": "huggingface", "folder": str(folder),
+                       "architecture": ARCHITECTURE, "extra_pieces": len(vocab.extra)}}
+
+
+def import_folder(src: str | Path, allow_pickle: bool = False, revision: str | None = None) -> dict[str, Any]:
+    """The release checkpoint of a Hugging Face folder or hub id: ``M2M100ForConditionalGeneration``
+    here, anything else through ``nmt.checkpoints.marian.import_marian`` (which refuses what is not
+    a MarianMTModel in one line)."""
+    from nmt.checkpoints.marian import import_marian
+
+    folder = resolve(src, revision, allow_pickle)
+    if _json(folder, "config.json").get("model_type") == "m2m_100":
+        return import_m2m100(folder, allow_pickle, str(src))
+    return import_marian(folder, allow_pickle=allow_pickle, revision=revision)

@@ -1,0 +1,264 @@
+"""nmt.checkpoints.m2m100: an M2M100ForConditionalGeneration folder that ``transformers`` builds
+(small random weights, its own config and ``M2M100Tokenizer`` saved with ``save_pretrained``, a
+SentencePiece model trained on the tiny corpus, fairseq's dictionary order, the language codes
+after it) imports into a release file whose token ids, logits, greedy and beam outputs equal
+``transformers``' for a source and a target language; what the folder must not hold is refused in
+one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+
+from nmt.checkpoints.files import atomic_save  # noqa: E402
+from nmt.checkpoints.loading import load_checkpoint  # noqa: E402
+from nmt.checkpoints.marian import ImportRefused  # noqa: E402
+from nmt.checkpoints.m2m100 import import_folder  # noqa: E402
+from nmt.data.tokenizer import BOS, EOS, PAD  # noqa: E402
+from nmt.decoding.search import beam_search, greedy_search  # noqa: E402
+from nmt.languages.tags import tag  # noqa: E402
+from tests.test_export_ctranslate2 import lines_of  # noqa: E402
+
+PAIRS = (("de", "fr"), ("en", "zu"))  # (source, target) languages, one per half of the sentences
+EOS_BIAS = 2.0
+
+
+def m2m100_folder(out: Path, *, seed: int = 0, std: float = 0.3, generation: dict | None = None,
+                  eos_bias: float = EOS_BIAS) -> Path:
+    """An M2M100 folder: fairseq's dictionary (<s> 0, <pad> 1, </s> 2, <unk> 3, the pieces of a BPE
+    SentencePiece model) in vocab.json, M2M100's 100 language codes and 8 fillers after it, every
+    weight random (no layer norm an identity, the <pad> row not zero), the </s> row of the tied
+    output layer shifted so that outputs end at mixed lengths."""
+    import sentencepiece as spm
+    from transformers import M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer
+
+    work = out.parent / f".{out.name}.spm"
+    work.mkdir(parents=True, exist_ok=True)
+    spm.set_random_generator_seed(0)
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines_of("train.src", "train.tgt")),
+                                   model_prefix=str(work / "sp"), vocab_size=120, hard_vocab_limit=False,
+                                   minloglevel=2, num_threads=1, model_type="bpe")
+    sp = spm.SentencePieceProcessor(model_file=str(work / "sp.model"))
+    pieces = ["<s>", "<pad>", "</s>", "<unk>"] + [sp.id_to_piece(i) for i in range(sp.get_piece_size())
+                                                  if not (sp.is_control(i) or sp.is_unknown(i))]
+    (work / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}))
+    tokenizer = M2M100Tokenizer(str(work / "vocab.json"), str(work / "sp.model"), src_lang="en", tgt_lang="fr")
+    config = M2M100Config(vocab_size=len(pieces) + 100 + 8, d_model=32, encoder_layers=2, decoder_layers=2,
+                          encoder_attention_heads=4, decoder_attention_heads=2, encoder_ffn_dim=48, decoder_ffn_dim=40,
+                          max_position_embeddings=64, dropout=0.1)
+    torch.manual_seed(seed)
+    model = M2M100ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0.0, std).add_(1.0 if "layer_norm.weight" in name else 0.0)
+        last = model.model.decoder.layer_norm.bias  # the </s> logit gains eos_bias through it
+        model.model.shared.weight[2] += eos_bias * last / last.norm() ** 2
+    model.generation_config.update(**{"bad_words_ids": [[1]], "num_beams": 4, "length_penalty": 1.0,
+                                      "forced_eos_token_id": 2,
+                                      **(generation or {})})
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    shutil.rmtree(work)
+    return out
+
+
+def load_hf(folder: Path):
+    from transformers import M2M100ForConditionalGeneration, M2M100Tokenizer
+
+    return M2M100ForConditionalGeneration.from_pretrained(folder).eval(), M2M100Tokenizer.from_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """(their model, their tokenizer, our Loaded, the folder)."""
+    tmp = tmp_path_factory.mktemp("m2m100")
+    folder = m2m100_folder(tmp / "hf")
+    atomic_save(import_folder(folder), tmp / "model.ckpt")
+    return (*load_hf(folder), load_checkpoint(tmp / "model.ckpt"), folder)
+
+
+def halves() -> list[tuple[str, str, list[str]]]:
+    lines = lines_of("test.src", "valid.src")
+    half = len(lines) // 2
+    return [(src, tgt, part) for (src, tgt), part in zip(PAIRS, (lines[:half], lines[half:]))]
+
+
+def order_of(folder: Path, loaded) -> torch.Tensor:
+    """Their id of each of our ids, through the pieces' names (``▁<2fr>`` is ``__fr__``)."""
+    vocab = json.loads((folder / "vocab.json").read_text())
+    from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
+
+    codes = FAIRSEQ_LANGUAGE_CODES["m2m100"]
+    vocab.update({f"\u2581<2{c}>": len(vocab) + i for i, c in enumerate(codes)})
+    sp = loaded.tgt_vocab.sp
+    order = []
+    for i in range(sp.get_piece_size()):
+        piece = sp.id_to_piece(i)
+        order.append(vocab["</s>"] if i == BOS else vocab.get(piece, vocab["<unk>"] if piece.startswith("madeup") else -1))
+        if piece.startswith("madeupword"):
+            order[-1] = len(json.loads((folder / "vocab.json").read_text())) + len(codes) + int(piece[-4:])
+    return torch.tensor(order)
+
+
+def our_ids(loaded, lines: list[str], src_lang: str) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = [loaded.src_vocab.encode(f"{tag(src_lang)} {line}") + [EOS] for line in lines]
+    src = torch.full((len(ids), max(map(len, ids))), PAD)
+    for i, seq in enumerate(ids):
+        src[i, : len(seq)] = torch.tensor(seq)
+    return src, src != PAD
+
+
+def test_token_ids_and_logits_equal_transformers(pair):
+    """For each (source, target) pair, our source ids (``<2de> text``) are their ids with
+    ``src_lang=de`` on 20 sentences each; teacher-forced from their decoder start and the target
+    code, our logits equal theirs within 1e-4 (fp32), and so do the log-probs (the BOS row, a
+    second copy of their </s>, out of our softmax)."""
+    hf, tokenizer, loaded, folder = pair
+    order = order_of(folder, loaded)
+    assert (order >= 0).all() and sorted(order.tolist()[:2] + order.tolist()[3:]) == list(range(hf.config.vocab_size))
+    largest = 0.0
+    for src_lang, tgt_lang, lines in halves():
+        tokenizer.src_lang = src_lang
+        batch = tokenizer(lines, return_tensors="pt", padding=True)
+        src, src_mask = our_ids(loaded, lines, src_lang)
+        assert order[src].masked_fill(~src_mask, 1).tolist() == batch["input_ids"].tolist()
+        code = loaded.tgt_vocab.sp.piece_to_id(f"\u2581{tag(tgt_lang)}")
+        targets = [[BOS, code, *loaded.tgt_vocab.encode(line)[:8]] for line in lines_of("test.tgt")[: len(lines)]]
+        width = min(map(len, targets))
+        tgt_in = torch.tensor([t[:width] for t in targets])
+        with torch.no_grad():
+            ours = loaded.model(src, src_mask, tgt_in)
+            raw = hf(**batch, decoder_input_ids=order[tgt_in]).logits
+        theirs = raw[..., order]
+        kept = torch.arange(ours.size(-1)) != BOS
+        largest = max(largest, (ours - theirs)[..., kept].abs().max().item())
+        assert ours.abs().max() > 1
+        torch.testing.assert_close(ours.log_softmax(-1)[..., kept], raw.log_softmax(-1)[..., order][..., kept],
+                                   atol=1e-4, rtol=1e-4)
+    assert largest < 1e-4, largest
+    print(f"max logit difference {largest:.2e}")
+
+
+def their_outputs(hf, tokenizer, lines, src_lang, tgt_lang, order, **generate) -> list[list[int]]:
+    ours_of = {int(theirs): ours for ours, theirs in reversed(list(enumerate(order.tolist())))}
+    tokenizer.src_lang = src_lang
+    batch = tokenizer(lines, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = hf.generate(**batch, forced_bos_token_id=tokenizer.get_lang_id(tgt_lang), **generate)
+    outputs = []
+    for row in out[:, 1:].tolist():
+        ids = [ours_of[t] if t != 2 else EOS for t in row]
+        outputs.append(ids[: ids.index(EOS)] if EOS in ids else ids)
+    return outputs
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_greedy_and_beam_equal_generate(pair, search):
+    """Greedy search and beam search (the folder's beam 4 and length penalty 1.0, ranked as
+    transformers ranks: the imported file's ``test_decoding``) with the target code as a one-token
+    prefix give ``generate(forced_bos_token_id=...)``'s outputs on all 40 sentences, cap 12."""
+    hf, tokenizer, loaded, folder = pair
+    order = order_of(folder, loaded)
+    tested = loaded.run_config["test_decoding"]
+    assert (tested["beam_size"], tested["alpha"], tested["scoring"]) == (4, 1.0, "huggingface")
+    cap, same, total, ended = 12, 0, 0, 0
+    for src_lang, tgt_lang, lines in halves():
+        src, src_mask = our_ids(loaded, lines, src_lang)
+        code = loaded.tgt_vocab.sp.piece_to_id(f"\u2581{tag(tgt_lang)}")
+        prefix = torch.full((len(lines), 1), code)
+        if search == "greedy":
+            ours = greedy_search(loaded.model, src, src_mask, max_len_a=0, max_len_b=cap, prefix=prefix).tokens
+            theirs = their_outputs(hf, tokenizer, lines, src_lang, tgt_lang, order, num_beams=1, max_new_tokens=cap)
+        else:
+            ours = beam_search(loaded.model, src, src_mask, beam_size=4, alpha=1.0, max_len_a=0, max_len_b=cap,
+                               prefix=prefix, scoring="huggingface").tokens
+            theirs = their_outputs(hf, tokenizer, lines, src_lang, tgt_lang, order, max_new_tokens=cap)
+        assert all(o[0] == code for o in ours)
+        same += sum(o == t for o, t in zip(ours, theirs))
+        ended += sum(len(t) < cap - 1 for t in theirs)
+        total += len(lines)
+    print(f"{search}: {same}/{total} outputs equal, {ended} ended before the cap")
+    assert same == total and ended >= 5
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return m2m100_folder(tmp_path_factory.mktemp("refusals") / "hf")
+
+
+def edited(folder: Path, tmp_path: Path, **changes) -> Path:
+    """A copy of ``folder`` with keys of its config.json changed (None: removed)."""
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config.update(changes)
+    (copy / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    return copy
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"auto_map": {"AutoModel": "modeling.M"}}, "config.json: auto_map={'AutoModel': 'modeling.M'}: a key nmt does not "
+                                                "know for an M2M100 model; it may change what the model computes, so the "
+                                                "folder is refused"),
+    ({"scale_embedding": False}, "config.json: scale_embedding=False: nmt scales embeddings by sqrt(d_model), as "
+                                 "M2M100 and NLLB-200 do"),
+    ({"activation_function": "gelu_new"}, "config.json: activation_function=gelu_new: nmt computes relu, gelu, swish, silu"),
+    ({"pad_token_id": 0}, "config.json: pad_token_id=0: nmt's fairseq positions start at 2, after fairseq's padding id 1"),
+    ({"d_model": 10**9}, "config.json: d_model=1000000000 is not a count from 1 to 8,192; refused before any weight is "
+                         "allocated"),
+    ({"vocab_size": 150}, "config.json: vocab_size=150 has no room for vocab.json's"),
+    ({"encoder_layers": 1}, "model.safetensors: model.encoder.layers.1.fc1.bias is not a weight of the "
+                            "M2M100ForConditionalGeneration config.json describes"),
+    ({"architectures": ["M2M100Model"]}, "config.json: model_type=m2m_100, architectures=['M2M100Model']: not an "
+                                         "M2M100ForConditionalGeneration"),
+], ids=["auto_map", "unscaled", "gelu_new", "pad_id", "width", "vocabulary", "extra_layer", "architecture"])
+def test_what_does_not_import_is_refused_in_one_line(folder, tmp_path, changes, message):
+    copy = edited(folder, tmp_path, **changes)
+    with pytest.raises(ImportRefused) as refused:
+        import_folder(copy)
+    text = str(refused.value)
+    assert text.startswith(f"{copy}/{message.split(':')[0]}") and message in text and "\n" not in text, text
+
+
+def test_pickled_weights_are_refused_unless_allowed(folder, tmp_path):
+    from safetensors.torch import load_file
+
+    copy = edited(folder, tmp_path)
+    torch.save(load_file(copy / "model.safetensors"), copy / "pytorch_model.bin")
+    (copy / "model.safetensors").unlink()
+    with pytest.raises(ImportRefused, match=r"pytorch_model.bin: refused, pickled weights can run code"):
+        import_folder(copy)
+    allowed = import_folder(copy, allow_pickle=True)["state_dict"]
+    safe = import_folder(folder)["state_dict"]
+    assert allowed.keys() == safe.keys() and all(torch.equal(allowed[k], safe[k]) for k in safe)
+
+
+def test_nmt_import_and_init_from_take_the_folder(folder, tmp_path):
+    """``nmt-import``'s body writes the release file (pre-norm, fairseq positions, the language
+    record); ``train.py init_from=<folder>`` fine-tunes it for two steps."""
+    from omegaconf import OmegaConf
+
+    from nmt.import_model import import_model
+    from nmt.train import train
+    from tests.conftest import compose_train
+
+    cfg = {"format": "huggingface", "src": str(folder), "out": str(tmp_path / "model.ckpt"), "allow_pickle": False,
+           "revision": None}
+    import_model(OmegaConf.create(cfg))
+    loaded = load_checkpoint(tmp_path / "model.ckpt")
+    model = loaded.run_config["model"]
+    assert (model["encoder"]["norm"], model["decoder"]["positions"], model["decoder"]["activation"]) == (
+        "pre", "fairseq", "relu")
+    assert loaded.run_config["languages"]["target"] == "decoder_prefix"
+    cfg = compose_train(tmp_path / "run", [f"init_from={folder}", "trainer.max_epochs=-1", "trainer.max_steps=2",
+                                           "trainer.limit_val_batches=0", "test=false"], model="transformer")
+    train(cfg)
+    tuned = load_checkpoint(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt")
+    assert tuned.run_config["model"]["encoder"]["positions"] == "fairseq"
