@@ -262,3 +262,39 @@ def test_nmt_import_and_init_from_take_the_folder(folder, tmp_path):
     train(cfg)
     tuned = load_checkpoint(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt")
     assert tuned.run_config["model"]["encoder"]["positions"] == "fairseq"
+
+
+def test_translator_takes_src_lang_and_tgt_lang(pair):
+    """The torch Translator on the imported file: ``src_lang=de tgt_lang=fr`` tags the source with
+    the source code and starts every output with the target code (cut from the text), giving the
+    text of the beam search ``generate()`` equals (the file's beam 4, length penalty 1.0, ranked
+    as transformers ranks) and its scores; scoring given translations (``mode=score``) reads the
+    code unscored; either language missing or unknown: one line."""
+    from nmt.inference.requests import Request, RequestError
+    from nmt.inference.translator import Translator
+
+    hf, tokenizer, loaded, folder = pair
+    decoding = {"_target_": "nmt.decoding.search.beam_search", "beam_size": 4, "max_len_a": 0, "max_len_b": 12}
+    translator = Translator(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, decoding, workers=1)
+    assert translator.decoder_languages and "fr" in translator.target_languages
+    src_lang, tgt_lang, lines = halves()[1]
+    got = translator.translate(lines, src_lang=src_lang, tgt_lang=tgt_lang)
+    src, src_mask = our_ids(loaded, lines, src_lang)
+    code = loaded.tgt_vocab.sp.piece_to_id(f"\u2581{tag(tgt_lang)}")
+    hyps = beam_search(loaded.model, src, src_mask, beam_size=4, alpha=1.0, max_len_a=0, max_len_b=12,
+                       prefix=torch.full((len(lines), 1), code), scoring="huggingface")
+    assert [t.hypotheses[0].text for t in got] == [loaded.tgt_vocab.decode(t[1:]) for t in hyps.tokens]
+    torch.testing.assert_close(torch.tensor([t.hypotheses[0].score for t in got]), hyps.scores)
+    prepared = translator.prepare(Request(lines, tgt_lang, src_lang=src_lang))
+    ids = [loaded.tgt_vocab.encode(t.hypotheses[0].text) for t in got]
+    scored = translator.score(prepared.sources, [t.hypotheses[0].text for t in got], lead=prepared.lead)
+    forced = [(torch.tensor(v).sum() / (len(v) + 1)).item() for v in scored]  # the code scored 0, as in the search
+    kept = [i for i, (a, b) in enumerate(zip(ids, hyps.tokens)) if a == b[1:]]  # text that encodes back to its ids
+    assert len(kept) >= 5  # random outputs full of fairseq fillers (madeupword) do not encode back
+    torch.testing.assert_close(torch.tensor(forced)[kept], hyps.scores[kept], atol=1e-4, rtol=1e-4)
+    for options, message in (({"tgt_lang": "fr"}, "src_lang: this model reads the source language first"),
+                             ({"src_lang": "de"}, "tgt_lang: this model reads the source language first"),
+                             ({"src_lang": "de", "tgt_lang": "xx"}, "tgt_lang=xx: unknown language code")):
+        with pytest.raises(RequestError, match=f"^{message}") as refused:
+            translator.translate(lines[:2], **options)
+        assert "\n" not in str(refused.value)

@@ -110,6 +110,9 @@ def read_vocabulary(folder: Path, config: dict[str, Any]) -> tuple[Vocabulary, b
     codes = tokenizer_config.get("language_codes", "m2m100")
     if codes not in LANGUAGES:
         raise ImportRefused(f"{where}: language_codes={str(codes)[:40]}: nmt knows {', '.join(LANGUAGES)}")
+    if not (folder / "vocab.json").is_file() and (folder / "tokenizer.json").is_file():
+        raise ImportRefused(f"{folder / 'vocab.json'}: missing; nmt reads M2M100Tokenizer's vocab.json, and a folder "
+                            "with tokenizer.json only (NLLB-200's NllbTokenizer) is not imported yet")
     vocab = _vocab(folder, "vocab.json", config["vocab_size"])
     size = len(vocab)
     if set(vocab.values()) != set(range(size)):

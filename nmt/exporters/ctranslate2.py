@@ -60,7 +60,8 @@ def check_exportable(model: nn.Module, run_config: dict) -> None:
     for part, (module, _) in parts.items():
         positions = module.embed_tokens.positions
         if positions not in ("sinusoidal", "learned"):
-            raise ValueError(f"model.{part}.positions={positions}: CTranslate2 cannot express rotary positions "
+            what = "rotary positions" if positions == "rope" else f"{positions} positions (not yet exported)"
+            raise ValueError(f"model.{part}.positions={positions}: CTranslate2 cannot express {what} "
                              "in an encoder-decoder Transformer; export sinusoidal or learned positions")
         if module.attention != "full":
             raise ValueError(f"model.{part}.attention={module.attention}: CTranslate2 computes full attention "
