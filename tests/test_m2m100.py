@@ -26,18 +26,22 @@ from nmt.decoding.search import beam_search, greedy_search  # noqa: E402
 from nmt.languages.tags import tag  # noqa: E402
 from tests.test_export_ctranslate2 import lines_of  # noqa: E402
 
-PAIRS = (("de", "fr"), ("en", "zu"))  # (source, target) languages, one per half of the sentences
-EOS_BIAS = 2.0
+PAIRS = {"m2m100": (("de", "fr"), ("en", "zu")),  # (source, target) languages, one per half of the sentences
+         "nllb": (("deu_Latn", "fra_Latn"), ("eng_Latn", "zul_Latn"))}
+EOS_BIAS = {"m2m100": 2.0, "nllb": 6.0}  # what gives each folder's random model outputs of mixed lengths
 
 
 def m2m100_folder(out: Path, *, seed: int = 0, std: float = 0.3, generation: dict | None = None,
-                  eos_bias: float = EOS_BIAS) -> Path:
+                  eos_bias: float | None = None, family: str = "m2m100") -> Path:
     """An M2M100 folder: fairseq's dictionary (<s> 0, <pad> 1, </s> 2, <unk> 3, the pieces of a BPE
-    SentencePiece model) in vocab.json, M2M100's 100 language codes and 8 fillers after it, every
-    weight random (no layer norm an identity, the <pad> row not zero), the </s> row of the tied
-    output layer shifted so that outputs end at mixed lengths."""
+    SentencePiece model) and the language codes, every weight random (no layer norm an identity,
+    the <pad> row not zero), the </s> row of the tied output layer shifted so that outputs end at
+    mixed lengths. ``m2m100``: M2M100Tokenizer's vocab.json, its 100 codes and 8 fillers after it;
+    ``nllb``: NllbTokenizer made from the SentencePiece model (tokenizer.json, the 202 codes
+    ``fra_Latn``, ``<mask>``), the SentencePiece model beside it as in the hub's folders."""
     import sentencepiece as spm
-    from transformers import M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer
+    from transformers import M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer, NllbTokenizer
+    from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
 
     work = out.parent / f".{out.name}.spm"
     work.mkdir(parents=True, exist_ok=True)
@@ -48,9 +52,16 @@ def m2m100_folder(out: Path, *, seed: int = 0, std: float = 0.3, generation: dic
     sp = spm.SentencePieceProcessor(model_file=str(work / "sp.model"))
     pieces = ["<s>", "<pad>", "</s>", "<unk>"] + [sp.id_to_piece(i) for i in range(sp.get_piece_size())
                                                   if not (sp.is_control(i) or sp.is_unknown(i))]
-    (work / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}))
-    tokenizer = M2M100Tokenizer(str(work / "vocab.json"), str(work / "sp.model"), src_lang="en", tgt_lang="fr")
-    config = M2M100Config(vocab_size=len(pieces) + 100 + 8, d_model=32, encoder_layers=2, decoder_layers=2,
+    if family == "nllb":
+        (work / "tok").mkdir()
+        shutil.copy(work / "sp.model", work / "tok" / "sentencepiece.bpe.model")
+        tokenizer = NllbTokenizer.from_pretrained(work / "tok", extra_special_tokens=FAIRSEQ_LANGUAGE_CODES)
+        size = len(tokenizer)
+    else:
+        (work / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}))
+        tokenizer = M2M100Tokenizer(str(work / "vocab.json"), str(work / "sp.model"), src_lang="en", tgt_lang="fr")
+        size = len(pieces) + 100 + 8
+    config = M2M100Config(vocab_size=size, d_model=32, encoder_layers=2, decoder_layers=2,
                           encoder_attention_heads=4, decoder_attention_heads=2, encoder_ffn_dim=48, decoder_ffn_dim=40,
                           max_position_embeddings=64, dropout=0.1)
     torch.manual_seed(seed)
@@ -59,52 +70,68 @@ def m2m100_folder(out: Path, *, seed: int = 0, std: float = 0.3, generation: dic
         for name, p in model.named_parameters():
             p.normal_(0.0, std).add_(1.0 if "layer_norm.weight" in name else 0.0)
         last = model.model.decoder.layer_norm.bias  # the </s> logit gains eos_bias through it
-        model.model.shared.weight[2] += eos_bias * last / last.norm() ** 2
+        model.model.shared.weight[2] += (eos_bias or EOS_BIAS[family]) * last / last.norm() ** 2
     model.generation_config.update(**{"bad_words_ids": [[1]], "num_beams": 4, "length_penalty": 1.0,
                                       "forced_eos_token_id": 2,
                                       **(generation or {})})
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    if family == "nllb":
+        shutil.copy(work / "sp.model", out / "sentencepiece.bpe.model")
     shutil.rmtree(work)
     return out
 
 
-def load_hf(folder: Path):
-    from transformers import M2M100ForConditionalGeneration, M2M100Tokenizer
+def load_hf(folder: Path, family: str):
+    from transformers import M2M100ForConditionalGeneration, M2M100Tokenizer, NllbTokenizer
 
-    return M2M100ForConditionalGeneration.from_pretrained(folder).eval(), M2M100Tokenizer.from_pretrained(folder)
+    tokenizer = (NllbTokenizer if family == "nllb" else M2M100Tokenizer).from_pretrained(folder)
+    return M2M100ForConditionalGeneration.from_pretrained(folder).eval(), tokenizer
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    """(their model, their tokenizer, our Loaded, the folder)."""
-    tmp = tmp_path_factory.mktemp("m2m100")
-    folder = m2m100_folder(tmp / "hf")
+@pytest.fixture(scope="module", params=list(PAIRS))
+def pair(request, tmp_path_factory):
+    """(their model, their tokenizer, our Loaded, the folder, the family) of an M2M100 and an
+    NLLB-200 folder."""
+    tmp = tmp_path_factory.mktemp(request.param)
+    folder = m2m100_folder(tmp / "hf", family=request.param)
     atomic_save(import_folder(folder), tmp / "model.ckpt")
-    return (*load_hf(folder), load_checkpoint(tmp / "model.ckpt"), folder)
+    return (*load_hf(folder, request.param), load_checkpoint(tmp / "model.ckpt"), folder, request.param)
 
 
-def halves() -> list[tuple[str, str, list[str]]]:
+def halves(family: str) -> list[tuple[str, str, list[str]]]:
     lines = lines_of("test.src", "valid.src")
     half = len(lines) // 2
-    return [(src, tgt, part) for (src, tgt), part in zip(PAIRS, (lines[:half], lines[half:]))]
+    return [(src, tgt, part) for (src, tgt), part in zip(PAIRS[family], (lines[:half], lines[half:]))]
 
 
-def order_of(folder: Path, loaded) -> torch.Tensor:
-    """Their id of each of our ids, through the pieces' names (``▁<2fr>`` is ``__fr__``)."""
-    vocab = json.loads((folder / "vocab.json").read_text())
-    from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
+def lang_id(tokenizer, family: str, lang: str) -> int:
+    return tokenizer.convert_tokens_to_ids(lang) if family == "nllb" else tokenizer.get_lang_id(lang)
 
-    codes = FAIRSEQ_LANGUAGE_CODES["m2m100"]
-    vocab.update({f"\u2581<2{c}>": len(vocab) + i for i, c in enumerate(codes)})
+
+def order_of(tokenizer, family: str, folder: Path, loaded) -> torch.Tensor:
+    """Their id of each of our ids, through the pieces' names (``▁<2fr>`` is ``__fr__`` or
+    ``fra_Latn``; M2M100's fillers ``madeupword0000``... follow its codes)."""
+    vocab = tokenizer.get_vocab()
     sp = loaded.tgt_vocab.sp
     order = []
     for i in range(sp.get_piece_size()):
         piece = sp.id_to_piece(i)
-        order.append(vocab["</s>"] if i == BOS else vocab.get(piece, vocab["<unk>"] if piece.startswith("madeup") else -1))
-        if piece.startswith("madeupword"):
-            order[-1] = len(json.loads((folder / "vocab.json").read_text())) + len(codes) + int(piece[-4:])
+        if i == BOS:
+            order.append(vocab["</s>"])
+        elif piece.startswith("\u2581<2"):
+            order.append(lang_id(tokenizer, family, piece[3:-1]))
+        elif piece.startswith("madeupword"):
+            order.append(tokenizer.vocab_size + 100 + int(piece[-4:]))
+        else:
+            order.append(vocab.get(piece, -1))
     return torch.tensor(order)
+
+
+def translator_languages(loaded) -> list[str]:
+    from nmt.languages.tags import vocabulary_languages
+
+    return vocabulary_languages(loaded.src_vocab.sp)
 
 
 def our_ids(loaded, lines: list[str], src_lang: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,11 +147,12 @@ def test_token_ids_and_logits_equal_transformers(pair):
     ``src_lang=de`` on 20 sentences each; teacher-forced from their decoder start and the target
     code, our logits equal theirs within 1e-4 (fp32), and so do the log-probs (the BOS row, a
     second copy of their </s>, out of our softmax)."""
-    hf, tokenizer, loaded, folder = pair
-    order = order_of(folder, loaded)
+    hf, tokenizer, loaded, folder, family = pair
+    order = order_of(tokenizer, family, folder, loaded)
     assert (order >= 0).all() and sorted(order.tolist()[:2] + order.tolist()[3:]) == list(range(hf.config.vocab_size))
+    assert len(translator_languages(loaded)) == (100 if family == "m2m100" else 202)
     largest = 0.0
-    for src_lang, tgt_lang, lines in halves():
+    for src_lang, tgt_lang, lines in halves(family):
         tokenizer.src_lang = src_lang
         batch = tokenizer(lines, return_tensors="pt", padding=True)
         src, src_mask = our_ids(loaded, lines, src_lang)
@@ -146,12 +174,12 @@ def test_token_ids_and_logits_equal_transformers(pair):
     print(f"max logit difference {largest:.2e}")
 
 
-def their_outputs(hf, tokenizer, lines, src_lang, tgt_lang, order, **generate) -> list[list[int]]:
+def their_outputs(hf, tokenizer, family, lines, src_lang, tgt_lang, order, **generate) -> list[list[int]]:
     ours_of = {int(theirs): ours for ours, theirs in reversed(list(enumerate(order.tolist())))}
     tokenizer.src_lang = src_lang
     batch = tokenizer(lines, return_tensors="pt", padding=True)
     with torch.no_grad():
-        out = hf.generate(**batch, forced_bos_token_id=tokenizer.get_lang_id(tgt_lang), **generate)
+        out = hf.generate(**batch, forced_bos_token_id=lang_id(tokenizer, family, tgt_lang), **generate)
     outputs = []
     for row in out[:, 1:].tolist():
         ids = [ours_of[t] if t != 2 else EOS for t in row]
@@ -164,22 +192,22 @@ def test_greedy_and_beam_equal_generate(pair, search):
     """Greedy search and beam search (the folder's beam 4 and length penalty 1.0, ranked as
     transformers ranks: the imported file's ``test_decoding``) with the target code as a one-token
     prefix give ``generate(forced_bos_token_id=...)``'s outputs on all 40 sentences, cap 12."""
-    hf, tokenizer, loaded, folder = pair
-    order = order_of(folder, loaded)
+    hf, tokenizer, loaded, folder, family = pair
+    order = order_of(tokenizer, family, folder, loaded)
     tested = loaded.run_config["test_decoding"]
     assert (tested["beam_size"], tested["alpha"], tested["scoring"]) == (4, 1.0, "huggingface")
     cap, same, total, ended = 12, 0, 0, 0
-    for src_lang, tgt_lang, lines in halves():
+    for src_lang, tgt_lang, lines in halves(family):
         src, src_mask = our_ids(loaded, lines, src_lang)
         code = loaded.tgt_vocab.sp.piece_to_id(f"\u2581{tag(tgt_lang)}")
         prefix = torch.full((len(lines), 1), code)
         if search == "greedy":
             ours = greedy_search(loaded.model, src, src_mask, max_len_a=0, max_len_b=cap, prefix=prefix).tokens
-            theirs = their_outputs(hf, tokenizer, lines, src_lang, tgt_lang, order, num_beams=1, max_new_tokens=cap)
+            theirs = their_outputs(hf, tokenizer, family, lines, src_lang, tgt_lang, order, num_beams=1, max_new_tokens=cap)
         else:
             ours = beam_search(loaded.model, src, src_mask, beam_size=4, alpha=1.0, max_len_a=0, max_len_b=cap,
                                prefix=prefix, scoring="huggingface").tokens
-            theirs = their_outputs(hf, tokenizer, lines, src_lang, tgt_lang, order, max_new_tokens=cap)
+            theirs = their_outputs(hf, tokenizer, family, lines, src_lang, tgt_lang, order, max_new_tokens=cap)
         assert all(o[0] == code for o in ours)
         same += sum(o == t for o, t in zip(ours, theirs))
         ended += sum(len(t) < cap - 1 for t in theirs)
@@ -273,11 +301,11 @@ def test_translator_takes_src_lang_and_tgt_lang(pair):
     from nmt.inference.requests import Request, RequestError
     from nmt.inference.translator import Translator
 
-    hf, tokenizer, loaded, folder = pair
+    hf, tokenizer, loaded, folder, family = pair
     decoding = {"_target_": "nmt.decoding.search.beam_search", "beam_size": 4, "max_len_a": 0, "max_len_b": 12}
     translator = Translator(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, decoding, workers=1)
-    assert translator.decoder_languages and "fr" in translator.target_languages
-    src_lang, tgt_lang, lines = halves()[1]
+    src_lang, tgt_lang, lines = halves(family)[1]
+    assert translator.decoder_languages and tgt_lang in translator.target_languages
     got = translator.translate(lines, src_lang=src_lang, tgt_lang=tgt_lang)
     src, src_mask = our_ids(loaded, lines, src_lang)
     code = loaded.tgt_vocab.sp.piece_to_id(f"\u2581{tag(tgt_lang)}")
@@ -289,12 +317,35 @@ def test_translator_takes_src_lang_and_tgt_lang(pair):
     ids = [loaded.tgt_vocab.encode(t.hypotheses[0].text) for t in got]
     scored = translator.score(prepared.sources, [t.hypotheses[0].text for t in got], lead=prepared.lead)
     forced = [(torch.tensor(v).sum() / (len(v) + 1)).item() for v in scored]  # the code scored 0, as in the search
-    kept = [i for i, (a, b) in enumerate(zip(ids, hyps.tokens)) if a == b[1:]]  # text that encodes back to its ids
-    assert len(kept) >= 5  # random outputs full of fairseq fillers (madeupword) do not encode back
+    # text that encodes back to its ids and ended before the cap (the forced EOS scores 0 in the search)
+    kept = [i for i, (a, b) in enumerate(zip(ids, hyps.tokens)) if a == b[1:] and len(b) < 11]
+    assert len(kept) >= 3  # random outputs full of fillers (madeupword, <mask>) do not encode back
     torch.testing.assert_close(torch.tensor(forced)[kept], hyps.scores[kept], atol=1e-4, rtol=1e-4)
-    for options, message in (({"tgt_lang": "fr"}, "src_lang: this model reads the source language first"),
-                             ({"src_lang": "de"}, "tgt_lang: this model reads the source language first"),
-                             ({"src_lang": "de", "tgt_lang": "xx"}, "tgt_lang=xx: unknown language code")):
+    for options, message in (({"tgt_lang": tgt_lang}, "src_lang: this model reads the source language first"),
+                             ({"src_lang": src_lang}, "tgt_lang: this model reads the source language first"),
+                             ({"src_lang": src_lang, "tgt_lang": "xx"}, "tgt_lang=xx: unknown language code")):
         with pytest.raises(RequestError, match=f"^{message}") as refused:
             translator.translate(lines[:2], **options)
         assert "\n" not in str(refused.value)
+
+
+@pytest.fixture(scope="module")
+def nllb(tmp_path_factory):
+    return m2m100_folder(tmp_path_factory.mktemp("nllb_refusals") / "hf", family="nllb")
+
+
+def test_what_an_nllb_folder_must_hold_is_named_in_one_line(nllb, tmp_path):
+    """NllbTokenizer's legacy_behaviour (the source code after </s>) and a folder without the
+    SentencePiece model its tokenizer.json was made from are refused in one line."""
+    copy = edited(nllb, tmp_path)
+    config = json.loads((copy / "tokenizer_config.json").read_text())
+    (copy / "tokenizer_config.json").write_text(json.dumps({**config, "legacy_behaviour": True}))
+    with pytest.raises(ImportRefused, match=r"tokenizer_config.json: legacy_behaviour=true puts the source language "
+                                            r"after the sentence's </s>; nmt puts it first"):
+        import_folder(copy)
+    (copy / "tokenizer_config.json").write_text(json.dumps(config))
+    (copy / "sentencepiece.bpe.model").unlink()
+    with pytest.raises(ImportRefused) as refused:
+        import_folder(copy)
+    assert str(refused.value) == (f"{copy}/sentencepiece.bpe.model: missing; nmt cuts NLLB text with the SentencePiece "
+                                  "model its tokenizer.json was made from (the hub's folders have it)")

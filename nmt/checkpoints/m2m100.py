@@ -1,5 +1,6 @@
-"""A Hugging Face ``M2M100ForConditionalGeneration`` folder (M2M100, Fan et al. 2021) read as an
-nmt release checkpoint (``nmt-import format=huggingface src=<folder>``; ``init_from=<folder>``).
+"""A Hugging Face ``M2M100ForConditionalGeneration`` folder (M2M100, Fan et al. 2021; NLLB-200,
+NLLB Team et al. 2022, the same architecture) read as an nmt release checkpoint
+(``nmt-import format=huggingface src=<folder>``; ``init_from=<folder>``).
 
 M2M100 is fairseq's pre-norm Transformer: ``norm: pre`` with a layer norm closing the encoder and the
 decoder (our ``final_norm``), embeddings scaled by sqrt(d_model) as ours, fairseq's sinusoids
@@ -14,9 +15,14 @@ ids, and after it come the language codes ``__fr__`` (``LANGUAGES``, in the orde
 config's ``vocab_size``. As for Marian (``nmt.checkpoints.marian.Vocabulary``), our id ``i`` is
 their id ``order[i]``: PAD their pad, UNK their unk, BOS a second row of their ``</s>`` (their
 decoder starts from it; its logit is kept out of the softmax), EOS their ``</s>``; a language code
-becomes the piece ``▁<2fr>`` (one of our tags, ``nmt.languages.tags``).
+becomes the piece ``▁<2fr>`` (one of our tags, ``nmt.languages.tags``). NLLB-200's
+``NllbTokenizer`` keeps the same fairseq dictionary in ``tokenizer.json`` (the SentencePiece pieces
+one id up after ``<s> <pad> </s> <unk>``, then its added tokens: the 202 codes ``fra_Latn`` and
+``<mask>``); its ids are read from there and its text cut with the ``sentencepiece.bpe.model`` the
+hub's folders hold beside it (``_nllb_pieces``); ``fra_Latn`` becomes ``▁<2fra_Latn>``.
 
-M2M100 writes the *source* language first (``[__en__] + pieces + [</s>]``: ``src_lang`` as a source
+M2M100 and NLLB-200 (``legacy_behaviour`` false, its default) write the *source* language first
+(``[__en__] + pieces + [</s>]``: ``src_lang`` as a source
 tag, ``<2en> text``) and makes the target language the decoder's first token (``forced_bos``):
 ``tgt_lang`` becomes a target prefix of one token, scored 0 by ``scoring=huggingface``
 (``nmt.decoding.search``) as by ``generate()``, and cut from the output
@@ -36,6 +42,7 @@ from nmt.checkpoints.files import FORMAT
 from nmt.checkpoints.marian import (ACTIVATIONS, LIMITS, ImportRefused, Vocabulary, _count, _json, _ratio, _spm,
                                     _vocab, decoding_of, model_config, our_state, read_weights, resolve)
 from nmt.data.tokenizer import Tokenizer
+from nmt.languages.tags import LANGUAGE
 
 ARCHITECTURE = "M2M100ForConditionalGeneration"
 # The language codes of M2M100's dictionaries, in their order (fairseq's lists).
@@ -102,17 +109,14 @@ def read_config(folder: Path) -> dict[str, Any]:
             "tied": bool(config.get("tie_word_embeddings", True)), "pre_norm": True}
 
 
-def read_vocabulary(folder: Path, config: dict[str, Any]) -> tuple[Vocabulary, bytes, list[str]]:
-    """The joint vocabulary in our order, the SentencePiece model written again with it, and the
-    languages of its codes."""
-    tokenizer_config = _json(folder, "tokenizer_config.json", required=False)
-    where = folder / "tokenizer_config.json"
+def _m2m100_pieces(folder: Path, config: dict[str, Any], tokenizer_config: dict[str, Any]
+                   ) -> tuple[dict[str, int], list[str], str]:
+    """``M2M100Tokenizer``'s ids: vocab.json's, then the language codes ``__xx__`` and fairseq's
+    fillers; the languages; the file named in errors."""
     codes = tokenizer_config.get("language_codes", "m2m100")
     if codes not in LANGUAGES:
-        raise ImportRefused(f"{where}: language_codes={str(codes)[:40]}: nmt knows {', '.join(LANGUAGES)}")
-    if not (folder / "vocab.json").is_file() and (folder / "tokenizer.json").is_file():
-        raise ImportRefused(f"{folder / 'vocab.json'}: missing; nmt reads M2M100Tokenizer's vocab.json, and a folder "
-                            "with tokenizer.json only (NLLB-200's NllbTokenizer) is not imported yet")
+        raise ImportRefused(f"{folder / 'tokenizer_config.json'}: language_codes={str(codes)[:40]}: nmt knows "
+                            f"{', '.join(LANGUAGES)}")
     vocab = _vocab(folder, "vocab.json", config["vocab_size"])
     size = len(vocab)
     if set(vocab.values()) != set(range(size)):
@@ -127,18 +131,81 @@ def read_vocabulary(folder: Path, config: dict[str, Any]) -> tuple[Vocabulary, b
     added.update({f"madeupword{j:04d}": size + len(languages) + j for j in range(fillers)})  # fairseq's fillers
     clash = sorted(set(added) & set(vocab))
     if clash:
-        raise ImportRefused(f"{folder / 'vocab.json'}: holds {clash[0][:40]!r}, a language code or filler M2M100Tokenizer adds")
+        raise ImportRefused(f"{folder / 'vocab.json'}: holds {clash[0][:40]!r}, a language code or filler "
+                            "M2M100Tokenizer adds")
+    return {**vocab, **added}, languages, "vocab.json"
+
+
+NLLB_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+
+
+def _nllb_pieces(folder: Path, config: dict[str, Any], tokenizer_config: dict[str, Any]
+                 ) -> tuple[dict[str, int], list[str], str]:
+    """``NllbTokenizer``'s ids, read from tokenizer.json (its ``model.vocab``, fairseq's dictionary:
+    the SentencePiece pieces one id up after ``<s> <pad> </s> <unk>``, and its added tokens: the
+    language codes ``fra_Latn`` and ``<mask>``), unused fillers up to ``vocab_size``; the languages;
+    the file named in errors. The text is cut with ``sentencepiece.bpe.model``, which tokenizer.json
+    was made from."""
+    where = folder / "tokenizer.json"
+    if tokenizer_config.get("legacy_behaviour"):
+        raise ImportRefused(f"{folder / 'tokenizer_config.json'}: legacy_behaviour=true puts the source language "
+                            "after the sentence's </s>; nmt puts it first, as NllbTokenizer does by default")
+    tokenizer = _json(folder, "tokenizer.json")
+    model = tokenizer.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if not isinstance(vocab, dict) or model.get("type") not in ("BPE", "Unigram"):
+        raise ImportRefused(f"{where}: model.type={str(model.get('type') if isinstance(model, dict) else model)[:40]}: "
+                            "nmt reads a BPE or Unigram vocabulary (NllbTokenizer's)")
+    added_tokens = tokenizer.get("added_tokens") or []
+    if not isinstance(added_tokens, list) or not all(isinstance(t, dict) for t in added_tokens):
+        raise ImportRefused(f"{where}: added_tokens is not a list of tokens")
+    pieces = dict(vocab)
+    for token in added_tokens:
+        content, i = token.get("content"), token.get("id")
+        if not isinstance(content, str) or isinstance(i, bool) or not isinstance(i, int) or pieces.get(content, i) != i:
+            raise ImportRefused(f"{where}: added token {str(content)[:40]!r} has id {str(i)[:20]}, not its vocabulary's")
+        pieces[content] = i
+    size = config["vocab_size"]
+    ids = set(pieces.values())
+    if len(ids) != len(pieces) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < size
+                                          for i in ids):
+        raise ImportRefused(f"{where}: its {len(pieces):,} pieces do not have distinct ids below config.json's "
+                            f"vocab_size={size:,}")
+    languages = [p for p in pieces if p not in NLLB_SPECIALS and any(t.get("content") == p for t in added_tokens)
+                 and LANGUAGE.fullmatch(p)]
+    free = sorted(set(range(size)) - ids)
+    pieces.update({f"<nmt_unused_{i}>": i for i in free})  # ids past the tokenizer's: never produced
+    return pieces, languages, "tokenizer.json"
+
+
+def read_vocabulary(folder: Path, config: dict[str, Any]) -> tuple[Vocabulary, bytes, list[str]]:
+    """The joint vocabulary in our order, the SentencePiece model written again with it, and the
+    languages of its codes: ``M2M100Tokenizer``'s (vocab.json) or ``NllbTokenizer``'s (tokenizer.json)."""
+    tokenizer_config = _json(folder, "tokenizer_config.json", required=False)
+    if (folder / "vocab.json").is_file():
+        pieces, languages, name = _m2m100_pieces(folder, config, tokenizer_config)
+        codes = {f"__{lang}__": lang for lang in languages}
+        spm_file = "sentencepiece.bpe.model"
+    elif (folder / "tokenizer.json").is_file():
+        pieces, languages, name = _nllb_pieces(folder, config, tokenizer_config)
+        codes = {lang: lang for lang in languages}
+        spm_file = "sentencepiece.bpe.model"
+        if not (folder / spm_file).is_file():
+            raise ImportRefused(f"{folder / spm_file}: missing; nmt cuts NLLB text with the SentencePiece model its "
+                                "tokenizer.json was made from (the hub's folders have it)")
+    else:
+        raise ImportRefused(f"{folder / 'vocab.json'}: missing; an M2M100 folder has vocab.json (M2M100Tokenizer) or "
+                            "tokenizer.json and sentencepiece.bpe.model (NllbTokenizer)")
     unk_piece = tokenizer_config.get("unk_token", "<unk>")
     unk_piece = unk_piece.get("content") if isinstance(unk_piece, dict) else unk_piece
-    if not isinstance(unk_piece, str) or unk_piece not in vocab:
-        raise ImportRefused(f"{folder / 'vocab.json'}: no {str(unk_piece)[:40]!r} piece (tokenizer_config.json's unk_token)")
+    if not isinstance(unk_piece, str) or unk_piece not in pieces:
+        raise ImportRefused(f"{folder / name}: no {str(unk_piece)[:40]!r} piece (tokenizer_config.json's unk_token)")
     ids = {"pad": config["pad_token_id"], "eos": config["eos_token_id"], "start": config["decoder_start_token_id"],
-           "unk": vocab[unk_piece]}
+           "unk": pieces[unk_piece]}
     if ids["unk"] in (ids["pad"], ids["eos"]):
-        raise ImportRefused(f"{folder / 'vocab.json'}: the unk piece {unk_piece[:40]!r} has the pad or eos id")
-    proto = _spm(folder, "sentencepiece.bpe.model")
-    full = Vocabulary({**vocab, **added}, ids, [proto], folder / "vocab.json",
-                      languages={f"__{lang}__": lang for lang in languages})
+        raise ImportRefused(f"{folder / name}: the unk piece {unk_piece[:40]!r} has the pad or eos id")
+    proto = _spm(folder, spm_file)
+    full = Vocabulary(pieces, ids, [proto], folder / name, languages=codes)
     return full, full.proto(proto), languages
 
 

@@ -53,7 +53,7 @@ LIMITS = {"d_model": 8192, "encoder_layers": 64, "decoder_layers": 64, "encoder_
           "vocab_size": 1_000_000, "decoder_vocab_size": 1_000_000, "max_position_embeddings": 65536}
 MAX_BYTES = {"config.json": 1 << 20, "generation_config.json": 1 << 20, "tokenizer_config.json": 1 << 20,
              "vocab.json": 64 << 20, "target_vocab.json": 64 << 20, "source.spm": 64 << 20, "target.spm": 64 << 20,
-             "special_tokens_map.json": 1 << 20, "sentencepiece.bpe.model": 64 << 20}
+             "special_tokens_map.json": 1 << 20, "sentencepiece.bpe.model": 64 << 20, "tokenizer.json": 64 << 20}
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}  # transformers' -> ours
 # config.json keys of Marian's relatives that change the computation; true (or set) is refused.
 NOT_COMPUTED = ("normalize_before", "add_final_layer_norm", "layernorm_embedding", "normalize_embedding",
@@ -61,7 +61,7 @@ NOT_COMPUTED = ("normalize_before", "add_final_layer_norm", "layernorm_embedding
 NEVER = -1e4  # the logit bias of a piece their tokenizer maps to <unk>: never generated
 FILES = ["config.json", "generation_config.json", "model.safetensors", "source.spm", "target.spm", "vocab.json",
          "target_vocab.json", "tokenizer_config.json", "special_tokens_map.json",
-         "sentencepiece.bpe.model"]  # what a hub download fetches (M2M100: sentencepiece.bpe.model)
+         "sentencepiece.bpe.model", "tokenizer.json"]  # what a hub download fetches (M2M100, NLLB-200 too)
 TAG = re.compile(r">>(.+)<<")
 SPIECE = "\u2581"
 
@@ -154,7 +154,7 @@ def read_config(folder: Path) -> dict[str, Any]:
     if kind != "marian" or not isinstance(classes, list) or any(c != "MarianMTModel" for c in classes):
         raise ImportRefused(f"{where}: model_type={str(kind)[:40]}, architectures={str(classes)[:80]}: nmt imports "
                             "MarianMTModel (model_type=marian) and M2M100ForConditionalGeneration (model_type=m2m_100); T5, "
-                            "BART, mBART, NLLB's tokenizer and the others compute what nmt does not")
+                            "BART, mBART and the others compute what nmt does not")
     for key in NOT_COMPUTED:
         if config.get(key):
             raise ImportRefused(f"{where}: {key}={str(config[key])[:40]}: nmt's post-norm Transformer has no such "
