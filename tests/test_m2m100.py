@@ -349,3 +349,33 @@ def test_what_an_nllb_folder_must_hold_is_named_in_one_line(nllb, tmp_path):
         import_folder(copy)
     assert str(refused.value) == (f"{copy}/sentencepiece.bpe.model: missing; nmt cuts NLLB text with the SentencePiece "
                                   "model its tokenizer.json was made from (the hub's folders have it)")
+
+
+def test_translate_py_takes_src_lang_and_tgt_lang(pair, tmp_path, capsys):
+    """``translate.py ckpt=<imported> src_lang=... tgt_lang=...`` writes the Translator's text for
+    each line (greedy here), and ``mode=score`` scores given translations; without ``src_lang`` the
+    run stops before any output, in one line."""
+    from nmt.inference.translator import Translator
+    from tests.conftest import translate_here
+
+    hf, tokenizer, loaded, folder, family = pair
+    src_lang, tgt_lang, lines = halves(family)[0]
+    ckpt, source = tmp_path / "model.ckpt", tmp_path / "in.txt"
+    atomic_save(import_folder(folder), ckpt)
+    source.write_text("\n".join(lines[:6]) + "\n")
+    common = [f"ckpt={ckpt}", f"input={source}", "decoding=greedy", "decoding.max_len_a=0", "decoding.max_len_b=12",
+              "device=cpu", "kernels=reference", "precision=32", "workers=1"]
+    done = translate_here(capsys, *common, f"src_lang={src_lang}", f"tgt_lang={tgt_lang}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    greedy = {"_target_": "nmt.decoding.search.greedy_search", "max_len_a": 0, "max_len_b": 12}
+    translator = Translator(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, greedy, workers=1)
+    expected = [t.hypotheses[0].text for t in translator.translate(lines[:6], src_lang=src_lang, tgt_lang=tgt_lang)]
+    assert done.stdout.splitlines() == expected
+    target = tmp_path / "tgt.txt"
+    target.write_text("\n".join(expected) + "\n")
+    scored = translate_here(capsys, *common, f"src_lang={src_lang}", f"tgt_lang={tgt_lang}", "mode=score",
+                            f"target={target}")
+    assert scored.returncode == 0 and len(scored.stdout.splitlines()) == 6, scored.stderr[-2000:]
+    refused = translate_here(capsys, *common, f"tgt_lang={tgt_lang}")
+    assert refused.returncode != 0 and refused.stdout == "" and "src_lang: this model reads the source language first" \
+        in refused.stderr
