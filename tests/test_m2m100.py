@@ -379,3 +379,33 @@ def test_translate_py_takes_src_lang_and_tgt_lang(pair, tmp_path, capsys):
     refused = translate_here(capsys, *common, f"tgt_lang={tgt_lang}")
     assert refused.returncode != 0 and refused.stdout == "" and "src_lang: this model reads the source language first" \
         in refused.stderr
+
+
+def test_nmt_serve_takes_src_lang_and_tgt_lang(pair, tmp_path):
+    """``nmt-serve`` on the imported file: a request's ``"src_lang"`` and ``"tgt_lang"`` (or the
+    server's defaults) give translate.py's text; a request without a source language is a 400
+    naming it; ``/info`` lists the model's language codes."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from nmt.inference.translator import Translator
+    from nmt.serve.app import create_app, load
+    from tests.conftest import serve_cfg
+
+    hf, tokenizer, loaded, folder, family = pair
+    src_lang, tgt_lang, lines = halves(family)[0]
+    ckpt = tmp_path / "model.ckpt"
+    atomic_save(import_folder(folder), ckpt)
+    greedy = {"_target_": "nmt.decoding.search.greedy_search", "max_len_a": 0, "max_len_b": 12}
+    translator = Translator(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, greedy, workers=1)
+    expected = [t.hypotheses[0].text for t in translator.translate(lines[:4], src_lang=src_lang, tgt_lang=tgt_lang)]
+    cfg = serve_cfg(ckpt, "decoding=greedy", "decoding.max_len_a=0", "decoding.max_len_b=12", "batching.process=false",
+                    "device=cpu", "kernels=reference", "precision=32", f"tgt_lang={tgt_lang}")
+    with TestClient(create_app(load(cfg), cfg)) as client:
+        reply = client.post("/translate", json={"text": lines[:4], "src_lang": src_lang})
+        assert reply.status_code == 200, reply.text
+        assert [t["text"] if "text" in t else t["hypotheses"][0]["text"] for t in reply.json()["translations"]] == expected
+        refused = client.post("/translate", json={"text": lines[:1]})
+        assert refused.status_code == 400 and "src_lang: this model reads the source language first" in refused.text
+        info = client.get("/info").json()
+        assert src_lang in info["target_languages"] and tgt_lang in info["target_languages"]

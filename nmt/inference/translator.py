@@ -340,7 +340,8 @@ class Translator(RequestMeaning):
         """Whether the model gives attention weights (the LSTM without attention does not)."""
         if self._attention is None:
             lang = self.target_languages[0] if self.target_languages else None
-            self._attention = self.translate(["a"], attention=True, tgt_lang=lang)[0].attention is not None
+            both = {"src_lang": lang} if self.decoder_languages else {}  # a model reading both languages
+            self._attention = self.translate(["a"], attention=True, tgt_lang=lang, **both)[0].attention is not None
         return self._attention
 
     def guide_ids(self, key: str, guides: list[Any], sources: list[str], where: str, numbers: list[int],
