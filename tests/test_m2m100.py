@@ -27,8 +27,10 @@ from nmt.languages.tags import tag  # noqa: E402
 from tests.test_export_ctranslate2 import lines_of  # noqa: E402
 
 PAIRS = {"m2m100": (("de", "fr"), ("en", "zu")),  # (source, target) languages, one per half of the sentences
-         "nllb": (("deu_Latn", "fra_Latn"), ("eng_Latn", "zul_Latn"))}
-EOS_BIAS = {"m2m100": 2.0, "nllb": 6.0}  # what gives each folder's random model outputs of mixed lengths
+         "nllb": (("deu_Latn", "fra_Latn"), ("eng_Latn", "zul_Latn")),
+         "mbart": (("de_DE", "fr_XX"), ("en_XX", "zh_CN"))}
+CODES = {"m2m100": 100, "nllb": 202, "mbart": 52}
+EOS_BIAS = {"m2m100": 2.0, "nllb": 6.0, "mbart": 6.0}  # what gives each folder's random model outputs of mixed lengths
 
 
 def m2m100_folder(out: Path, *, seed: int = 0, std: float = 0.3, generation: dict | None = None,
@@ -38,9 +40,13 @@ def m2m100_folder(out: Path, *, seed: int = 0, std: float = 0.3, generation: dic
     the <pad> row not zero), the </s> row of the tied output layer shifted so that outputs end at
     mixed lengths. ``m2m100``: M2M100Tokenizer's vocab.json, its 100 codes and 8 fillers after it;
     ``nllb``: NllbTokenizer made from the SentencePiece model (tokenizer.json, the 202 codes
-    ``fra_Latn``, ``<mask>``), the SentencePiece model beside it as in the hub's folders."""
+    ``fra_Latn``, ``<mask>``), the SentencePiece model beside it as in the hub's folders; ``mbart``:
+    an MBartForConditionalGeneration (mBART-50's settings: scaled embeddings, decoding from </s>,
+    GELU, learned positions, embedding layer norms, a random logits bias) with MBart50Tokenizer
+    (``fr_XX``)."""
     import sentencepiece as spm
-    from transformers import M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer, NllbTokenizer
+    from transformers import (M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer, MBart50Tokenizer,
+                              MBartConfig, MBartForConditionalGeneration, NllbTokenizer)
     from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
 
     work = out.parent / f".{out.name}.spm"
@@ -48,45 +54,57 @@ def m2m100_folder(out: Path, *, seed: int = 0, std: float = 0.3, generation: dic
     spm.set_random_generator_seed(0)
     spm.SentencePieceTrainer.train(sentence_iterator=iter(lines_of("train.src", "train.tgt")),
                                    model_prefix=str(work / "sp"), vocab_size=120, hard_vocab_limit=False,
-                                   minloglevel=2, num_threads=1, model_type="bpe")
+                                   minloglevel=2, num_threads=1,
+                                   model_type="unigram" if family == "mbart" else "bpe")  # as each family's
     sp = spm.SentencePieceProcessor(model_file=str(work / "sp.model"))
     pieces = ["<s>", "<pad>", "</s>", "<unk>"] + [sp.id_to_piece(i) for i in range(sp.get_piece_size())
                                                   if not (sp.is_control(i) or sp.is_unknown(i))]
-    if family == "nllb":
+    if family in ("nllb", "mbart"):
         (work / "tok").mkdir()
         shutil.copy(work / "sp.model", work / "tok" / "sentencepiece.bpe.model")
-        tokenizer = NllbTokenizer.from_pretrained(work / "tok", extra_special_tokens=FAIRSEQ_LANGUAGE_CODES)
+        if family == "nllb":
+            tokenizer = NllbTokenizer.from_pretrained(work / "tok", extra_special_tokens=FAIRSEQ_LANGUAGE_CODES)
+        else:
+            tokenizer = MBart50Tokenizer.from_pretrained(work / "tok")
         size = len(tokenizer)
     else:
         (work / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}))
         tokenizer = M2M100Tokenizer(str(work / "vocab.json"), str(work / "sp.model"), src_lang="en", tgt_lang="fr")
         size = len(pieces) + 100 + 8
-    config = M2M100Config(vocab_size=size, d_model=32, encoder_layers=2, decoder_layers=2,
+    make, kind = (MBartConfig, MBartForConditionalGeneration) if family == "mbart" else (
+        M2M100Config, M2M100ForConditionalGeneration)
+    extra = {"scale_embedding": True, "decoder_start_token_id": 2} if family == "mbart" else {}
+    config = make(vocab_size=size, d_model=32, encoder_layers=2, decoder_layers=2,
                           encoder_attention_heads=4, decoder_attention_heads=2, encoder_ffn_dim=48, decoder_ffn_dim=40,
-                          max_position_embeddings=64, dropout=0.1)
+                          max_position_embeddings=64, dropout=0.1, **extra)
     torch.manual_seed(seed)
-    model = M2M100ForConditionalGeneration(config).eval()
+    model = kind(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.normal_(0.0, std).add_(1.0 if "layer_norm.weight" in name else 0.0)
-        last = model.model.decoder.layer_norm.bias  # the </s> logit gains eos_bias through it
-        model.model.shared.weight[2] += (eos_bias or EOS_BIAS[family]) * last / last.norm() ** 2
+        if family == "mbart":  # its logits bias, random, the </s> one raised
+            model.final_logits_bias.normal_(0.0, 0.5)[0, 2] += eos_bias or EOS_BIAS[family]
+        else:
+            last = model.model.decoder.layer_norm.bias  # the </s> logit gains eos_bias through it
+            model.model.shared.weight[2] += (eos_bias or EOS_BIAS[family]) * last / last.norm() ** 2
     model.generation_config.update(**{"bad_words_ids": [[1]], "num_beams": 4, "length_penalty": 1.0,
                                       "forced_eos_token_id": 2,
                                       **(generation or {})})
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    if family == "nllb":
+    if family in ("nllb", "mbart"):
         shutil.copy(work / "sp.model", out / "sentencepiece.bpe.model")
     shutil.rmtree(work)
     return out
 
 
 def load_hf(folder: Path, family: str):
-    from transformers import M2M100ForConditionalGeneration, M2M100Tokenizer, NllbTokenizer
+    from transformers import (M2M100ForConditionalGeneration, M2M100Tokenizer, MBart50Tokenizer,
+                              MBartForConditionalGeneration, NllbTokenizer)
 
-    tokenizer = (NllbTokenizer if family == "nllb" else M2M100Tokenizer).from_pretrained(folder)
-    return M2M100ForConditionalGeneration.from_pretrained(folder).eval(), tokenizer
+    tokenizer = {"nllb": NllbTokenizer, "mbart": MBart50Tokenizer}.get(family, M2M100Tokenizer).from_pretrained(folder)
+    kind = MBartForConditionalGeneration if family == "mbart" else M2M100ForConditionalGeneration
+    return kind.from_pretrained(folder).eval(), tokenizer
 
 
 @pytest.fixture(scope="module", params=list(PAIRS))
@@ -106,7 +124,7 @@ def halves(family: str) -> list[tuple[str, str, list[str]]]:
 
 
 def lang_id(tokenizer, family: str, lang: str) -> int:
-    return tokenizer.convert_tokens_to_ids(lang) if family == "nllb" else tokenizer.get_lang_id(lang)
+    return tokenizer.get_lang_id(lang) if family == "m2m100" else tokenizer.convert_tokens_to_ids(lang)
 
 
 def order_of(tokenizer, family: str, folder: Path, loaded) -> torch.Tensor:
@@ -150,7 +168,7 @@ def test_token_ids_and_logits_equal_transformers(pair):
     hf, tokenizer, loaded, folder, family = pair
     order = order_of(tokenizer, family, folder, loaded)
     assert (order >= 0).all() and sorted(order.tolist()[:2] + order.tolist()[3:]) == list(range(hf.config.vocab_size))
-    assert len(translator_languages(loaded)) == (100 if family == "m2m100" else 202)
+    assert len(translator_languages(loaded)) == CODES[family]
     largest = 0.0
     for src_lang, tgt_lang, lines in halves(family):
         tokenizer.src_lang = src_lang
@@ -233,10 +251,12 @@ def edited(folder: Path, tmp_path: Path, **changes) -> Path:
 
 @pytest.mark.parametrize("changes, message", [
     ({"auto_map": {"AutoModel": "modeling.M"}}, "config.json: auto_map={'AutoModel': 'modeling.M'}: a key nmt does not "
-                                                "know for an M2M100 model; it may change what the model computes, so the "
-                                                "folder is refused"),
+                                                "know for an M2M100ForConditionalGeneration; it may change what the model "
+                                                "computes, so the folder is refused"),
+    ({"normalize_before": True}, "config.json: normalize_before=True: a key nmt does not know for an "
+                                 "M2M100ForConditionalGeneration"),
     ({"scale_embedding": False}, "config.json: scale_embedding=False: nmt scales embeddings by sqrt(d_model), as "
-                                 "M2M100 and NLLB-200 do"),
+                                 "M2M100, NLLB-200 and mBART-50 do"),
     ({"activation_function": "gelu_new"}, "config.json: activation_function=gelu_new: nmt computes relu, gelu, swish, silu"),
     ({"pad_token_id": 0}, "config.json: pad_token_id=0: nmt's fairseq positions start at 2, after fairseq's padding id 1"),
     ({"d_model": 10**9}, "config.json: d_model=1000000000 is not a count from 1 to 8,192; refused before any weight is "
@@ -246,7 +266,7 @@ def edited(folder: Path, tmp_path: Path, **changes) -> Path:
                             "M2M100ForConditionalGeneration config.json describes"),
     ({"architectures": ["M2M100Model"]}, "config.json: model_type=m2m_100, architectures=['M2M100Model']: not an "
                                          "M2M100ForConditionalGeneration"),
-], ids=["auto_map", "unscaled", "gelu_new", "pad_id", "width", "vocabulary", "extra_layer", "architecture"])
+], ids=["auto_map", "mbart_key", "unscaled", "gelu_new", "pad_id", "width", "vocabulary", "extra_layer", "architecture"])
 def test_what_does_not_import_is_refused_in_one_line(folder, tmp_path, changes, message):
     copy = edited(folder, tmp_path, **changes)
     with pytest.raises(ImportRefused) as refused:
@@ -409,3 +429,33 @@ def test_nmt_serve_takes_src_lang_and_tgt_lang(pair, tmp_path):
         assert refused.status_code == 400 and "src_lang: this model reads the source language first" in refused.text
         info = client.get("/info").json()
         assert src_lang in info["target_languages"] and tgt_lang in info["target_languages"]
+
+
+@pytest.fixture(scope="module")
+def mbart(tmp_path_factory):
+    return m2m100_folder(tmp_path_factory.mktemp("mbart_refusals") / "hf", family="mbart")
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"normalize_before": False}, "config.json: normalize_before=False: nmt computes mBART with normalize_before=True"),
+    ({"add_bias_logits": True}, "config.json: add_bias_logits=True: nmt computes mBART with add_bias_logits=False"),
+    ({"scale_embedding": False}, "config.json: scale_embedding=False: nmt scales embeddings by sqrt(d_model)"),
+    ({"max_position_embeddings": 32}, "model.safetensors: model.decoder.embed_positions.weight has shape (66, 32), "
+                                      "config.json's model needs (34, 32)"),
+], ids=["post_norm", "bias_logits", "unscaled", "positions"])
+def test_what_an_mbart_folder_must_hold_is_named_in_one_line(mbart, tmp_path, changes, message):
+    copy = edited(mbart, tmp_path, **changes)
+    with pytest.raises(ImportRefused) as refused:
+        import_folder(copy)
+    text = str(refused.value)
+    assert text.startswith(f"{copy}/{message.split(':')[0]}") and message in text and "\n" not in text, text
+
+
+def test_an_mbart_tokenizer_that_puts_the_language_last_is_refused(mbart, tmp_path):
+    """mBART's MBartTokenizer (mbart-large-cc25: the source code after </s>) is refused in one line."""
+    copy = edited(mbart, tmp_path)
+    config = json.loads((copy / "tokenizer_config.json").read_text())
+    (copy / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "MBartTokenizer"}))
+    with pytest.raises(ImportRefused, match=r"tokenizer_config.json: tokenizer_class=MBartTokenizer: nmt reads "
+                                            r"mBART-50's MBart50Tokenizer \(the source language first\)"):
+        import_folder(copy)

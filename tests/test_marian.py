@@ -259,8 +259,8 @@ def folder(tmp_path_factory):
 @pytest.mark.parametrize("changes, message", [
     ({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]},
      "config.json: model_type=t5, architectures=['T5ForConditionalGeneration']: nmt imports MarianMTModel "
-     "(model_type=marian) and M2M100ForConditionalGeneration (model_type=m2m_100); T5, BART, mBART "
-     "and the others compute what nmt does not"),
+     "(model_type=marian), M2M100ForConditionalGeneration (m2m_100: M2M100, NLLB-200) and "
+     "MBartForConditionalGeneration (mbart: mBART-50); T5, BART and the others compute what nmt does not"),
     ({"model_type": "m2m_100"}, "config.json: model_type=m2m_100, architectures=['MarianMTModel']: nmt imports"),
     ({"normalize_before": True}, "config.json: normalize_before=True: nmt's post-norm Transformer has no such layer "
                                  "norm or bias (a Marian variant nmt does not compute)"),

@@ -1,6 +1,12 @@
 """A Hugging Face ``M2M100ForConditionalGeneration`` folder (M2M100, Fan et al. 2021; NLLB-200,
-NLLB Team et al. 2022, the same architecture) read as an nmt release checkpoint
-(``nmt-import format=huggingface src=<folder>``; ``init_from=<folder>``).
+NLLB Team et al. 2022, the same architecture) or ``MBartForConditionalGeneration`` folder of
+mBART-50 (Tang et al. 2020) read as an nmt release checkpoint (``nmt-import format=huggingface
+src=<folder>``; ``init_from=<folder>``).
+
+mBART-50 is the same pre-norm stack with GELU, learned positions (``positions: learned``: their
+table's rows from 2, its offset, are ours from 0), a layer norm after the embeddings
+(``embedding_norm``, their ``layernorm_embedding``) and a logits bias; ``MBart50Tokenizer`` keeps its
+vocabulary in tokenizer.json as NLLB's does, with the codes ``fr_XX``.
 
 M2M100 is fairseq's pre-norm Transformer: ``norm: pre`` with a layer norm closing the encoder and the
 decoder (our ``final_norm``), embeddings scaled by sqrt(d_model) as ours, fairseq's sinusoids
@@ -45,6 +51,12 @@ from nmt.data.tokenizer import Tokenizer
 from nmt.languages.tags import LANGUAGE
 
 ARCHITECTURE = "M2M100ForConditionalGeneration"
+ARCHITECTURES = {"m2m_100": ARCHITECTURE, "mbart": "MBartForConditionalGeneration"}  # model_type -> the class read
+# mBART's config.json keys that must say what nmt computes for it (pre-norm, both final layer norms,
+# the embedding layer norm, learned positions, no logits bias layer)
+MBART_FIXED = {"normalize_before": True, "add_final_layer_norm": True, "normalize_embedding": True,
+               "static_position_embeddings": False, "add_bias_logits": False}
+MBART_TOKENIZERS = ("MBart50Tokenizer", "MBart50TokenizerFast")  # the source code first; MBartTokenizer puts it last
 # The language codes of M2M100's dictionaries, in their order (fairseq's lists).
 LANGUAGES = {
     "m2m100": ("af am ar ast az ba be bg bn br bs ca ceb cs cy da de el en es et fa ff fi fr fy ga gd gl gu ha he hi "
@@ -63,25 +75,31 @@ CONFIG_KEYS = frozenset({
     "encoder_layerdrop", "decoder_layerdrop", "init_std", "use_cache", "is_encoder_decoder", "num_hidden_layers",
     "transformers_version", "dtype", "torch_dtype", "_name_or_path", "tokenizer_class", "max_length", "num_beams",
     "early_stopping", "gradient_checkpointing", "id2label", "label2id", "output_past", "return_dict",
-    "output_hidden_states", "output_attentions"})
+    "output_hidden_states", "output_attentions", "classifier_dropout", "classif_dropout", "_num_labels", "is_decoder",
+    *MBART_FIXED})
 FAIRSEQ_PAD = 1  # the padding id fairseq's positions are offset by (positions start at 2)
 
 
 def read_config(folder: Path) -> dict[str, Any]:
-    """config.json, checked: an M2M100 model nmt computes exactly, every size bounded."""
+    """config.json, checked: an M2M100 or mBART model nmt computes exactly, every size bounded."""
     config = _json(folder, "config.json")
     where = folder / "config.json"
     kind, classes = config.get("model_type"), config.get("architectures") or []
-    if kind != "m2m_100" or not isinstance(classes, list) or any(c != ARCHITECTURE for c in classes):
+    architecture = ARCHITECTURES.get(kind)
+    if architecture is None or not isinstance(classes, list) or any(c != architecture for c in classes):
         raise ImportRefused(f"{where}: model_type={str(kind)[:40]}, architectures={str(classes)[:80]}: not an "
-                            f"{ARCHITECTURE} (model_type=m2m_100)")
-    unknown = sorted(set(config) - CONFIG_KEYS)
+                            f"{ARCHITECTURE} (model_type=m2m_100) or MBartForConditionalGeneration (model_type=mbart)")
+    unknown = sorted(set(config) - CONFIG_KEYS - (set(MBART_FIXED) if kind == "m2m_100" else set()))
+    unknown += sorted(set(MBART_FIXED) & set(config)) if kind == "m2m_100" else []
     if unknown:
         raise ImportRefused(f"{where}: {unknown[0][:60]}={str(config[unknown[0]])[:40]}: a key nmt does not know for "
-                            f"an M2M100 model; it may change what the model computes, so the folder is refused")
+                            f"an {architecture}; it may change what the model computes, so the folder is refused")
+    for key, value in MBART_FIXED.items() if kind == "mbart" else ():
+        if config.get(key, value) is not value:
+            raise ImportRefused(f"{where}: {key}={str(config[key])[:40]}: nmt computes mBART with {key}={value}")
     if config.get("scale_embedding", True) is not True:
         raise ImportRefused(f"{where}: scale_embedding={config.get('scale_embedding')}: nmt scales embeddings by "
-                            "sqrt(d_model), as M2M100 and NLLB-200 do")
+                            "sqrt(d_model), as M2M100, NLLB-200 and mBART-50 do")
     act = config.get("activation_function", "relu")
     if act not in ACTIVATIONS:
         raise ImportRefused(f"{where}: activation_function={str(act)[:40]}: nmt computes {', '.join(ACTIVATIONS)}")
@@ -99,14 +117,15 @@ def read_config(folder: Path) -> dict[str, Any]:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < sizes["vocab_size"]:
             raise ImportRefused(f"{where}: {key}={str(value)[:40]} is not an id of the vocabulary")
         ids[key] = value
-    if ids["pad_token_id"] != FAIRSEQ_PAD:
+    if kind == "m2m_100" and ids["pad_token_id"] != FAIRSEQ_PAD:
         raise ImportRefused(f"{where}: pad_token_id={ids['pad_token_id']}: nmt's fairseq positions start at 2, after "
                             f"fairseq's padding id {FAIRSEQ_PAD}")
     if len({ids["pad_token_id"], ids["eos_token_id"]}) < 2:
         raise ImportRefused(f"{where}: pad_token_id and eos_token_id are both {ids['eos_token_id']}")
     dropouts = {key: _ratio(config, key, where) for key in ("dropout", "attention_dropout", "activation_dropout")}
     return {**sizes, **ids, **dropouts, "activation": ACTIVATIONS[act], "shared": True,
-            "tied": bool(config.get("tie_word_embeddings", True)), "pre_norm": True}
+            "tied": bool(config.get("tie_word_embeddings", True)), "pre_norm": True, "architecture": architecture,
+            "positions": "learned" if kind == "mbart" else "fairseq"}
 
 
 def _m2m100_pieces(folder: Path, config: dict[str, Any], tokenizer_config: dict[str, Any]
@@ -147,15 +166,23 @@ def _nllb_pieces(folder: Path, config: dict[str, Any], tokenizer_config: dict[st
     the file named in errors. The text is cut with ``sentencepiece.bpe.model``, which tokenizer.json
     was made from."""
     where = folder / "tokenizer.json"
+    if config["architecture"] != ARCHITECTURE and tokenizer_config.get("tokenizer_class") not in MBART_TOKENIZERS:
+        raise ImportRefused(f"{folder / 'tokenizer_config.json'}: tokenizer_class="
+                            f"{str(tokenizer_config.get('tokenizer_class'))[:40]}: nmt reads mBART-50's MBart50Tokenizer "
+                            "(the source language first); mBART's MBartTokenizer puts it after </s>")
     if tokenizer_config.get("legacy_behaviour"):
         raise ImportRefused(f"{folder / 'tokenizer_config.json'}: legacy_behaviour=true puts the source language "
                             "after the sentence's </s>; nmt puts it first, as NllbTokenizer does by default")
     tokenizer = _json(folder, "tokenizer.json")
     model = tokenizer.get("model")
     vocab = model.get("vocab") if isinstance(model, dict) else None
+    if isinstance(vocab, list) and model.get("type") == "Unigram":  # [piece, score] pairs, in id order
+        if not all(isinstance(p, list) and p and isinstance(p[0], str) for p in vocab):
+            raise ImportRefused(f"{where}: model.vocab is not a list of [piece, score] pairs")
+        vocab = {p[0]: i for i, p in enumerate(vocab)}
     if not isinstance(vocab, dict) or model.get("type") not in ("BPE", "Unigram"):
         raise ImportRefused(f"{where}: model.type={str(model.get('type') if isinstance(model, dict) else model)[:40]}: "
-                            "nmt reads a BPE or Unigram vocabulary (NllbTokenizer's)")
+                            "nmt reads a BPE or Unigram vocabulary (NllbTokenizer's, MBart50Tokenizer's)")
     added_tokens = tokenizer.get("added_tokens") or []
     if not isinstance(added_tokens, list) or not all(isinstance(t, dict) for t in added_tokens):
         raise ImportRefused(f"{where}: added_tokens is not a list of tokens")
@@ -213,7 +240,7 @@ def import_m2m100(folder: Path, allow_pickle: bool = False, source: str | None =
     """The release checkpoint of an M2M100ForConditionalGeneration folder (``resolve``'d)."""
     config = read_config(folder)
     vocab, proto, languages = read_vocabulary(folder, config)
-    weights = read_weights(folder, config, allow_pickle, ARCHITECTURE)
+    weights = read_weights(folder, config, allow_pickle, config["architecture"])
     state, shared, tied = our_state(weights, config, vocab, vocab)
     try:
         Tokenizer.from_proto(proto, f"{folder}: the vocabulary")
@@ -227,7 +254,7 @@ def import_m2m100(folder: Path, allow_pickle: bool = False, source: str | None =
             "tokenizers": {"src": proto, "tgt": proto},
             "global_step": None, "epoch": None, "monitor": None, "report": None,
             "source": {"path": str(source or folder), "format": "huggingface", "folder": str(folder),
-                       "architecture": ARCHITECTURE, "extra_pieces": len(vocab.extra)}}
+                       "architecture": config["architecture"], "extra_pieces": len(vocab.extra)}}
 
 
 def import_folder(src: str | Path, allow_pickle: bool = False, revision: str | None = None) -> dict[str, Any]:
@@ -237,6 +264,6 @@ def import_folder(src: str | Path, allow_pickle: bool = False, revision: str | N
     from nmt.checkpoints.marian import import_marian
 
     folder = resolve(src, revision, allow_pickle)
-    if _json(folder, "config.json").get("model_type") == "m2m_100":
+    if _json(folder, "config.json").get("model_type") in ARCHITECTURES:
         return import_m2m100(folder, allow_pickle, str(src))
     return import_marian(folder, allow_pickle=allow_pickle, revision=revision)

@@ -153,8 +153,9 @@ def read_config(folder: Path) -> dict[str, Any]:
     kind, classes = config.get("model_type"), config.get("architectures") or []
     if kind != "marian" or not isinstance(classes, list) or any(c != "MarianMTModel" for c in classes):
         raise ImportRefused(f"{where}: model_type={str(kind)[:40]}, architectures={str(classes)[:80]}: nmt imports "
-                            "MarianMTModel (model_type=marian) and M2M100ForConditionalGeneration (model_type=m2m_100); T5, "
-                            "BART, mBART and the others compute what nmt does not")
+                            "MarianMTModel (model_type=marian), M2M100ForConditionalGeneration (m2m_100: M2M100, NLLB-200) and "
+                            "MBartForConditionalGeneration (mbart: mBART-50); T5, BART and the others compute what nmt "
+                            "does not")
     for key in NOT_COMPUTED:
         if config.get(key):
             raise ImportRefused(f"{where}: {key}={str(config[key])[:40]}: nmt's post-norm Transformer has no such "
@@ -363,11 +364,17 @@ def read_weights(folder: Path, config: dict[str, Any], allow_pickle: bool = Fals
     if config.get("pre_norm"):
         expected.update({f"model.{part}.layer_norm.{what}": (h,) for part in ("encoder", "decoder")
                          for what in ("weight", "bias")})
+    if config.get("positions") == "learned":  # mBART: a learned table from position 2, and an embedding norm
+        expected.update({f"model.{part}.{norm}.{what}": (h,) for part in ("encoder", "decoder")
+                         for norm in ("layernorm_embedding",) for what in ("weight", "bias")})
+        expected.update({f"model.{part}.embed_positions.weight": (config["max_position_embeddings"] + 2, h)
+                         for part in ("encoder", "decoder")})
     tables = {"model.shared.weight": (v_src, h), "model.encoder.embed_tokens.weight": (v_src, h),
               "model.decoder.embed_tokens.weight": (v_tgt, h), "lm_head.weight": (v_tgt, h),
               "final_logits_bias": (1, v_tgt)}
     positions = {f"model.{part}.embed_positions.weight": (config["max_position_embeddings"], h)
-                 for part in ("encoder", "decoder")}  # older files store the sinusoids: recomputed, not read
+                 for part in ("encoder", "decoder")  # older files store the sinusoids: recomputed, not read
+                 if f"model.{part}.embed_positions.weight" not in expected}
     if safetensors.is_file():
         from safetensors import SafetensorError, safe_open
 
@@ -490,14 +497,20 @@ def our_state(state: dict[str, Tensor], config: dict[str, Any], src: Vocabulary,
         for what in ("weight", "bias"):
             if f"model.{part}.layer_norm.{what}" in state:
                 ours[f"{part}.final_norm.{what}"] = writes(state[f"model.{part}.layer_norm.{what}"])
+            if f"model.{part}.layernorm_embedding.{what}" in state:  # mBART's
+                ours[f"{part}.embed_tokens.norm.{what}"] = writes(state[f"model.{part}.layernorm_embedding.{what}"])
+        if config.get("positions") == "learned":  # mBART's rows from position 2 (its offset)
+            ours[f"{part}.embed_tokens.pos.weight"] = state[f"model.{part}.embed_positions.weight"][2:][:, inv]
     return {k: v.contiguous() for k, v in ours.items()}, shared, tied
 
 
 def model_config(config: dict[str, Any], src_size: int, tgt_size: int, shared: bool, tied: bool) -> dict[str, Any]:
     """Our resolved model config of their ``config`` (the release file's ``run_config.model``)."""
-    pre = bool(config.get("pre_norm"))  # M2M100/NLLB-200: pre-norm, fairseq's sinusoids
+    pre = bool(config.get("pre_norm"))  # M2M100/NLLB-200: pre-norm, fairseq's sinusoids; mBART: learned positions
+    positions = config.get("positions") or ("fairseq" if pre else "sinusoidal")
     common = {"hidden_size": config["d_model"], "dropout": config["dropout"], "norm": "pre" if pre else "post",
-              "positions": "fairseq" if pre else "sinusoidal", "max_len": config["max_position_embeddings"],
+              "positions": positions, "max_len": config["max_position_embeddings"],
+              "embedding_norm": positions == "learned",
               "attention": "full",
               "window": None, "global_tokens": None, "attention_dropout": config["attention_dropout"],
               "activation_dropout": config["activation_dropout"], "init": "xavier", "activation": config["activation"]}

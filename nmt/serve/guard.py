@@ -175,7 +175,7 @@ def parse_request(body: bytes, limits: DictConfig, default_beam: int, can_align:
                   default_align: bool = False, default_lang: str | None = None,
                   default_src_lang: str | None = None) -> tuple[TranslationRequest, tuple[Any, ...]] | JSONResponse:
     """The ``nmt.inference.requests.Request`` (sentences, ``"tgt_lang"`` else ``default_lang``, ``"src_lang"``
-    else ``default_src_lang`` (an imported M2M100/NLLB-200 model's), prefixes or constraints)
+    else ``default_src_lang`` (an imported M2M100/NLLB-200/mBART-50 model's), prefixes or constraints)
     and (beam_size, nbest, attention, alignments) of a request body, or the error response: its
     JSON, types and sizes are checked here; what the request means for the model, by the
     translator (``nmt.inference.requests``)."""
