@@ -1,9 +1,10 @@
-"""nmt.checkpoints.m2m100: an M2M100ForConditionalGeneration folder that ``transformers`` builds
-(small random weights, its own config and ``M2M100Tokenizer`` saved with ``save_pretrained``, a
-SentencePiece model trained on the tiny corpus, fairseq's dictionary order, the language codes
-after it) imports into a release file whose token ids, logits, greedy and beam outputs equal
-``transformers``' for a source and a target language; what the folder must not hold is refused in
-one line."""
+"""nmt.checkpoints.m2m100: M2M100, NLLB-200 (M2M100ForConditionalGeneration) and mBART-50
+(MBartForConditionalGeneration) folders that ``transformers`` builds (small random weights, its own
+config and tokenizer classes saved with ``save_pretrained``, SentencePiece models trained on the tiny
+corpus, fairseq's dictionary order, the language codes after it) import into release files whose
+token ids, logits, greedy and beam outputs equal ``transformers``' for a source and a target
+language; translate.py and nmt-serve take src_lang and tgt_lang; what a folder must not hold is
+refused in one line."""
 
 from __future__ import annotations
 
@@ -109,8 +110,8 @@ def load_hf(folder: Path, family: str):
 
 @pytest.fixture(scope="module", params=list(PAIRS))
 def pair(request, tmp_path_factory):
-    """(their model, their tokenizer, our Loaded, the folder, the family) of an M2M100 and an
-    NLLB-200 folder."""
+    """(their model, their tokenizer, our Loaded, the folder, the family) of an M2M100, an NLLB-200
+    and an mBART-50 folder."""
     tmp = tmp_path_factory.mktemp(request.param)
     folder = m2m100_folder(tmp / "hf", family=request.param)
     atomic_save(import_folder(folder), tmp / "model.ckpt")
@@ -428,7 +429,7 @@ def test_nmt_serve_takes_src_lang_and_tgt_lang(pair, tmp_path):
         refused = client.post("/translate", json={"text": lines[:1]})
         assert refused.status_code == 400 and "src_lang: this model reads the source language first" in refused.text
         info = client.get("/info").json()
-        assert src_lang in info["target_languages"] and tgt_lang in info["target_languages"]
+        assert src_lang in info["target_languages"] and tgt_lang in info["target_languages"] and info["reads_src_lang"]
 
 
 @pytest.fixture(scope="module")

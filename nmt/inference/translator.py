@@ -451,6 +451,7 @@ class Translator(RequestMeaning):
             "hidden_size": rc.get("model", {}).get("hidden_size"),
             "parameters": sum(p.numel() for p in self.source_model.parameters()),
             "src_lang": data.get("src_lang"), "tgt_lang": data.get("tgt_lang"), "target_languages": self.target_languages,
+            "reads_src_lang": self.decoder_languages,  # an imported M2M100/NLLB-200/mBART-50: requests name both
             "src_vocab_size": self.src_vocab.vocab_size, "tgt_vocab_size": self.tgt_vocab.vocab_size,
             "max_src_len": self.max_src_len, "attention": self.has_attention,
             "decoding": self.settings.as_config(), "precision": self.precision,

@@ -126,6 +126,7 @@ def describe(translator: Any) -> dict[str, Any]:
         "src_lang": text(facts.get("src_lang")), "tgt_lang": text(facts.get("tgt_lang")),
         "src_vocab_size": facts["src_vocab_size"], "tgt_vocab_size": facts["tgt_vocab_size"],
         "max_src_len": facts["max_src_len"], "target_languages": facts["target_languages"][:1000],  # codes: <2xx> pieces
+        "reads_src_lang": facts.get("reads_src_lang") is True,  # requests give "src_lang" and "tgt_lang"
         "attention": facts["attention"], "decoding": facts["decoding"],
         "precision": facts["precision"], "training": summary, "report": translator.report is not None,
     }
