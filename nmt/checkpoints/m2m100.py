@@ -89,8 +89,7 @@ def read_config(folder: Path) -> dict[str, Any]:
     if architecture is None or not isinstance(classes, list) or any(c != architecture for c in classes):
         raise ImportRefused(f"{where}: model_type={str(kind)[:40]}, architectures={str(classes)[:80]}: not an "
                             f"{ARCHITECTURE} (model_type=m2m_100) or MBartForConditionalGeneration (model_type=mbart)")
-    unknown = sorted(set(config) - CONFIG_KEYS - (set(MBART_FIXED) if kind == "m2m_100" else set()))
-    unknown += sorted(set(MBART_FIXED) & set(config)) if kind == "m2m_100" else []
+    unknown = sorted(set(config) - (CONFIG_KEYS if kind == "mbart" else CONFIG_KEYS - set(MBART_FIXED)))
     if unknown:
         raise ImportRefused(f"{where}: {unknown[0][:60]}={str(config[unknown[0]])[:40]}: a key nmt does not know for "
                             f"an {architecture}; it may change what the model computes, so the folder is refused")

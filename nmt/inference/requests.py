@@ -2,10 +2,11 @@
 nmt-serve, evaluate, the Python API): the target language of a multilingual model (its tag on each
 sentence, ``nmt.languages.tags``) and what guides each translation (a prefix it starts with, or phrases
 it must hold). A model imported with its language codes as the decoder's first token (M2M100,
-``nmt.checkpoints.m2m100``) reads the source language as a tag on each sentence (``src_lang``) and
-the target language as a forced first target token (``Prepared.lead``). A front end reads a request its own way (files, JSON) and reports a
-``RequestError`` in its own form (one line on stderr, HTTP 400); the words are the same everywhere,
-with the names the front end gives its options (``Naming``). No torch here.
+NLLB-200, mBART-50: ``nmt.checkpoints.m2m100``) reads the source language as a tag on each sentence
+(``src_lang``) and the target language as a forced first target token (``Prepared.lead``). A front
+end reads a request its own way (files, JSON) and reports a ``RequestError`` in its own form (one
+line on stderr, HTTP 400); the words are the same everywhere, with the names the front end gives its
+options (``Naming``). No torch here.
 """
 
 from __future__ import annotations
