@@ -68,6 +68,8 @@ def model_class(model: nn.Module, run_config: dict) -> str:
                     "positions other than sinusoidal (the classes recompute their sinusoids when loading)")
         if module.attention != "full":
             _refuse(f"model.{part}.attention={module.attention}", "attention patterns other than full")
+        if module.embed_tokens.norm is not None:
+            _refuse(f"model.{part}.embedding_norm=true", "a layer norm after the embeddings")
     enc, dec = model.encoder, model.decoder
     norms = {enc.layers[0].pre_norm, dec.layers[0].pre_norm}
     if len(norms) > 1:
