@@ -4,7 +4,8 @@
 The file is what ``nmt-export format=release`` writes (weights, run config, vocabularies), so
 ``translate.py``, ``evaluate.py``, ``nmt-serve``, ``nmt-export`` and ``distill.py`` take it like any
 other, and ``train.py init_from=model.ckpt`` fine-tunes it. ``huggingface``: a ``MarianMTModel``
-folder (OPUS-MT), see ``nmt.checkpoints.marian``; weights from ``model.safetensors`` only unless
+folder (OPUS-MT), see ``nmt.checkpoints.marian``, or an ``M2M100ForConditionalGeneration`` one
+(M2M100), see ``nmt.checkpoints.m2m100``; weights from ``model.safetensors`` only unless
 ``allow_pickle=true``. The file is written under a temporary name and read back with
 ``load_checkpoint`` before the command ends.
 """
@@ -18,7 +19,7 @@ from omegaconf import DictConfig
 
 from nmt.checkpoints.files import atomic_save
 from nmt.checkpoints.loading import load_checkpoint
-from nmt.checkpoints.marian import import_marian
+from nmt.checkpoints.m2m100 import import_folder
 from nmt.cli_io import hydra_command
 from nmt.languages.tags import vocabulary_languages
 
@@ -30,7 +31,7 @@ FORMATS = ("huggingface",)
 def import_model(cfg: DictConfig) -> Path:
     """Write the release file of ``cfg.src`` to ``cfg.out``; the path."""
     if cfg.format not in FORMATS:
-        raise ValueError(f"format={cfg.format}: choose one of {', '.join(FORMATS)} (a MarianMTModel folder)")
+        raise ValueError(f"format={cfg.format}: choose one of {', '.join(FORMATS)} (a MarianMTModel or M2M100 folder)")
     if not cfg.get("src") or not cfg.get("out"):
         raise ValueError("src=??? out=???: give the folder (or hub id) to import and the release file to write")
     out = Path(str(cfg.out))
@@ -43,7 +44,7 @@ def import_model(cfg: DictConfig) -> Path:
     if src.is_dir() and out.resolve().is_relative_to(src.resolve()):
         raise ValueError(f"out={out}: inside the folder being imported (src={cfg.src}); writing there could replace "
                          "its files: write the release file outside it")
-    checkpoint = import_marian(str(cfg.src), allow_pickle=bool(cfg.allow_pickle), revision=cfg.get("revision"))
+    checkpoint = import_folder(str(cfg.src), allow_pickle=bool(cfg.allow_pickle), revision=cfg.get("revision"))
     atomic_save(checkpoint, out)
     loaded = load_checkpoint(out)  # what every command does with it
     model = checkpoint["run_config"]["model"]

@@ -101,7 +101,7 @@ def check_request(cfg: DictConfig, translator: Any, guides: dict[str, list[Any]]
     language, and for a multilingual model or with guides each line of an input file with its
     guides, read as a stream (from stdin each chunk is checked as it comes, before its lines are
     written)."""
-    translator.prepare(Request([], cfg.get("tgt_lang")))
+    translator.prepare(Request([], cfg.get("tgt_lang"), src_lang=cfg.get("src_lang")))
     if not (translator.target_languages or guides) or not regular_file(cfg.input):
         return  # checked per chunk as the lines come: a stream (stdin, a named pipe) is read once
     if guides:  # a line per input line: said before the lines themselves are judged
@@ -114,7 +114,8 @@ def check_request(cfg: DictConfig, translator: Any, guides: dict[str, list[Any]]
     offset = 0
     for chunk in chunked(lines, int(cfg.chunk_lines)):
         part = {key: values[offset : offset + len(chunk)] for key, values in guides.items()}
-        translator.prepare(Request(chunk, cfg.get("tgt_lang"), **part), naming(cfg, offset + 1, len(chunk)))
+        translator.prepare(Request(chunk, cfg.get("tgt_lang"), src_lang=cfg.get("src_lang"), **part),
+                           naming(cfg, offset + 1, len(chunk)))
         offset += len(chunk)
 
 
@@ -135,8 +136,9 @@ def translate_stream(cfg: DictConfig, translator: Any, writer: OrderedWriter, at
         writer.flush()
         attention = {i - offset for i in wanted if offset <= i < offset + len(chunk)}
         extra = {key: lines[offset : offset + len(chunk)] for key, lines in (guides or {}).items()}
+        languages = {"src_lang": cfg.get("src_lang")} if cfg.get("src_lang") is not None else {}
         for batch in translator.batches(chunk, attention=attention, first_line=offset + 1, tgt_lang=cfg.get("tgt_lang"),
-                                        **extra):
+                                        **languages, **extra):
             for i, translation in batch:
                 number = offset + i + 1
                 writer.put(offset + i, translation_rows(number, translation, fmt, nbest, aligned))
@@ -165,13 +167,15 @@ def score_stream(cfg: DictConfig, translator: Any, writer: OrderedWriter, signal
     offset = 0
     pairs = read_pairs(cfg.input, cfg.get("target"), cfg.errors, replaced, replaced_targets)
     for chunk in chunked(signals.waiting(pairs) if signals else pairs, int(cfg.chunk_lines)):
-        request = Request([s for s, _ in chunk], cfg.get("tgt_lang"))
-        sources, targets = translator.prepare(request, naming(cfg, offset + 1, len(chunk))).sources, [t for _, t in chunk]
+        request = Request([s for s, _ in chunk], cfg.get("tgt_lang"), src_lang=cfg.get("src_lang"))
+        prepared = translator.prepare(request, naming(cfg, offset + 1, len(chunk)))
+        sources, targets = prepared.sources, [t for _, t in chunk]
+        lead = {"lead": prepared.lead} if prepared.lead else {}  # an imported M2M100's target-language code
         for i, src in enumerate(sources):
             if not src.strip():
                 writer.put(offset + i, [score_row(offset + i + 1, None, fmt, cfg.score_tokens)])
         writer.flush()
-        for batch in translator.score_batches(sources, targets, first_line=offset + 1):
+        for batch in translator.score_batches(sources, targets, first_line=offset + 1, **lead):
             for i, values in batch:
                 writer.put(offset + i, [score_row(offset + i + 1, values, fmt, cfg.score_tokens)])
             writer.flush()

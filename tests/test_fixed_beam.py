@@ -215,6 +215,26 @@ def test_auto_loops_on_a_cpu_and_attention_or_too_few_positions_run_the_loop(mon
     assert made == []
 
 
+def test_huggingface_scoring_runs_the_loop_and_says_why(monkeypatch, caplog):
+    """``scoring=huggingface`` on ``engine=fixed`` or ``graphs``: the loop's hypotheses (the fixed
+    shapes rank with the GNMT penalty only), no step built on fixed shapes, the reason logged."""
+    import logging
+
+    from nmt.decoding import search
+
+    made = []
+    monkeypatch.setattr(fixed_beam, "_Step", lambda *args: made.append(args) or (_ for _ in ()).throw(AssertionError))
+    search._log_once.cache_clear()
+    model = build("transformer")
+    src, src_mask, _ = batch(lengths=LENGTHS)
+    options = {"beam_size": 4, "alpha": 1.0, "scoring": "huggingface"}
+    loop = beam_search(model, src, src_mask, engine="loop", **options)
+    with caplog.at_level(logging.INFO, logger="nmt.decoding.search"):
+        for engine in ("fixed", "graphs"):
+            assert_same_search(loop, beam_search(model, src, src_mask, engine=engine, **options))
+    assert made == [] and "beam search with scoring=huggingface runs on the loop engine" in caplog.text
+
+
 def test_an_unknown_engine_is_refused_in_one_line():
     with pytest.raises(ValueError, match=r"^decoding.engine='gpu': choose one of auto, loop, fixed, graphs$"):
         SearchSettings.from_config({"_target_": "nmt.decoding.search.beam_search", "engine": "gpu"})

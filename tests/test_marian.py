@@ -42,7 +42,8 @@ def _spm(lines: list[str], folder: Path, name: str, size: int) -> Path:
 
 
 def marian_folder(out: Path, *, activation: str = "swish", languages: tuple[str, ...] = (), tied: bool = True,
-                  seed: int = 0, generation: dict | None = None, std: float | None = 0.3, dropout: float = 0.1) -> Path:
+                  seed: int = 0, generation: dict | None = None, std: float | None = 0.3, dropout: float = 0.1,
+                  eos_bias: float = EOS_BIAS) -> Path:
     """A MarianMTModel folder as OPUS-MT's: Marian's vocabulary order (</s> 0, <unk> 1, [>>xxx<< tags],
     the pieces of both SentencePiece models, <pad> last; the decoder starts from <pad>), post-norm,
     scaled embeddings, every weight random (no layer norm an identity) and a non-zero logits bias;
@@ -76,9 +77,9 @@ def marian_folder(out: Path, *, activation: str = "swish", languages: tuple[str,
             if std is not None:
                 p.normal_(0.0, std).add_(1.0 if "layer_norm.weight" in name else 0.0)
         model.final_logits_bias.normal_(0.0, 1.0 if std is not None else 0.1)
-        model.final_logits_bias[0, 0] += EOS_BIAS  # outputs of every length below the cap, not only cut ones
-    model.generation_config.update(bad_words_ids=[[pad]], num_beams=4, length_penalty=0.0, max_length=128,
-                                   renormalize_logits=True, **(generation or {}))
+        model.final_logits_bias[0, 0] += eos_bias  # outputs of every length below the cap, not only cut ones
+    model.generation_config.update(**{"bad_words_ids": [[pad]], "num_beams": 4, "length_penalty": 0.0, "max_length": 128,
+                                      "renormalize_logits": True, **(generation or {})})
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     shutil.rmtree(work)
@@ -162,8 +163,12 @@ def test_token_ids_and_logits_equal_transformers(pair):
     with torch.no_grad():
         ours = loaded.model(src, src_mask, tgt_in)
         theirs = hf(**batch, decoder_input_ids=order[tgt_in]).logits
-    difference = (ours - theirs[..., order]).abs().max().item()
+    kept = torch.arange(ours.size(-1)) != BOS  # their decoder start <pad> a second time: never in our softmax
+    difference = (ours - theirs[..., order])[..., kept].abs().max().item()
     assert ours.abs().max() > 1 and difference < 1e-4, difference
+    assert ours[..., BOS].max() < -1000
+    torch.testing.assert_close(ours.log_softmax(-1)[..., kept], theirs.log_softmax(-1)[..., order][..., kept],
+                               atol=1e-4, rtol=1e-4)
     print(f"max logit difference {difference:.2e} over {tuple(ours.shape)}")
 
 
@@ -254,7 +259,8 @@ def folder(tmp_path_factory):
 @pytest.mark.parametrize("changes, message", [
     ({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]},
      "config.json: model_type=t5, architectures=['T5ForConditionalGeneration']: nmt imports MarianMTModel "
-     "(model_type=marian) only; T5, BART, mBART, M2M100/NLLB and the others compute what nmt's Transformer does not"),
+     "(model_type=marian), M2M100ForConditionalGeneration (m2m_100: M2M100, NLLB-200) and "
+     "MBartForConditionalGeneration (mbart: mBART-50); T5, BART and the others compute what nmt does not"),
     ({"model_type": "m2m_100"}, "config.json: model_type=m2m_100, architectures=['MarianMTModel']: nmt imports"),
     ({"normalize_before": True}, "config.json: normalize_before=True: nmt's post-norm Transformer has no such layer "
                                  "norm or bias (a Marian variant nmt does not compute)"),
@@ -569,3 +575,52 @@ def test_special_ids_that_coincide_and_byte_fallback_without_bytes_are_named(fol
     with pytest.raises(ImportRefused) as refused:
         import_marian(copy)
     assert str(refused.value) == f"{copy}/{message}"
+
+
+@pytest.fixture(scope="module")
+def penalised(tmp_path_factory):
+    """Two multilingual folders whose generation config asks for transformers' length
+    normalisation (length_penalty 1.0, its default), imported, by seed: their model, tokenizer,
+    our Loaded and the folder. Their end-of-sentence biases give outputs of mixed lengths (ended
+    early, empty, cut at the cap) under the penalties the test gives each."""
+    tmp, folders = tmp_path_factory.mktemp("penalised"), {}
+    for seed, eos_bias in ((0, 4.5), (1, 3.0)):
+        folder = marian_folder(tmp / f"hf{seed}", languages=LANGUAGES, seed=seed, eos_bias=eos_bias,
+                               generation={"length_penalty": 1.0, "renormalize_logits": False, "num_beams": 5})
+        folders[seed] = (*load_hf(folder), imported(folder, tmp / f"model{seed}.ckpt"), folder)
+    return folders
+
+
+@pytest.mark.parametrize("seed, length_penalty, early_stopping", [(1, 1.0, False), (0, 0.6, False), (1, 2.0, False),
+                                                                  (1, 2.0, True), (0, 0.6, "never")])
+def test_huggingface_scoring_equals_generate(penalised, seed, length_penalty, early_stopping):
+    """``scoring=huggingface`` beam search gives ``generate()``'s outputs and sequence scores on the
+    40 test and validation sources (beam 5, cap 12, the cut ones included: the forced EOS scores 0
+    in both) for length penalties 1.0 (the folder's), 0.6 and 2.0 and every early-stopping rule; the
+    imported file decodes that way by default."""
+    from nmt.decoding.settings import SearchSettings
+
+    hf, tokenizer, loaded, folder = penalised[seed]
+    theirs_lines, ours_lines = sources(LANGUAGES)
+    order = order_of(folder, loaded)
+    src, src_mask = our_ids(loaded, ours_lines)
+    cap = 12
+    ours = beam_search(loaded.model, src, src_mask, beam_size=5, alpha=length_penalty, max_len_a=0, max_len_b=cap,
+                       scoring="huggingface", early_stopping=early_stopping)
+    generate = {"max_new_tokens": cap, "length_penalty": length_penalty, "early_stopping": early_stopping}
+    batch = tokenizer(theirs_lines, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = hf.generate(**batch, **generate, output_scores=True, return_dict_in_generate=True)
+    theirs = their_outputs(hf, tokenizer, theirs_lines, order, **generate)
+    same = sum(o == t for o, t in zip(ours.tokens, theirs))
+    ended = sum(0 < len(t) < cap - 1 for t in theirs)
+    print(f"length_penalty {length_penalty}, early_stopping {early_stopping}: {same}/{len(theirs)} outputs equal, "
+          f"{ended} ended before the cap, {sum(not t for t in theirs)} empty, max score difference "
+          f"{(ours.scores - out.sequences_scores).abs().max():.1e}")
+    assert same == len(theirs) and ended >= 2
+    torch.testing.assert_close(ours.scores, out.sequences_scores, atol=1e-4, rtol=1e-4)
+    tested = loaded.run_config["test_decoding"]
+    assert (tested["scoring"], tested["alpha"], tested["beam_size"]) == ("huggingface", 1.0, 5)
+    settings = SearchSettings.from_config({"_target_": "nmt.decoding.search.beam_search"}).for_model(
+        tested["alpha"], tested["scoring"], tested["early_stopping"])
+    assert (settings.scoring, settings.alpha, settings.early_stopping) == ("huggingface", 1.0, False)

@@ -55,6 +55,7 @@ def test_a_need_whose_run_is_finished_under_out_is_read_not_run_again(tmp_path):
     assert listed.stdout.count("# ") == 1 and "# student" in listed.stdout, listed.stdout + listed.stderr
 
 
+@pytest.mark.slow  # the registry's runner end to end, in processes of its own: the slow tier
 def test_a_tiny_entry_runs_and_its_metrics_are_read_back_beside_the_documented_values(tmp_path):
     overrides = [o for o in TINY if not o.startswith(("model.", "trainer.max_steps"))] + [
         "model.emb_size=16", "model.hidden_size=16", "trainer.max_steps=2", "test_decoding.beam_size=2",

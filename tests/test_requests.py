@@ -60,6 +60,23 @@ def test_a_target_language_for_a_model_of_one_direction_is_refused_alike(serve_c
     assert served.status_code == 400 and served.json()["error"] == ONE_DIRECTION
 
 
+SOURCE_LANGUAGE = "src_lang=de: this model takes no source language; leave src_lang unset"
+
+
+def test_a_source_language_for_a_model_that_takes_none_is_refused_alike(serve_ckpt, client, capsys, tmp_path):
+    """``src_lang`` is for models that read it (an imported M2M100, NLLB-200 or mBART-50): any other
+    model refuses it in the same words everywhere."""
+    translator = Translator.load(serve_ckpt)
+    with pytest.raises(RequestError, match=f"^{re.escape(SOURCE_LANGUAGE)}$"):
+        translator.translate(["a"], src_lang="de")
+    src = tmp_path / "in.txt"
+    src.write_text("a\n", encoding="utf-8")
+    command = translate_here(capsys, f"ckpt={serve_ckpt}", f"input={src}", "src_lang=de")
+    assert command.returncode == 2 and command.stderr.strip().endswith(f"error: {SOURCE_LANGUAGE}")
+    served = client.post("/translate", json={"text": ["a"], "src_lang": "de"})
+    assert served.status_code == 400 and served.json()["error"] == SOURCE_LANGUAGE
+
+
 def test_prepare_checks_the_guides_against_the_sentences(serve_ckpt):
     translator = Translator.load(serve_ckpt)
     naming = Naming(numbers=[7, 8], item="sentence", prefixes="P", constraints="C")

@@ -275,3 +275,24 @@ def test_validation_caps_hypotheses_by_the_reference_and_the_test_never_sees_it(
         module._trainer = None
     assert calls[0]["max_len"].tolist() == [int(1.5 * 3 + 5) + 1, int(1.5 * 1 + 5) + 1]  # tokens + EOS
     assert "max_len" not in calls[1]
+
+
+def test_huggingface_scoring_settings_and_their_refusals():
+    """``decoding.scoring``/``early_stopping`` are read, refused in one line when unknown, and a
+    ``null`` scoring becomes the model's (an imported folder's ``huggingface``) or ``gnmt``."""
+    from nmt.decoding.settings import SearchSettings
+
+    beam = {"_target_": "nmt.decoding.search.beam_search"}
+    chosen = SearchSettings.from_config({**beam, "scoring": "huggingface", "early_stopping": "never", "alpha": 2.0})
+    assert (chosen.scoring, chosen.early_stopping) == ("huggingface", "never")
+    assert chosen.for_model(0.6, "gnmt").scoring == "huggingface"  # the user's choice stays
+    plain = SearchSettings.from_config(beam)
+    assert (plain.for_model(1.0, "huggingface", True).scoring, plain.for_model(1.0, "huggingface", True).alpha,
+            plain.for_model(1.0, "huggingface", True).early_stopping) == ("huggingface", 1.0, True)
+    assert plain.for_model(None).scoring == "gnmt" and plain.for_model(None, "huggingface", "sometimes").early_stopping is False
+    with pytest.raises(ValueError, match=r"^decoding.scoring='hf': choose one of gnmt, huggingface \(null: the model's\)$"):
+        SearchSettings.from_config({**beam, "scoring": "hf"})
+    with pytest.raises(ValueError, match=r"^decoding.early_stopping=1: choose false, true or never$"):
+        SearchSettings.from_config({**beam, "early_stopping": 1})
+    with pytest.raises(ValueError, match=r"^decoding.scoring: not an option of greedy search"):
+        SearchSettings.from_config({"_target_": "nmt.decoding.search.greedy_search", "scoring": "gnmt"})

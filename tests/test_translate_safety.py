@@ -363,6 +363,7 @@ def test_only_errors_raised_by_nmt_become_one_line(capsys):
         "error: out of memory; use smaller batches (max_tokens), shorter inputs or a machine with more memory\n")
 
 
+@pytest.mark.slow  # translate.py end to end in a process of its own, with a writer: the slow tier
 def test_a_named_pipe_as_input_loses_no_line(ckpt, tmp_path):
     """The path check must not open a named pipe (that would take the first writer's data): every
     line written into it is translated, as the same lines from a file are."""

@@ -14,7 +14,8 @@ import torch
 from nmt.checkpoints import file_config
 from nmt.checkpoints.files import (CheckpointError, atomic_save, check_run_config, check_weights, checkpoint_kind,
                                    model_state, read_checkpoint, vocabulary_difference)
-from nmt.checkpoints.marian import import_marian, is_model_source
+from nmt.checkpoints.m2m100 import import_folder
+from nmt.checkpoints.marian import is_model_source
 from nmt.checkpoints.resume import ADAMS, Refuse, check_optimizer
 from nmt.data.tokenizer import Tokenizer
 from nmt.runs.files import CHECKPOINTS
@@ -41,7 +42,7 @@ def imported_init(path: str, out_dir: str | Path, allow_pickle: bool = False) ->
     ``data.tokenizer.joint``); any other file gives None (the run's config must match it)."""
     if is_model_source(path):
         out = Path(out_dir) / IMPORTED
-        atomic_save(import_marian(path, allow_pickle=allow_pickle), out)
+        atomic_save(import_folder(path, allow_pickle=allow_pickle), out)
         path = str(out)
     elif not Path(path).is_file():
         return path, None  # read_init names it

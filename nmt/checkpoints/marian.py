@@ -9,7 +9,7 @@ The reverse of ``nmt.exporters.huggingface``: Marian is the post-norm Transforme
 - Marian's ids: ``</s>`` 0, ``<unk>`` 1, the pieces, ``<pad>`` last, and the decoder starts from
   ``<pad>``. Ours are PAD 0, UNK 1, BOS 2, EOS 3 (``nmt.specials``), so our id ``i`` is their id
   ``order[i]``: PAD their pad, UNK their unk, BOS their decoder start (a second row of their pad
-  when they start from pad), EOS their eos, then their other ids in their order. Every table is
+  when they start from pad, whose logit bias is ``NEVER`` so that the softmax is theirs), EOS their eos, then their other ids in their order. Every table is
   indexed by ``order``; the output layer's PAD and BOS are never generated, as theirs.
 - ``MarianTokenizer`` cuts text with ``source.spm`` (``target.spm`` for targets) and maps the
   pieces through ``vocab.json``. We write each side's SentencePiece model again with the joint
@@ -53,14 +53,15 @@ LIMITS = {"d_model": 8192, "encoder_layers": 64, "decoder_layers": 64, "encoder_
           "vocab_size": 1_000_000, "decoder_vocab_size": 1_000_000, "max_position_embeddings": 65536}
 MAX_BYTES = {"config.json": 1 << 20, "generation_config.json": 1 << 20, "tokenizer_config.json": 1 << 20,
              "vocab.json": 64 << 20, "target_vocab.json": 64 << 20, "source.spm": 64 << 20, "target.spm": 64 << 20,
-             "special_tokens_map.json": 1 << 20}
+             "special_tokens_map.json": 1 << 20, "sentencepiece.bpe.model": 64 << 20, "tokenizer.json": 64 << 20}
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}  # transformers' -> ours
 # config.json keys of Marian's relatives that change the computation; true (or set) is refused.
 NOT_COMPUTED = ("normalize_before", "add_final_layer_norm", "layernorm_embedding", "normalize_embedding",
                 "add_bias_logits", "static_position_embeddings")
 NEVER = -1e4  # the logit bias of a piece their tokenizer maps to <unk>: never generated
 FILES = ["config.json", "generation_config.json", "model.safetensors", "source.spm", "target.spm", "vocab.json",
-         "target_vocab.json", "tokenizer_config.json", "special_tokens_map.json"]  # what a hub download fetches
+         "target_vocab.json", "tokenizer_config.json", "special_tokens_map.json",
+         "sentencepiece.bpe.model", "tokenizer.json"]  # what a hub download fetches (M2M100, NLLB-200 too)
 TAG = re.compile(r">>(.+)<<")
 SPIECE = "\u2581"
 
@@ -152,8 +153,9 @@ def read_config(folder: Path) -> dict[str, Any]:
     kind, classes = config.get("model_type"), config.get("architectures") or []
     if kind != "marian" or not isinstance(classes, list) or any(c != "MarianMTModel" for c in classes):
         raise ImportRefused(f"{where}: model_type={str(kind)[:40]}, architectures={str(classes)[:80]}: nmt imports "
-                            "MarianMTModel (model_type=marian) only; T5, BART, mBART, M2M100/NLLB and the others "
-                            "compute what nmt's Transformer does not")
+                            "MarianMTModel (model_type=marian), M2M100ForConditionalGeneration (m2m_100: M2M100, NLLB-200) and "
+                            "MBartForConditionalGeneration (mbart: mBART-50); T5, BART and the others compute what nmt "
+                            "does not")
     for key in NOT_COMPUTED:
         if config.get(key):
             raise ImportRefused(f"{where}: {key}={str(config[key])[:40]}: nmt's post-norm Transformer has no such "
@@ -240,7 +242,10 @@ class Vocabulary:
     """One side's vocabulary in our id order: ``order[i]`` is their id of our id ``i`` (``extra``
     ids past theirs read their unk row), ``pieces`` our piece names."""
 
-    def __init__(self, vocab: dict[str, int], ids: dict[str, int], protos: list[Any], where: Path) -> None:
+    def __init__(self, vocab: dict[str, int], ids: dict[str, int], protos: list[Any], where: Path,
+                 languages: dict[str, str] | None = None) -> None:
+        """``languages``: their language-code pieces (``__fr__``) and their languages, named as our
+        tags (``▁<2fr>``); Marian's ``>>fra<<`` are found by their form."""
         import sentencepiece.sentencepiece_model_pb2 as pb
 
         kind = pb.ModelProto.SentencePiece
@@ -249,12 +254,13 @@ class Vocabulary:
         for name, i in (("pad", pad), ("eos", eos), ("unk", unk), ("decoder start", start)):
             if i not in by_id:
                 raise ImportRefused(f"{where}: no piece has the {name} id {i}")
-        bos_name = by_id[start] if start != pad else _unused_name(vocab)
+        bos_name = by_id[start] if start not in (pad, eos) else _unused_name(vocab)  # a second row of theirs
         specials = [(by_id[pad], pad), (by_id[unk], unk), (bos_name, start), (by_id[eos], eos)]
         self.order = [i for _, i in specials] + sorted(set(by_id) - {pad, unk, start, eos})
         self.pieces, self.tags = [p for p, _ in specials], []
         for i in self.order[4:]:
-            name, tag = _piece_name(by_id[i])
+            code = (languages or {}).get(by_id[i])
+            name, tag = (f"{SPIECE}<2{code}>", True) if code else _piece_name(by_id[i])
             self.pieces.append(name)
             if tag:
                 self.tags.append(name)
@@ -344,23 +350,34 @@ def _expected(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors' names of the dtypes a weight may be stored in
 
 
-def read_weights(folder: Path, config: dict[str, Any], allow_pickle: bool = False) -> dict[str, Tensor]:
-    """Their tensors (fp32), every name and shape checked against ``config`` before it is read."""
+def read_weights(folder: Path, config: dict[str, Any], allow_pickle: bool = False,
+                 architecture: str = "MarianMTModel") -> dict[str, Tensor]:
+    """Their tensors (fp32), every name and shape checked against ``config`` before it is read;
+    a pre-norm ``architecture`` (M2M100) has the encoder's and decoder's final layer norms too."""
     safetensors, pickled = folder / "model.safetensors", folder / "pytorch_model.bin"
     h, v_src, v_tgt = config["d_model"], config["vocab_size"], config["decoder_vocab_size"]
     expected = _expected(config)
+    if config.get("pre_norm"):
+        expected.update({f"model.{part}.layer_norm.{what}": (h,) for part in ("encoder", "decoder")
+                         for what in ("weight", "bias")})
+    if config.get("positions") == "learned":  # mBART: a learned table from position 2, and an embedding norm
+        expected.update({f"model.{part}.{norm}.{what}": (h,) for part in ("encoder", "decoder")
+                         for norm in ("layernorm_embedding",) for what in ("weight", "bias")})
+        expected.update({f"model.{part}.embed_positions.weight": (config["max_position_embeddings"] + 2, h)
+                         for part in ("encoder", "decoder")})
     tables = {"model.shared.weight": (v_src, h), "model.encoder.embed_tokens.weight": (v_src, h),
               "model.decoder.embed_tokens.weight": (v_tgt, h), "lm_head.weight": (v_tgt, h),
               "final_logits_bias": (1, v_tgt)}
     positions = {f"model.{part}.embed_positions.weight": (config["max_position_embeddings"], h)
-                 for part in ("encoder", "decoder")}  # older files store the sinusoids: recomputed, not read
+                 for part in ("encoder", "decoder")  # older files store the sinusoids: recomputed, not read
+                 if f"model.{part}.embed_positions.weight" not in expected}
     if safetensors.is_file():
         from safetensors import SafetensorError, safe_open
 
         try:
             with safe_open(str(safetensors), framework="pt") as f:
                 shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
-                _check_names(safetensors, shapes, expected, tables, positions)
+                _check_names(safetensors, shapes, expected, tables, positions, architecture)
                 for name in shapes:
                     if (dtype := f.get_slice(name).get_dtype()) not in FLOAT_DTYPES:
                         raise ImportRefused(f"{safetensors}: {name} is stored as {dtype}; a Marian model's weights are "
@@ -383,7 +400,7 @@ def read_weights(folder: Path, config: dict[str, Any], allow_pickle: bool = Fals
             raise ImportRefused(f"{pickled}: truncated or not a torch file ({str(e).strip()[:120]})") from None
         if not isinstance(raw, dict) or not all(isinstance(k, str) and torch.is_tensor(t) for k, t in raw.items()):
             raise ImportRefused(f"{pickled}: not a mapping of names to tensors")
-        _check_names(pickled, {k: tuple(t.shape) for k, t in raw.items()}, expected, tables, positions)
+        _check_names(pickled, {k: tuple(t.shape) for k, t in raw.items()}, expected, tables, positions, architecture)
         state = {k: t.float() for k, t in raw.items() if k not in positions}
     else:
         raise ImportRefused(f"{safetensors}: missing; nmt reads a Marian model's weights from model.safetensors")
@@ -392,11 +409,12 @@ def read_weights(folder: Path, config: dict[str, Any], allow_pickle: bool = Fals
     return state
 
 
-def _check_names(path: Path, shapes: dict[str, tuple], expected: dict, tables: dict, positions: dict) -> None:
+def _check_names(path: Path, shapes: dict[str, tuple], expected: dict, tables: dict, positions: dict,
+                 architecture: str = "MarianMTModel") -> None:
     for name, shape in shapes.items():
         want = expected.get(name) or tables.get(name) or positions.get(name)
         if want is None:
-            raise ImportRefused(f"{path}: {name} is not a weight of the MarianMTModel config.json describes "
+            raise ImportRefused(f"{path}: {name} is not a weight of the {architecture} config.json describes "
                                 "(another architecture or a variant nmt does not compute)")
         if shape != want:
             raise ImportRefused(f"{path}: {name} has shape {shape}, config.json's model needs {want}")
@@ -416,7 +434,7 @@ def our_state(state: dict[str, Tensor], config: dict[str, Any], src: Vocabulary,
               ) -> tuple[dict[str, Tensor], bool, bool]:
     """Our Seq2Seq state dict of their tensors; whether the source and target embeddings are one
     tensor and whether the output layer is the target embedding."""
-    p = perm(config["d_model"])
+    p = torch.arange(config["d_model"]) if config.get("pre_norm") else perm(config["d_model"])  # M2M100: our layout
     inv = torch.argsort(p)  # their unit of each of ours
     shared_table = state.get("model.shared.weight")
     enc_table = state.get("model.encoder.embed_tokens.weight", shared_table)
@@ -438,6 +456,8 @@ def our_state(state: dict[str, Tensor], config: dict[str, Any], src: Vocabulary,
         ours[f"{part}.embed.weight"] = ours[f"{part}.embed_tokens.embed.weight"]
     bias = state.get("final_logits_bias", torch.zeros(1, config["decoder_vocab_size"]))[0][torch.tensor(tgt.order)].clone()
     bias[len(tgt.order) - len(tgt.extra):] = NEVER
+    if tgt.order[BOS] in (tgt.order[PAD], tgt.order[EOS]):  # a second row of theirs: out of the softmax, as theirs
+        bias[BOS] = NEVER                                     # has it once
     ours["decoder.out.bias"] = bias
 
     def reads(w: Tensor) -> Tensor:  # a map reading the residual stream: input columns in our unit order
@@ -469,13 +489,25 @@ def our_state(state: dict[str, Tensor], config: dict[str, Any], src: Vocabulary,
             ours[f"{mine}.ff.3.bias"] = writes(state[f"{theirs}.fc2.bias"])
             ours[f"{mine}.norms.{norms['final_layer_norm']}.weight"] = writes(state[f"{theirs}.final_layer_norm.weight"])
             ours[f"{mine}.norms.{norms['final_layer_norm']}.bias"] = writes(state[f"{theirs}.final_layer_norm.bias"])
+    for part in ("encoder", "decoder"):  # a pre-norm model's last layer norms (M2M100's ``layer_norm``)
+        for what in ("weight", "bias"):
+            if f"model.{part}.layer_norm.{what}" in state:
+                ours[f"{part}.final_norm.{what}"] = writes(state[f"model.{part}.layer_norm.{what}"])
+            if f"model.{part}.layernorm_embedding.{what}" in state:  # mBART's
+                ours[f"{part}.embed_tokens.norm.{what}"] = writes(state[f"model.{part}.layernorm_embedding.{what}"])
+        if config.get("positions") == "learned":  # mBART's rows from position 2 (its offset)
+            ours[f"{part}.embed_tokens.pos.weight"] = state[f"model.{part}.embed_positions.weight"][2:][:, inv]
     return {k: v.contiguous() for k, v in ours.items()}, shared, tied
 
 
 def model_config(config: dict[str, Any], src_size: int, tgt_size: int, shared: bool, tied: bool) -> dict[str, Any]:
     """Our resolved model config of their ``config`` (the release file's ``run_config.model``)."""
-    common = {"hidden_size": config["d_model"], "dropout": config["dropout"], "norm": "post",
-              "positions": "sinusoidal", "max_len": config["max_position_embeddings"], "attention": "full",
+    pre = bool(config.get("pre_norm"))  # M2M100/NLLB-200: pre-norm, fairseq's sinusoids; mBART: learned positions
+    positions = config.get("positions") or ("fairseq" if pre else "sinusoidal")
+    common = {"hidden_size": config["d_model"], "dropout": config["dropout"], "norm": "pre" if pre else "post",
+              "positions": positions, "max_len": config["max_position_embeddings"],
+              "embedding_norm": positions == "learned",
+              "attention": "full",
               "window": None, "global_tokens": None, "attention_dropout": config["attention_dropout"],
               "activation_dropout": config["activation_dropout"], "init": "xavier", "activation": config["activation"]}
     encoder = {"_target_": "nmt.models.transformer.TransformerEncoder", "vocab_size": src_size,
@@ -492,15 +524,19 @@ def model_config(config: dict[str, Any], src_size: int, tgt_size: int, shared: b
 
 
 def decoding_of(folder: Path) -> dict[str, Any]:
-    """Our beam settings of generation_config.json: its beam size; no length penalty when it has
-    none (transformers divides by the length, our beam search uses GNMT's penalty)."""
+    """Our beam settings of generation_config.json: its beam size, and transformers' ranking of
+    ended hypotheses (``scoring: huggingface``: log-prob / length ** length_penalty, its
+    ``early_stopping``; ``nmt.decoding.search.beam_search``) with its length penalty (1.0, transformers'
+    default, where it sets none). A penalty outside 0..10 keeps our GNMT default."""
     generation = _json(folder, "generation_config.json", required=False)
     beams = generation.get("num_beams", 1)
     beams = beams if isinstance(beams, int) and not isinstance(beams, bool) and 1 <= beams <= 64 else 4
     penalty = generation.get("length_penalty", 1.0)
+    early = generation.get("early_stopping", False)
     decoding = {"_target_": "nmt.decoding.search.beam_search", "beam_size": beams, "max_len_a": 1.5, "max_len_b": 10}
-    if penalty == 0:
-        decoding["alpha"] = 0.0
+    if isinstance(penalty, (int, float)) and not isinstance(penalty, bool) and 0 <= penalty <= 10:
+        decoding.update(alpha=float(penalty), scoring="huggingface",
+                        early_stopping=early if early is True or early is False or early == "never" else False)
     return decoding
 
 

@@ -65,10 +65,10 @@ def log_probs(logits: Tensor, vocab_size: int, kernels: Kernels) -> Tensor:
     return x
 
 
-def force_tokens(x: Tensor, token: Tensor) -> Tensor:
+def force_tokens(x: Tensor, token: Tensor, zero: bool = False) -> Tensor:
     """Log-probs ``x`` (rows, W) where each row whose ``token`` (rows,) is not PAD may only continue
-    with that token, at the model's log-prob."""
-    keep = x.gather(1, token.unsqueeze(1))
+    with that token, at the model's log-prob (``zero``: at 0, as transformers' forcing gives it)."""
+    keep = torch.zeros_like(x[:, :1]) if zero else x.gather(1, token.unsqueeze(1))
     forced = torch.full_like(x, float("-inf")).scatter_(1, token.unsqueeze(1), keep)
     return torch.where((token != PAD).unsqueeze(1), forced, x)
 
@@ -116,6 +116,30 @@ def to_lists(tokens: Tensor) -> list[list[int]]:
 def length_penalty(length: Tensor, alpha: float) -> Tensor:
     """GNMT length penalty, Wu et al. 2016 eq. 14: ((5 + |Y|) / 6) ** alpha."""
     return ((5.0 + length.float()) / 6.0) ** alpha
+
+
+def hf_penalty(length: Tensor, alpha: float) -> Tensor:
+    """Hugging Face transformers' length normalisation: |Y| ** alpha, |Y| the generated tokens, the
+    EOS and any forced first token counted (the decoder start not)."""
+    return length.float() ** alpha
+
+
+def hf_stops(worst: Tensor, best_running: Tensor, t: int, max_len: Tensor, alpha: float,
+             early_stopping: bool | str, finished: Tensor, beams: int) -> Tensor:
+    """Which sentences transformers' beam search stops after step ``t`` (0-based): its K-slot list of
+    ended hypotheses is full (``worst``, the K-th best normalised score, above -inf) and the best
+    live log-prob ``best_running``, divided by the length so far (by the cap's with
+    ``early_stopping="never"`` and a positive ``alpha``), is no better than ``worst``; or, with
+    ``early_stopping=True``, ``beams`` hypotheses have ended (``finished``). A heuristic, not a
+    bound: with ``alpha`` > 0 a longer hypothesis may still have won."""
+    if early_stopping == "never" and alpha > 0:
+        length = max_len
+    else:
+        length = torch.full_like(max_len, t + 1)
+    stop = worst >= best_running / hf_penalty(length, alpha)
+    if early_stopping is True:
+        stop |= finished >= beams
+    return stop
 
 
 def best_possible(score: Tensor, t: int | Tensor, max_len: Tensor, alpha: float) -> Tensor:

@@ -14,6 +14,7 @@ every search computes alike is in ``nmt.decoding.scoring``.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 
 import torch
@@ -22,23 +23,32 @@ from torch import Tensor
 from nmt.specials import BOS, EOS, PAD
 from nmt.models.base import select
 from nmt.decoding.fixed_beam import fixed_beam_search
-from nmt.decoding.scoring import (Hypotheses, best_possible, check_prefix, force_tokens, length_cap,  # noqa: F401
-                                  length_penalty, log_probs, max_lengths, to_lists, top_candidates)
-from nmt.decoding.settings import DEFAULT_ALPHA, ENGINES, SearchSettings
+from nmt.decoding.scoring import (Hypotheses, best_possible, check_prefix, force_tokens, hf_penalty,  # noqa: F401
+                                  hf_stops, length_cap, length_penalty, log_probs, max_lengths, to_lists,
+                                  top_candidates)
+from nmt.decoding.settings import DEFAULT_ALPHA, ENGINES, SCORINGS, SearchSettings
+
+log = logging.getLogger(__name__)
 
 
-def _forced(x: Tensor, prefix: Tensor | None, t: int, rows: Tensor | None = None, beams: int = 1) -> Tensor:
+@functools.cache
+def _log_once(message: str) -> None:
+    log.info(message)
+
+
+def _forced(x: Tensor, prefix: Tensor | None, t: int, rows: Tensor | None = None, beams: int = 1,
+            zero: bool = False) -> Tensor:
     """Log-probs ``x`` (rows * beams, W) where step ``t`` is inside a sentence's target prefix
     (``prefix`` (B, P), PAD after its end; ``rows``: the batch rows still decoding): every token
     but the prefix's is -inf there, and the prefix token keeps the model's log-prob (scores stay
-    the model's)."""
+    the model's), or gets 0 with ``zero`` (``scoring=huggingface``)."""
     if prefix is None or t >= prefix.size(1):
         return x
     token = prefix[:, t] if rows is None else prefix[rows, t]
     token = token.repeat_interleave(beams)
     if not bool((token != PAD).any()):
         return x
-    return force_tokens(x, token)
+    return force_tokens(x, token, zero)
 
 
 def _sequential_search(model, src: Tensor, src_mask: Tensor, pick: Callable[[Tensor], Tensor], max_len_a: float,
@@ -80,15 +90,20 @@ def _sequential_search(model, src: Tensor, src_mask: Tensor, pick: Callable[[Ten
 
 
 def _fixed_engine(engine: str, model, src: Tensor, src_mask: Tensor, max_len_a: float, max_len_b: int,
-                  max_len: Tensor | None, need_attn: bool) -> str | None:
+                  max_len: Tensor | None, need_attn: bool, scoring: str = "gnmt") -> str | None:
     """The fixed-shape engine (``fixed`` or ``graphs``) a greedy or beam search of ``engine`` runs
     on, or None for the loop: ``auto`` is ``graphs`` on CUDA; a search asked for attention weights, a
-    model without a preallocated state, or outputs longer than its positions take the loop."""
+    model without a preallocated state, outputs longer than its positions or a beam search with
+    ``scoring=huggingface`` (logged once) take the loop."""
     if engine not in ENGINES:
         raise ValueError(f"decoding.engine={engine!r}: choose one of {', '.join(ENGINES)}")
     if engine == "auto":
         engine = "graphs" if src.is_cuda else "loop"
     if engine == "loop" or need_attn:
+        return None
+    if scoring == "huggingface":
+        _log_once(f"decoding.engine={engine}: beam search with scoring=huggingface runs on the loop engine (the fixed "
+                  "shapes rank hypotheses with the GNMT penalty only)")
         return None
     positions = getattr(model, "fixed_state_steps", 0)
     if positions <= 0:
@@ -184,6 +199,8 @@ def beam_search(
     max_len: Tensor | None = None,
     prefix: Tensor | None = None,
     engine: str = "auto",
+    scoring: str = "gnmt",
+    early_stopping: bool | str = False,
 ) -> Hypotheses:
     """Batched beam search (``prefix`` (B, P): target tokens every hypothesis of a sentence starts
     with, PAD-padded); a sentence stops once ``beam_size`` hypotheses have ended, or once
@@ -199,15 +216,25 @@ def beam_search(
     to a bounded set of shapes and, on CUDA, replayed as one CUDA graph per step; ``auto``:
     ``graphs`` on CUDA, ``loop`` elsewhere. A search the fixed shapes do not serve (attention
     weights asked for, a model without a preallocated state, outputs longer than the decoder's
-    positions) runs the loop."""
+    positions) runs the loop.
+
+    ``scoring`` (``SCORINGS``): ``gnmt``, the above; ``huggingface``, Hugging Face transformers'
+    beam search as ``generate()`` runs it: an ended hypothesis scores its log-prob sum divided by
+    ``|Y| ** alpha`` (``hf_penalty``), forced tokens (``prefix``, the EOS at the length cap) add
+    log-prob 0, the best ``beam_size`` ended hypotheses are kept, and a sentence stops by
+    transformers' rule (``hf_stops`` with ``early_stopping``), which can stop before a longer
+    hypothesis would have won; on the loop engine only."""
     alpha = DEFAULT_ALPHA if alpha is None else alpha
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest={nbest}: must be between 1 and the beam size ({beam_size})")
-    fixed = _fixed_engine(engine, model, src, src_mask, max_len_a, max_len_b, max_len, need_attn)
+    if scoring not in SCORINGS:
+        raise ValueError(f"decoding.scoring={scoring!r}: choose one of {', '.join(SCORINGS)}")
+    hf = scoring == "huggingface"
+    fixed = _fixed_engine(engine, model, src, src_mask, max_len_a, max_len_b, max_len, need_attn, scoring)
     if fixed is not None:
         return fixed_beam_search(model, src, src_mask, beam_size, alpha, max_len_a, max_len_b, nbest, max_len, prefix,
                                  graphs=fixed == "graphs")
-    batch, k, n_best = src.size(0), beam_size, nbest
+    batch, k, n_best = src.size(0), beam_size, (beam_size if hf else nbest)  # transformers keeps K ended
     device = src.device
     max_len = max_lengths(src_mask, max_len_a, max_len_b, max_len)
     check_prefix(prefix, max_len)
@@ -236,12 +263,15 @@ def beam_search(
         logits, state, attn = model.decode_step(prev, memory, state, need_attn=need_attn)
         if need_attn and attn is None:  # a model without attention
             need_attn, best_attn = False, None
-        x = _forced(log_probs(logits, model.tgt_vocab_size, model.kernels), prefix, t, active, k)  # (n*K, W)
+        x = _forced(log_probs(logits, model.tgt_vocab_size, model.kernels), prefix, t, active, k, hf)  # (n*K, W)
         width = x.size(-1)
         at_cap = t >= max_len - 1  # (n,)
         if bool(at_cap.any()):  # only EOS may follow at the length cap
             not_eos = torch.arange(width, device=device) != EOS
-            x = x.masked_fill(at_cap.repeat_interleave(k).unsqueeze(1) & not_eos, float("-inf"))
+            capped = at_cap.repeat_interleave(k).unsqueeze(1)
+            x = x.masked_fill(capped & not_eos, float("-inf"))
+            if hf:  # transformers' forced EOS: log-prob 0
+                x = x.masked_fill(capped & ~not_eos, 0.0)
         top_scores, top_idx = top_candidates(x, beam_scores, 2 * k)  # (n, 2K)
         origin = top_idx // width + offsets[:n]  # flat beam index (n, 2K)
         # a -inf candidate may point at a padding column; it never ends nor wins, but is fed back
@@ -251,7 +281,8 @@ def beam_search(
             attn_hist = step_attn if attn_hist is None else torch.cat([attn_hist, step_attn], 1)
         # Hypotheses ending here: EOS among the K best candidates.
         ended = (token == EOS) & beam_pos & (top_scores > float("-inf"))
-        norm = (top_scores / length_penalty(torch.tensor(t + 1, device=device), alpha)).masked_fill(~ended, float("-inf"))
+        penalty = (hf_penalty if hf else length_penalty)(torch.tensor(t + 1, device=device), alpha)
+        norm = (top_scores / penalty).masked_fill(~ended, float("-inf"))
         norm = norm[:, :k]  # only the K best candidates end
         improve = norm.max(dim=1).values > best_scores[active, -1]  # (n,): enters the n-best list
         if bool(improve.any()):
@@ -275,7 +306,11 @@ def beam_search(
         beam_scores, keep = alive_scores.topk(k, dim=1)  # (n, K)
         # A sentence searches on until beam_size hypotheses have ended, or until none of its
         # live ones can still beat the last of its n best.
-        searching = (num_finished < k) & (best_scores[active, -1] < best_possible(beam_scores[:, 0], t, max_len, alpha))
+        if hf:
+            searching = ~hf_stops(best_scores[active, -1], beam_scores[:, 0], t, max_len, alpha, early_stopping,
+                                  num_finished, k)
+        else:
+            searching = (num_finished < k) & (best_scores[active, -1] < best_possible(beam_scores[:, 0], t, max_len, alpha))
         if not bool(searching.any()):
             break
         reorder = origin.gather(1, keep)  # (n, K), rows of the current batch
@@ -295,10 +330,10 @@ def beam_search(
     if need_attn:
         attn_out = [best_attn[i, 0, : len(toks) + 1].cpu() for i, toks in enumerate(token_lists)]
     nbest_out = None
-    if n_best > 1:
+    if nbest > 1:
         ranked = to_lists(best_tokens.view(batch * n_best, -1))
         scores = best_scores.tolist()
-        nbest_out = [[(ranked[i * n_best + r], scores[i][r]) for r in range(n_best) if scores[i][r] > float("-inf")]
+        nbest_out = [[(ranked[i * n_best + r], scores[i][r]) for r in range(nbest) if scores[i][r] > float("-inf")]
                      for i in range(batch)]
     return Hypotheses(token_lists, best_scores[:, 0], attn_out, nbest_out)
 
@@ -315,4 +350,4 @@ def search_of(settings: SearchSettings, beam_size: int | None = None, nbest: int
         return functools.partial(greedy_search, engine=settings.engine, **limits)
     alpha = DEFAULT_ALPHA if settings.alpha is None else settings.alpha  # None: settings not yet for_model'd
     return functools.partial(beam_search, beam_size=beam_size, alpha=alpha, nbest=nbest, engine=settings.engine,
-                             **limits)
+                             scoring=settings.scoring or "gnmt", early_stopping=settings.early_stopping, **limits)

@@ -22,7 +22,13 @@ BOUNDS: dict[str, tuple[type, float, float]] = {
     "max_len_b": (int, 0, 10_000), "temperature": (float, 0.0, 100.0), "top_k": (int, 0, 1 << 20),
     "top_p": (float, 0.0, 1.0), "seed": (int, 0, (1 << 63) - 1)}
 ENGINES = ("auto", "loop", "fixed", "graphs")  # how ``nmt.decoding.search``'s greedy and beam search run
-KEYS = {"beam": ("beam_size", "alpha", "nbest", "max_len_a", "max_len_b", "alignments", "engine"),
+# How beam search ranks ended hypotheses: GNMT's length penalty (Wu et al. 2016) with a stop that never
+# changes the result, or Hugging Face transformers' score / length ** alpha with its stopping rule
+# (``early_stopping``: false, true or "never") and forced tokens scored 0, as ``generate()`` does.
+SCORINGS = ("gnmt", "huggingface")
+EARLY_STOPPING = (False, True, "never")
+KEYS = {"beam": ("beam_size", "alpha", "nbest", "max_len_a", "max_len_b", "alignments", "engine", "scoring",
+                 "early_stopping"),
         "greedy": ("max_len_a", "max_len_b", "alignments", "engine"), "sample": ("max_len_a", "max_len_b", "alignments", *SAMPLING_KEYS)}
 
 
@@ -37,6 +43,8 @@ class SearchSettings:
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_k, top_p, seed
     alignments: bool = False  # a Pharaoh word alignment beside each hypothesis (not a search option)
     engine: str = "auto"  # how greedy and beam search run on torch (``ENGINES``); the result is the same
+    scoring: str | None = None  # how beam search ranks ended hypotheses (``SCORINGS``); None: the model's, else gnmt
+    early_stopping: bool | str = False  # scoring=huggingface's stopping rule (``EARLY_STOPPING``)
 
     @classmethod
     def from_config(cls, decoding: Mapping[str, Any] | None) -> SearchSettings:
@@ -69,21 +77,36 @@ class SearchSettings:
         engine = decoding.get("engine", "auto")
         if engine not in ENGINES:
             raise ValueError(f"decoding.engine={engine!r}: choose one of {', '.join(ENGINES)}")
-        settings = cls(**values, sampling=sampling, alignments=alignments, engine=engine)
+        scoring = decoding.get("scoring")
+        if scoring is not None and scoring not in SCORINGS:
+            raise ValueError(f"decoding.scoring={scoring!r}: choose one of {', '.join(SCORINGS)} (null: the model's)")
+        early_stopping = decoding.get("early_stopping", False)
+        if not _early_stopping(early_stopping):
+            raise ValueError(f"decoding.early_stopping={early_stopping!r}: choose false, true or never")
+        settings = cls(**values, sampling=sampling, alignments=alignments, engine=engine, scoring=scoring,
+                       early_stopping=early_stopping)
         if settings.beam_size < 1:
             raise ValueError(f"decoding.beam_size={settings.beam_size}: must be at least 1")
         if not 1 <= settings.nbest <= settings.beam_size:
             raise ValueError(f"nbest={settings.nbest}: must be between 1 and the beam size ({settings.beam_size})")
         return settings
 
-    def for_model(self, tested: Any) -> SearchSettings:
+    def for_model(self, tested: Any, tested_scoring: Any = None, tested_early_stopping: Any = False) -> SearchSettings:
         """These settings for a model whose run tested with length penalty ``tested`` (its
         ``test_decoding.alpha``, read from the file: used only when a number from 0 to 10): a
-        ``None`` alpha becomes the model's, or ``DEFAULT_ALPHA``."""
-        if self.alpha is not None:
-            return self
+        ``None`` alpha becomes the model's, or ``DEFAULT_ALPHA``; a ``None`` scoring becomes the
+        model's ``test_decoding.scoring`` with its ``early_stopping`` (an imported folder's
+        ``huggingface``, ``nmt.checkpoints.marian.decoding_of``), or ``gnmt``."""
+        settings = self
+        if settings.scoring is None:
+            hf = tested_scoring == "huggingface"
+            early = tested_early_stopping if _early_stopping(tested_early_stopping) else False
+            settings = replace(settings, scoring="huggingface" if hf else "gnmt",
+                               early_stopping=early if hf else settings.early_stopping)
+        if settings.alpha is not None:
+            return settings
         ok = isinstance(tested, (int, float)) and not isinstance(tested, bool) and 0 <= tested <= 10
-        return replace(self, alpha=float(tested) if ok else DEFAULT_ALPHA)
+        return replace(settings, alpha=float(tested) if ok else DEFAULT_ALPHA)
 
     def as_config(self) -> dict[str, Any]:
         """The settings as a ``decoding`` config (what ``/info`` shows)."""
@@ -91,6 +114,11 @@ class SearchSettings:
         values = asdict(self)
         chosen = {k: values[k] if k in values else self.sampling.get(k) for k in KEYS[self.search]}
         return {"_target_": target, **{k: v for k, v in chosen.items() if v is not None}}
+
+
+def _early_stopping(value: Any) -> bool:
+    """Whether ``value`` is one of ``EARLY_STOPPING`` (booleans as booleans, not 0 or 1)."""
+    return value is True or value is False or value == "never"
 
 
 def _number(value: Any, kind: type, key: str) -> int | float:

@@ -61,8 +61,12 @@ def check_exportable(model: nn.Module, run_config: dict) -> None:
     for part, (module, _) in parts.items():
         positions = module.embed_tokens.positions
         if positions not in ("sinusoidal", "learned"):
-            raise ValueError(f"model.{part}.positions={positions}: CTranslate2 cannot express rotary positions "
+            what = "rotary positions" if positions == "rope" else f"{positions} positions (not yet exported)"
+            raise ValueError(f"model.{part}.positions={positions}: CTranslate2 cannot express {what} "
                              "in an encoder-decoder Transformer; export sinusoidal or learned positions")
+        if module.embed_tokens.norm is not None:
+            raise ValueError(f"model.{part}.embedding_norm=true: not exported to CTranslate2 yet; export a model "
+                             "without it")
         if module.attention != "full":
             raise ValueError(f"model.{part}.attention={module.attention}: CTranslate2 computes full attention "
                              "only (its sliding_window trims the decoder's cache, not what a query reads); export attention=full")

@@ -69,6 +69,8 @@ def model_class(model: nn.Module, run_config: dict) -> str:
                     "positions other than sinusoidal (the classes recompute their sinusoids when loading)")
         if module.attention != "full":
             _refuse(f"model.{part}.attention={module.attention}", "attention patterns other than full")
+        if module.embed_tokens.norm is not None:
+            _refuse(f"model.{part}.embedding_norm=true", "a layer norm after the embeddings")
     for key in pruned_keys(model):
         _refuse(key, "attention heads pruned (fewer in some layers than others)")
     enc, dec = model.encoder, model.decoder

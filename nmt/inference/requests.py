@@ -1,9 +1,12 @@
 """What a translation request means, checked in one place for every front end (translate.py,
 nmt-serve, evaluate, the Python API): the target language of a multilingual model (its tag on each
 sentence, ``nmt.languages.tags``) and what guides each translation (a prefix it starts with, or phrases
-it must hold). A front end reads a request its own way (files, JSON) and reports a
-``RequestError`` in its own form (one line on stderr, HTTP 400); the words are the same everywhere,
-with the names the front end gives its options (``Naming``). No torch here.
+it must hold). A model imported with its language codes as the decoder's first token (M2M100,
+NLLB-200, mBART-50: ``nmt.checkpoints.m2m100``) reads the source language as a tag on each sentence
+(``src_lang``) and the target language as a forced first target token (``Prepared.lead``). A front
+end reads a request its own way (files, JSON) and reports a ``RequestError`` in its own form (one
+line on stderr, HTTP 400); the words are the same everywhere, with the names the front end gives its
+options (``Naming``). No torch here.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class Request:
     tgt_lang: str | None = None
     prefixes: Sequence[str] | None = None
     constraints: Sequence[Sequence[str]] | None = None
+    src_lang: str | None = None  # a model whose decoder starts with the target language: the source's
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class Naming:
     numbers: Sequence[int] | None = None
     item: str = "line"
     tgt_lang: str = "tgt_lang"
+    src_lang: str = "src_lang"
     prefixes: str = "prefixes"
     constraints: str = "constraints"
 
@@ -59,6 +64,7 @@ class Prepared:
     prefixes: list[list[int]] | None = None
     constraints: list[list[tuple[int, ...]]] | None = None
     numbers: list[int] = field(default_factory=list)
+    lead: list[int] = field(default_factory=list)  # target ids every output starts with, cut from the text
 
 
 class RequestMeaning:
@@ -69,6 +75,7 @@ class RequestMeaning:
     backend = "?"
     can_guide = False  # True: the translator has guide_ids(key, guides, sources, where, numbers, item)
     target_languages: list[str]
+    decoder_languages = False  # True: the source language is a tag, the target one the decoder's first token
 
     def prepare(self, request: Request, naming: Naming = Naming()) -> Prepared:
         """``request`` checked and made ready, or a ``RequestError``: a language the model has no tag
@@ -76,14 +83,34 @@ class RequestMeaning:
         guide; guides on a backend that cannot decode them; not one guide per sentence; a guide
         piece the target vocabulary lacks or one that leaves no room under the length cap."""
         numbers = naming.number_of(len(request.texts))
+        lead: list[int] = []
+        if self.decoder_languages:
+            known = ", ".join(self.target_languages)
+            for key, lang in ((naming.tgt_lang, request.tgt_lang), (naming.src_lang, request.src_lang)):
+                if lang is None:
+                    raise RequestError(f"{key}: this model reads the source language first and writes the target "
+                                       f"language as its first output token: set src_lang and tgt_lang, each one of "
+                                       f"{known}")
+                if lang not in self.target_languages:
+                    raise RequestError(f"{key}={str(lang)[:40]}: unknown language code; this model knows {known}")
+            if request.constraints is not None:
+                raise RequestError(f"{naming.constraints}: not decoded for a model whose target language is its first "
+                                   "output token")
+            texts, lang, lead = list(request.texts), request.src_lang, self.lead_ids(request.tgt_lang)  # type: ignore[attr-defined]
+            where = naming.src_lang
+        else:
+            if request.src_lang is not None:
+                raise RequestError(f"{naming.src_lang}={str(request.src_lang)[:40]}: this model takes no source "
+                                   "language; leave src_lang unset")
+            texts, lang, where = list(request.texts), request.tgt_lang, naming.tgt_lang
         try:
-            sources = with_target_language(list(request.texts), request.tgt_lang, self.target_languages,
-                                           where=naming.tgt_lang, numbers=numbers, line=naming.item)
+            sources = with_target_language(texts, lang, self.target_languages, where=where, numbers=numbers,
+                                           line=naming.item)
         except ValueError as e:
             raise RequestError(str(e)) from None
         given = [key for key in GUIDES if getattr(request, key) is not None]
         if not given:
-            return Prepared(sources, numbers=numbers)
+            return Prepared(sources, numbers=numbers, lead=lead)
         if len(given) > 1:
             raise RequestError(f"{naming.prefixes} and {naming.constraints}: give one of the two")
         (key,) = given
@@ -101,4 +128,4 @@ class RequestMeaning:
         per_text: list[Any] = [[] for _ in sources]
         for i, value in zip(todo, ids):
             per_text[i] = value
-        return Prepared(sources, numbers=numbers, **{key: per_text})
+        return Prepared(sources, numbers=numbers, lead=lead, **{key: per_text})

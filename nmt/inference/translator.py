@@ -39,9 +39,9 @@ from nmt.data.batching import TokenBatchSampler
 from nmt.inference.alignments import pharaoh
 from nmt.decoding.constrained import check_constraints, constrained_beam_search
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
-from nmt.decoding.search import Hypotheses, length_penalty
+from nmt.decoding.search import Hypotheses, hf_penalty, length_penalty
 from nmt.kernels import on_cpu
-from nmt.languages.tags import tag_words, vocabulary_languages
+from nmt.languages.tags import tag, tag_words, vocabulary_languages
 from nmt.kernels.malloc import bound_onednn_cache, keep_freed_memory
 from nmt.decoding.limits import model_max_src_len, model_max_tgt_len
 from nmt.machine import decoding_device, resolve_decoding_precision
@@ -119,6 +119,14 @@ def run_batches(batches: list[Any], work: Callable[[Any], Any], device: torch.de
             pool.shutdown(cancel_futures=True)  # after an error, the batches not started are dropped
 
 
+def without_lead(hyps: Hypotheses, n: int) -> Hypotheses:
+    """``hyps`` with the first ``n`` tokens of every hypothesis (a forced target-language code) cut."""
+    if not n:
+        return hyps
+    return Hypotheses([t[n:] for t in hyps.tokens], hyps.scores, None if hyps.attn is None else [a[n:] for a in hyps.attn],
+                      None if hyps.nbest is None else [[(t[n:], score) for t, score in entries] for entries in hyps.nbest])
+
+
 class Translator(RequestMeaning):
     """A model with its vocabularies, limits and decoding, ready to translate and score; what a
     request means: ``prepare`` (``nmt.inference.requests``)."""
@@ -142,7 +150,8 @@ class Translator(RequestMeaning):
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
         settings = decoding if isinstance(decoding, SearchSettings) else SearchSettings.from_config(decoding)
         tested = self.run_config.get("test_decoding")
-        self.settings = settings.for_model(tested.get("alpha") if isinstance(tested, dict) else None)
+        tested = tested if isinstance(tested, dict) else {}
+        self.settings = settings.for_model(tested.get("alpha"), tested.get("scoring"), tested.get("early_stopping"))
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral) or max_tokens < 1:
             raise ValueError(f"max_tokens={max_tokens!r}: a positive whole number of source tokens a batch")
         self.max_tokens, self.workers = int(max_tokens), workers
@@ -150,6 +159,8 @@ class Translator(RequestMeaning):
         self.max_tgt_len = int(max_tgt_len) if max_tgt_len else target_limit(self.model, self.run_config)
         self.step, self.report = step, report  # the report: the run folder's or the release file's
         self.target_languages = vocabulary_languages(src_vocab.sp)  # a multilingual model's <2xx> tags
+        languages = self.run_config.get("languages")  # an imported M2M100's: the target code starts the output
+        self.decoder_languages = isinstance(languages, dict) and languages.get("target") == "decoder_prefix"
         self._attention: bool | None = None
 
     @classmethod
@@ -180,7 +191,7 @@ class Translator(RequestMeaning):
                 attention: Iterable[int] | bool = (), first_line: int = 1,
                 search: Callable[..., Hypotheses] | None = None, alignments: bool | None = None,
                 prefixes: list[str] | None = None, constraints: list[list[str]] | None = None,
-                tgt_lang: str | None = None) -> Iterator[list[tuple[int, Translation]]]:
+                tgt_lang: str | None = None, src_lang: str | None = None) -> Iterator[list[tuple[int, Translation]]]:
         """Translate the non-empty ``lines`` batch by batch: each batch's (0-based index into
         ``lines``, ``Translation``) pairs, as soon as it is decoded. ``attention``: the indices
         whose attention is returned (True: all); ``first_line``: the input line number of
@@ -194,8 +205,10 @@ class Translator(RequestMeaning):
         search = search or search_functions.search_of(self.settings, beam_size, nbest)
         alpha = float(search.keywords.get("alpha", 0.0)) if isinstance(search, functools.partial) and \
             search.func is search_functions.beam_search else None
-        prepared = self.prepare(Request(lines, tgt_lang, prefixes, constraints),
+        prepared = self.prepare(Request(lines, tgt_lang, prefixes, constraints, src_lang),
                                 Naming(numbers=range(first_line, first_line + len(lines))))
+        lead = prepared.lead  # the target-language code every output starts with (an imported M2M100)
+        hf = isinstance(search, functools.partial) and search.keywords.get("scoring") == "huggingface"
         todo = [i for i, line in enumerate(prepared.sources) if line.strip()]
         wanted = set(todo) if attention is True else set(attention or ())
         encoded = encode_sources([prepared.sources[i] for i in todo], self.src_vocab, self.max_src_len,
@@ -211,6 +224,8 @@ class Translator(RequestMeaning):
                                        continuation=self._continuation())
             alpha = self.settings.alpha
         forced = None if prepared.prefixes is None else [prepared.prefixes[i] for i in todo]
+        if lead:
+            forced = [lead + (forced[k] if forced else []) for k in range(len(todo))]
         order = TokenBatchSampler([len(e) for e in encoded], max_tokens=self.max_tokens, batch_size=None,
                                   shuffle=False, seed=0)
 
@@ -227,8 +242,9 @@ class Translator(RequestMeaning):
                     extra["constraints"] = [required[j] for j in batch]
                 else:  # no line of this batch has constraints: the plain search, as without the option
                     batch_search = plain_search
-            hyps = batch_search(self.model, src, src_mask, need_attn=any(todo[j] in wanted for j in batch), **extra)
-            done = [(todo[j], self._translation(hyps, r, encoded[j], todo[j] in wanted, alpha))
+            hyps = without_lead(batch_search(self.model, src, src_mask, need_attn=any(todo[j] in wanted for j in batch),
+                                             **extra), len(lead))
+            done = [(todo[j], self._translation(hyps, r, encoded[j], todo[j] in wanted, alpha, len(lead), hf))
                     for r, j in enumerate(batch)]
             if align:
                 self._align(done, hyps, [encoded[j] for j in batch])
@@ -253,20 +269,25 @@ class Translator(RequestMeaning):
     def translate(self, lines: list[str], beam_size: int | None = None, nbest: int | None = None,
                   attention: Iterable[int] | bool = (), search: Callable[..., Hypotheses] | None = None,
                   alignments: bool | None = None, prefixes: list[str] | None = None,
-                  constraints: list[list[str]] | None = None, tgt_lang: str | None = None) -> list[Translation]:
+                  constraints: list[list[str]] | None = None, tgt_lang: str | None = None,
+                  src_lang: str | None = None) -> list[Translation]:
         """One ``Translation`` per line, in order (no hypotheses for an empty line)."""
         return in_line_order(self.batches(lines, beam_size, nbest, attention, search=search, alignments=alignments,
-                                          prefixes=prefixes, constraints=constraints, tgt_lang=tgt_lang),
+                                          prefixes=prefixes, constraints=constraints, tgt_lang=tgt_lang,
+                                          src_lang=src_lang),
                              len(lines), Translation)
 
     def _translation(self, hyps: Hypotheses, r: int, source: list[int], with_attention: bool,
-                     alpha: float | None) -> Translation:
+                     alpha: float | None, lead: int = 0, hf: bool = False) -> Translation:
         """Row ``r`` of a batch's hypotheses; ``alpha``: beam search's length penalty (its scores
-        are log-probs divided by it), None for greedy search and sampling (scores are log-probs)."""
+        are log-probs divided by it: GNMT's, or ``length ** alpha`` with ``hf``), None for greedy
+        search and sampling (scores are log-probs); ``lead``: forced tokens cut from the front."""
         ranked = hyps.nbest[r] if hyps.nbest is not None else [(hyps.tokens[r], float(hyps.scores[r]))]
         hypotheses = []
         for tokens, score in ranked:
-            logprob = score * float(length_penalty(torch.tensor(len(tokens) + 1), alpha)) if alpha else score
+            length = torch.tensor(len(tokens) + 1 + lead)
+            penalty = (hf_penalty if hf else length_penalty)(length, alpha) if alpha else 1.0
+            logprob = score * float(penalty)
             hypotheses.append(Hypothesis(self.tgt_vocab.decode(tokens), float(score), float(logprob)))
         attention = None
         if with_attention and hyps.attn is not None:
@@ -274,6 +295,14 @@ class Translator(RequestMeaning):
             attention = Attention(self.src_vocab.pieces(source), self.tgt_vocab.pieces(hyps.tokens[r] + [EOS]),
                                   weights.tolist())
         return Translation(hypotheses, attention)
+
+    def lead_ids(self, lang: str) -> list[int]:
+        """The target ids an output in ``lang`` starts with: its language code (``▁<2xx>``)."""
+        piece = f"\u2581{tag(lang)}"
+        code = self.tgt_vocab.sp.piece_to_id(piece)
+        if self.tgt_vocab.sp.id_to_piece(code) != piece:
+            raise RequestError(f"tgt_lang={lang}: the target vocabulary has no {piece} piece")
+        return [code]
 
     def _align(self, done: list[tuple[int, Translation]], hyps: Hypotheses, sources: list[list[int]]) -> None:
         """Set each hypothesis' Pharaoh word alignment (``nmt.inference.alignments``), from the attention of
@@ -313,7 +342,8 @@ class Translator(RequestMeaning):
         """Whether the model gives attention weights (the LSTM without attention does not)."""
         if self._attention is None:
             lang = self.target_languages[0] if self.target_languages else None
-            self._attention = self.translate(["a"], attention=True, tgt_lang=lang)[0].attention is not None
+            both = {"src_lang": lang} if self.decoder_languages else {}  # a model reading both languages
+            self._attention = self.translate(["a"], attention=True, tgt_lang=lang, **both)[0].attention is not None
         return self._attention
 
     def guide_ids(self, key: str, guides: list[Any], sources: list[str], where: str, numbers: list[int],
@@ -379,14 +409,17 @@ class Translator(RequestMeaning):
         return out
 
     # --- scoring ------------------------------------------------------------------------------
-    def score_batches(self, sources: list[str], targets: list[str],
-                      first_line: int = 1) -> Iterator[list[tuple[int, list[float]]]]:
+    def score_batches(self, sources: list[str], targets: list[str], first_line: int = 1,
+                      lead: list[int] | None = None) -> Iterator[list[tuple[int, list[float]]]]:
         """Per-token log-probabilities (EOS last) of each target given its source, teacher-forced,
-        for the pairs with a non-empty source; batch by batch, (0-based index, values) pairs."""
+        for the pairs with a non-empty source; batch by batch, (0-based index, values) pairs.
+        ``lead``: target ids every target starts with (``Prepared.lead``), read but not scored."""
         todo = [i for i, s in enumerate(sources) if s.strip()]
         numbers = [first_line + i for i in todo]
         src_ids = encode_sources([sources[i] for i in todo], self.src_vocab, self.max_src_len, numbers)
-        tgt_ids = encode_sources([targets[i] for i in todo], self.tgt_vocab, self.max_tgt_len, numbers)
+        skip = len(lead or [])
+        tgt_ids = encode_sources([targets[i] for i in todo], self.tgt_vocab, self.max_tgt_len - skip, numbers)
+        tgt_ids = [[*(lead or []), *ids] for ids in tgt_ids]
         lengths = [[len(s), len(t)] for s, t in zip(src_ids, tgt_ids)]
         order = list(TokenBatchSampler(lengths, max_tokens=self.max_tokens, batch_size=None, shuffle=False,
                                        seed=0)) if todo else []
@@ -395,12 +428,12 @@ class Translator(RequestMeaning):
             src, src_mask = pad([src_ids[j] for j in batch], self.device)
             tgt, _ = pad([tgt_ids[j] for j in batch], self.device)
             values = search_functions.score_pairs(self.model, src, src_mask, tgt).float().cpu()
-            return [(todo[j], values[r, : len(tgt_ids[j])].tolist()) for r, j in enumerate(batch)]
+            return [(todo[j], values[r, skip : len(tgt_ids[j])].tolist()) for r, j in enumerate(batch)]
 
         yield from run_batches(order, work, self.device, self.precision, self.workers)
 
-    def score(self, sources: list[str], targets: list[str]) -> list[list[float] | None]:
-        return in_line_order(self.score_batches(sources, targets), len(sources), lambda: None)
+    def score(self, sources: list[str], targets: list[str], lead: list[int] | None = None) -> list[list[float] | None]:
+        return in_line_order(self.score_batches(sources, targets, lead=lead), len(sources), lambda: None)
 
     # --- describing ---------------------------------------------------------------------------
     def count_tokens(self, texts: list[str]) -> int:
@@ -420,6 +453,7 @@ class Translator(RequestMeaning):
             "hidden_size": rc.get("model", {}).get("hidden_size"),
             "parameters": sum(p.numel() for p in self.source_model.parameters()),
             "src_lang": data.get("src_lang"), "tgt_lang": data.get("tgt_lang"), "target_languages": self.target_languages,
+            "reads_src_lang": self.decoder_languages,  # an imported M2M100/NLLB-200/mBART-50: requests name both
             "src_vocab_size": self.src_vocab.vocab_size, "tgt_vocab_size": self.tgt_vocab.vocab_size,
             "max_src_len": self.max_src_len, "attention": self.has_attention,
             "decoding": self.settings.as_config(), "precision": self.precision,

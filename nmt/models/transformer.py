@@ -1,7 +1,9 @@
 """Transformer encoder and decoder (Vaswani et al. 2017) on ``scaled_dot_product_attention``.
 
-Options: ``norm: pre | post`` (Xiong et al. 2020 / the original), ``positions: sinusoidal |
-learned | rope`` (Su et al. 2021, applied to self-attention queries and keys),
+Options: ``norm: pre | post`` (Xiong et al. 2020 / the original; pre-norm ends each stack with a
+layer norm), ``positions: sinusoidal | learned | rope | fairseq`` (rope: Su et al. 2021, applied to
+self-attention queries and keys; fairseq: the sinusoids of imported M2M100/NLLB-200 models,
+``fairseq_sinusoids``),
 ``position_shift`` (SHAPE, Kiyono et al. 2021: in training, a sentence pair's absolute positions
 start at a random 0..K on both sides, drawn by the encoder and passed to a Transformer decoder in
 the memory; an LSTM decoder ignores it, and a Transformer decoder after an LSTM encoder is not
@@ -14,9 +16,11 @@ gradient checkpointing per layer. The decoder decodes incrementally: its
 projected once per sentence in ``prepare_memory``. SDPA returns no weights, so attention plots
 take an eager path (``need_attn``). ``activation`` is the feed-forward non-linearity (``relu``,
 ``gelu``, ``swish``) and ``logits_bias`` gives the decoder's output layer a bias (both as Marian's
-models have them, ``nmt.checkpoints.marian``). Every attention can mask its heads' outputs
-(``head_mask``) or drop heads from its weights (``keep_heads``): a pruned encoder or decoder has
-its heads per layer (``self_heads``, ``cross_heads``; ``nmt.models.head_mask``).
+models have them, ``nmt.checkpoints.marian``); ``embedding_norm`` puts a layer norm after the
+embeddings and positions (mBART's ``layernorm_embedding``, ``nmt.checkpoints.m2m100``). Every
+attention can mask its heads' outputs (``head_mask``) or drop heads from its weights
+(``keep_heads``): a pruned encoder or decoder has its heads per layer (``self_heads``,
+``cross_heads``; ``nmt.models.head_mask``).
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from nmt.models.attention_patterns import ALL_OPTIONS, Pattern, make_pattern
 from nmt.models.dropout import Dropout
 from nmt.specials import PAD
 
-POSITIONS = ("sinusoidal", "learned", "rope")
+POSITIONS = ("sinusoidal", "learned", "rope", "fairseq")
+FAIRSEQ_OFFSET = 2  # fairseq's first position: its padding id (1) + 1
 INITS = ("xavier", "torch")
 # The feed-forward activation: ReLU (Vaswani et al. 2017), GELU (Hendrycks & Gimpel 2016, the
 # exact erf form) or swish/SiLU (Ramachandran et al. 2017; Marian's OPUS-MT models).
@@ -49,6 +54,16 @@ def sinusoids(length: int, size: int) -> Tensor:
     table[:, 0::2] = torch.sin(pos * freq)
     table[:, 1::2] = torch.cos(pos * freq)
     return table
+
+
+def fairseq_sinusoids(length: int, size: int) -> Tensor:
+    """fairseq's sinusoidal table (M2M100 and NLLB-200, Fan et al. 2021; Costa-jussa et al. 2022),
+    (length, size) for positions ``FAIRSEQ_OFFSET`` onwards: the sines in the first half of the
+    units, the cosines in the second, frequencies 10000 ** (-i / (size / 2 - 1))."""
+    half = size // 2
+    freq = torch.exp(torch.arange(half, dtype=torch.float32) * (-math.log(10000.0) / (half - 1)))
+    angles = torch.arange(FAIRSEQ_OFFSET, FAIRSEQ_OFFSET + length, dtype=torch.float32).unsqueeze(1) * freq
+    return torch.cat([angles.sin(), angles.cos()], dim=1)
 
 
 class Rotary(nn.Module):
@@ -307,9 +322,11 @@ class DecoderLayer(_Block):
 
 
 class _Embedding(nn.Module):
-    """Token embedding scaled by sqrt(H), plus absolute positions unless they are rotary."""
+    """Token embedding scaled by sqrt(H), plus absolute positions unless they are rotary, then
+    (``norm``) a layer norm, as mBART's ``layernorm_embedding``."""
 
-    def __init__(self, vocab_size: int, hidden_size: int, dropout: float, positions: str, max_len: int):
+    def __init__(self, vocab_size: int, hidden_size: int, dropout: float, positions: str, max_len: int,
+                 norm: bool = False):
         super().__init__()
         if positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
@@ -326,7 +343,13 @@ class _Embedding(nn.Module):
             self.pos = nn.Embedding(max_len, hidden_size)
         elif positions == "sinusoidal":
             self.register_buffer("pos_table", sinusoids(max_len, hidden_size), persistent=False)
+        elif positions == "fairseq":
+            self.register_buffer("pos_table", fairseq_sinusoids(max_len, hidden_size), persistent=False)
         self.drop = Dropout(dropout)
+        self.norm = nn.LayerNorm(hidden_size) if norm else None
+
+    def _out(self, x: Tensor) -> Tensor:
+        return self.drop(x if self.norm is None else self.norm(x))
 
     def forward(self, tokens: Tensor, offset: int | Tensor = 0, shift: tuple[Tensor, int] | None = None) -> Tensor:
         """Positions start at ``offset`` (a decoding step; a tensor (B,): each row's position, for
@@ -335,9 +358,9 @@ class _Embedding(nn.Module):
         if isinstance(offset, Tensor):
             x = self.embed(tokens) * self.scale
             if self.positions == "rope":
-                return self.drop(x)
+                return self._out(x)
             table = self.pos.weight if self.positions == "learned" else self.pos_table
-            return self.drop(x + table.index_select(0, offset).unsqueeze(1).to(x.dtype))
+            return self._out(x + table.index_select(0, offset).unsqueeze(1).to(x.dtype))
         if offset + tokens.size(1) > self.max_len:
             raise ValueError(f"sequence of {offset + tokens.size(1)} tokens exceeds the model's max_len {self.max_len}")
         if shift is not None and tokens.size(1) + shift[1] > self.max_len:
@@ -347,13 +370,13 @@ class _Embedding(nn.Module):
             )
         x = self.embed(tokens) * self.scale  # (B, T, H)
         if self.positions == "rope":
-            return self.drop(x)
+            return self._out(x)
         table = self.pos.weight if self.positions == "learned" else self.pos_table
         if shift is None:
             pos = table[offset : offset + tokens.size(1)]  # (T, H)
         else:
             pos = table[shift[0].unsqueeze(1) + torch.arange(tokens.size(1), device=tokens.device)]  # (B, T, H)
-        return self.drop(x + pos.to(x.dtype))
+        return self._out(x + pos.to(x.dtype))
 
 
 def _patterns(part: str, layers: nn.ModuleList, attention: str | None, max_len: int, options: dict) -> str:
@@ -376,8 +399,10 @@ def check_sizes(hidden_size: int, num_layers: int, num_heads: int, ff_size: int,
         raise ValueError(f"hidden_size={hidden_size}: must be a multiple of num_heads ({num_heads})")
     size, what = (hidden_size // num_heads, "a head's size (hidden_size / num_heads)") if positions == "rope" else (
         hidden_size, "hidden_size")
-    if positions in ("sinusoidal", "rope") and size % 2:
+    if positions in ("sinusoidal", "rope", "fairseq") and size % 2:
         raise ValueError(f"hidden_size={hidden_size}: {positions} positions need an even {what}")
+    if positions == "fairseq" and hidden_size < 4:
+        raise ValueError(f"hidden_size={hidden_size}: fairseq positions need at least 4 units")
 
 
 def layer_heads(key: str, heads: Any, num_layers: int, num_heads: int) -> list[int]:
@@ -416,6 +441,7 @@ class TransformerEncoder(nn.Module):
         position_shift: int = 0,
         init: str = "xavier",
         activation: str = "relu",
+        embedding_norm: bool = False,
         self_heads: list[int] | None = None,
     ) -> None:
         super().__init__()
@@ -424,7 +450,7 @@ class TransformerEncoder(nn.Module):
         if position_shift < 0:
             raise ValueError(f"position_shift must be >= 0, got {position_shift}")
         rotary = Rotary(hidden_size // num_heads, max_len) if positions == "rope" else None
-        self.embed_tokens = _Embedding(vocab_size, hidden_size, dropout, positions, max_len)
+        self.embed_tokens = _Embedding(vocab_size, hidden_size, dropout, positions, max_len, embedding_norm)
         self.embed = self.embed_tokens.embed  # for embedding tying
         self.position_shift = 0 if positions == "rope" else position_shift  # rotary positions are relative already
         self.layers = nn.ModuleList(
@@ -489,6 +515,7 @@ class TransformerDecoder(nn.Module):
         init: str = "xavier",
         activation: str = "relu",
         logits_bias: bool = False,
+        embedding_norm: bool = False,
         self_heads: list[int] | None = None,
         cross_heads: list[int] | None = None,
     ) -> None:
@@ -497,7 +524,7 @@ class TransformerDecoder(nn.Module):
         heads = zip(layer_heads("self_heads", self_heads, num_layers, num_heads),
                     layer_heads("cross_heads", cross_heads, num_layers, num_heads))
         rotary = Rotary(hidden_size // num_heads, max_len) if positions == "rope" else None
-        self.embed_tokens = _Embedding(vocab_size, hidden_size, dropout, positions, max_len)
+        self.embed_tokens = _Embedding(vocab_size, hidden_size, dropout, positions, max_len, embedding_norm)
         self.embed = self.embed_tokens.embed
         self.layers = nn.ModuleList(
             DecoderLayer(hidden_size, h, ff_size, dropout, norm, rotary, memory_size or hidden_size,

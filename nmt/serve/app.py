@@ -59,15 +59,18 @@ class Guide:
 
 def naming(count: int) -> Naming:
     """How the server names a request's parts in its errors: sentences from 0, the JSON fields."""
-    return Naming(numbers=range(count), item="sentence", tgt_lang="tgt_lang", prefixes='"prefix"',
+    return Naming(numbers=range(count), item="sentence", tgt_lang="tgt_lang", src_lang="src_lang", prefixes='"prefix"',
                   constraints='"constraints"')
 
 
 def answer(translator: Any, texts: list[str], options: tuple[Any, ...]) -> list[dict[str, Any]]:
     """The ``translations`` of a request: ``options`` are its (beam_size, nbest, attention,
-    alignments, guide)."""
-    beam_size, nbest, attention, alignments, guide = options
+    alignments, guide, languages); ``languages``: (src_lang, tgt_lang) of a model that reads them
+    itself (an imported M2M100/NLLB-200, ``texts`` untagged), else None."""
+    beam_size, nbest, attention, alignments, guide, languages = options
     extra: dict[str, Any] = {"alignments": bool(alignments)}  # parse_request refused it where the translator cannot
+    if languages:
+        extra["src_lang"], extra["tgt_lang"] = languages
     if guide is not None:
         if any(prefix for prefix, _ in guide.rows):
             extra["prefixes"] = [prefix for prefix, _ in guide.rows]
@@ -123,6 +126,7 @@ def describe(translator: Any) -> dict[str, Any]:
         "src_lang": text(facts.get("src_lang")), "tgt_lang": text(facts.get("tgt_lang")),
         "src_vocab_size": facts["src_vocab_size"], "tgt_vocab_size": facts["tgt_vocab_size"],
         "max_src_len": facts["max_src_len"], "target_languages": facts["target_languages"][:1000],  # codes: <2xx> pieces
+        "reads_src_lang": facts.get("reads_src_lang") is True,  # requests give "src_lang" and "tgt_lang"
         "attention": facts["attention"], "decoding": facts["decoding"],
         "precision": facts["precision"], "training": summary, "report": translator.report is not None,
     }
@@ -215,7 +219,7 @@ def create_app(translator: Any, cfg: DictConfig) -> FastAPI:
         if isinstance(body, JSONResponse):
             return body
         parsed = parse_request(body, limits, translator.settings.beam_size, getattr(translator, "can_align", True),
-                               translator.settings.alignments, cfg.get("tgt_lang"))
+                               translator.settings.alignments, cfg.get("tgt_lang"), cfg.get("src_lang"))
         if isinstance(parsed, JSONResponse):
             return parsed
         asked, options = parsed
@@ -227,8 +231,12 @@ def create_app(translator: Any, cfg: DictConfig) -> FastAPI:
         if any(asked.prefixes or ()) or any(asked.constraints or ()):  # "" and [] mean none
             guide = Guide(tuple(zip(asked.prefixes or [""] * len(texts),
                                     (tuple(c) for c in asked.constraints or [()] * len(texts)))))
-        options = (*options, guide)
+        # a model that reads src_lang/tgt_lang itself (an imported M2M100/NLLB-200) decodes the untagged texts
+        languages = (asked.src_lang, asked.tgt_lang) if getattr(translator, "decoder_languages", False) else None
+        options = (*options, guide, languages)
         lengths = [translator.count_tokens([t]) for t in texts]
+        if languages:
+            texts = list(asked.texts)
         work = decoding_work(lengths, options[0], [len(c) for c in asked.constraints] if asked.constraints else None,
                              nbest=options[1], attention=options[2], alignments=options[3],
                              target_cap=functools.partial(target_cap, translator))
@@ -305,8 +313,15 @@ def api_key(cfg: DictConfig) -> str | None:
 def load(cfg: DictConfig) -> Any:
     """The translator of ``cfg`` (``nmt.inference.backends``); its attention is probed once, at start."""
     translator = open_translator(cfg)
-    if cfg.get("tgt_lang") is not None:  # the default language of requests: one the model has a tag for
-        translator.prepare(TranslationRequest([], str(cfg.tgt_lang)))
+    if cfg.get("tgt_lang") is not None or cfg.get("src_lang") is not None:  # requests' default languages: the model's
+        langs = {key: None if cfg.get(key) is None else str(cfg.get(key)) for key in ("tgt_lang", "src_lang")}
+        if getattr(translator, "decoder_languages", False):  # each a code of the model; a request may give the other
+            for key, lang in langs.items():
+                if lang is not None and lang not in translator.target_languages:
+                    raise ValueError(f"{key}={lang[:40]}: unknown language code; this model knows "
+                                     f"{', '.join(translator.target_languages)}")
+        else:
+            translator.prepare(TranslationRequest([], langs["tgt_lang"], src_lang=langs["src_lang"]))
     translator.has_attention  # noqa: B018  (the probe decodes one sentence: before the first request)
     return translator
 

@@ -32,7 +32,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from nmt.inference.requests import Request as TranslationRequest
 
-OPTIONS = {"text", "beam_size", "nbest", "attention", "alignments", "prefix", "constraints", "tgt_lang"}
+OPTIONS = {"text", "beam_size", "nbest", "attention", "alignments", "prefix", "constraints", "tgt_lang", "src_lang"}
 MAX_CONSTRAINTS = 10  # phrases a sentence may require
 MAX_DIGITS = 20  # an integer literal longer than this is refused before int() reads it
 OPEN_PATHS = ("/health", "/")  # and /static/...: the page loads without a key, then asks for one
@@ -172,8 +172,10 @@ def _shown(value: Any) -> str:
 
 
 def parse_request(body: bytes, limits: DictConfig, default_beam: int, can_align: bool = True,
-                  default_align: bool = False, default_lang: str | None = None) -> tuple[TranslationRequest, tuple[Any, ...]] | JSONResponse:
-    """The ``nmt.inference.requests.Request`` (sentences, ``"tgt_lang"`` else ``default_lang``, prefixes or constraints)
+                  default_align: bool = False, default_lang: str | None = None,
+                  default_src_lang: str | None = None) -> tuple[TranslationRequest, tuple[Any, ...]] | JSONResponse:
+    """The ``nmt.inference.requests.Request`` (sentences, ``"tgt_lang"`` else ``default_lang``, ``"src_lang"``
+    else ``default_src_lang`` (an imported M2M100/NLLB-200/mBART-50 model's), prefixes or constraints)
     and (beam_size, nbest, attention, alignments) of a request body, or the error response: its
     JSON, types and sizes are checked here; what the request means for the model, by the
     translator (``nmt.inference.requests``)."""
@@ -229,10 +231,13 @@ def parse_request(body: bytes, limits: DictConfig, default_beam: int, can_align:
     lang = request.get("tgt_lang", default_lang)
     if lang is not None and not isinstance(lang, str):
         return error(400, f'"tgt_lang" must be a language code such as "fr", not {_shown(lang)}')
+    src_lang = request.get("src_lang", default_src_lang)
+    if src_lang is not None and not isinstance(src_lang, str):
+        return error(400, f'"src_lang" must be a language code such as "deu_Latn", not {_shown(src_lang)}')
     guide = _guide(request, texts, limits)
     if isinstance(guide, JSONResponse):
         return guide
-    return (TranslationRequest(texts, lang, **guide),
+    return (TranslationRequest(texts, lang, src_lang=src_lang, **guide),
             (values["beam_size"], values["nbest"], attention, alignments))
 
 

@@ -1,0 +1,462 @@
+"""nmt.checkpoints.m2m100: M2M100, NLLB-200 (M2M100ForConditionalGeneration) and mBART-50
+(MBartForConditionalGeneration) folders that ``transformers`` builds (small random weights, its own
+config and tokenizer classes saved with ``save_pretrained``, SentencePiece models trained on the tiny
+corpus, fairseq's dictionary order, the language codes after it) import into release files whose
+token ids, logits, greedy and beam outputs equal ``transformers``' for a source and a target
+language; translate.py and nmt-serve take src_lang and tgt_lang; what a folder must not hold is
+refused in one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+
+from nmt.checkpoints.files import atomic_save  # noqa: E402
+from nmt.checkpoints.loading import load_checkpoint  # noqa: E402
+from nmt.checkpoints.marian import ImportRefused  # noqa: E402
+from nmt.checkpoints.m2m100 import import_folder  # noqa: E402
+from nmt.data.tokenizer import BOS, EOS, PAD  # noqa: E402
+from nmt.decoding.search import beam_search, greedy_search  # noqa: E402
+from nmt.languages.tags import tag  # noqa: E402
+from tests.test_export_ctranslate2 import lines_of  # noqa: E402
+
+PAIRS = {"m2m100": (("de", "fr"), ("en", "zu")),  # (source, target) languages, one per half of the sentences
+         "nllb": (("deu_Latn", "fra_Latn"), ("eng_Latn", "zul_Latn")),
+         "mbart": (("de_DE", "fr_XX"), ("en_XX", "zh_CN"))}
+CODES = {"m2m100": 100, "nllb": 202, "mbart": 52}
+EOS_BIAS = {"m2m100": 2.0, "nllb": 6.0, "mbart": 6.0}  # what gives each folder's random model outputs of mixed lengths
+
+
+def m2m100_folder(out: Path, *, seed: int = 0, std: float = 0.3, generation: dict | None = None,
+                  eos_bias: float | None = None, family: str = "m2m100") -> Path:
+    """An M2M100 folder: fairseq's dictionary (<s> 0, <pad> 1, </s> 2, <unk> 3, the pieces of a BPE
+    SentencePiece model) and the language codes, every weight random (no layer norm an identity,
+    the <pad> row not zero), the </s> row of the tied output layer shifted so that outputs end at
+    mixed lengths. ``m2m100``: M2M100Tokenizer's vocab.json, its 100 codes and 8 fillers after it;
+    ``nllb``: NllbTokenizer made from the SentencePiece model (tokenizer.json, the 202 codes
+    ``fra_Latn``, ``<mask>``), the SentencePiece model beside it as in the hub's folders; ``mbart``:
+    an MBartForConditionalGeneration (mBART-50's settings: scaled embeddings, decoding from </s>,
+    GELU, learned positions, embedding layer norms, a random logits bias) with MBart50Tokenizer
+    (``fr_XX``)."""
+    import sentencepiece as spm
+    from transformers import (M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer, MBart50Tokenizer,
+                              MBartConfig, MBartForConditionalGeneration, NllbTokenizer)
+    from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
+
+    work = out.parent / f".{out.name}.spm"
+    work.mkdir(parents=True, exist_ok=True)
+    spm.set_random_generator_seed(0)
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines_of("train.src", "train.tgt")),
+                                   model_prefix=str(work / "sp"), vocab_size=120, hard_vocab_limit=False,
+                                   minloglevel=2, num_threads=1,
+                                   model_type="unigram" if family == "mbart" else "bpe")  # as each family's
+    sp = spm.SentencePieceProcessor(model_file=str(work / "sp.model"))
+    pieces = ["<s>", "<pad>", "</s>", "<unk>"] + [sp.id_to_piece(i) for i in range(sp.get_piece_size())
+                                                  if not (sp.is_control(i) or sp.is_unknown(i))]
+    if family in ("nllb", "mbart"):
+        (work / "tok").mkdir()
+        shutil.copy(work / "sp.model", work / "tok" / "sentencepiece.bpe.model")
+        if family == "nllb":
+            tokenizer = NllbTokenizer.from_pretrained(work / "tok", extra_special_tokens=FAIRSEQ_LANGUAGE_CODES)
+        else:
+            tokenizer = MBart50Tokenizer.from_pretrained(work / "tok")
+        size = len(tokenizer)
+    else:
+        (work / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}))
+        tokenizer = M2M100Tokenizer(str(work / "vocab.json"), str(work / "sp.model"), src_lang="en", tgt_lang="fr")
+        size = len(pieces) + 100 + 8
+    make, kind = (MBartConfig, MBartForConditionalGeneration) if family == "mbart" else (
+        M2M100Config, M2M100ForConditionalGeneration)
+    extra = {"scale_embedding": True, "decoder_start_token_id": 2} if family == "mbart" else {}
+    config = make(vocab_size=size, d_model=32, encoder_layers=2, decoder_layers=2,
+                          encoder_attention_heads=4, decoder_attention_heads=2, encoder_ffn_dim=48, decoder_ffn_dim=40,
+                          max_position_embeddings=64, dropout=0.1, **extra)
+    torch.manual_seed(seed)
+    model = kind(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0.0, std).add_(1.0 if "layer_norm.weight" in name else 0.0)
+        if family == "mbart":  # its logits bias, random, the </s> one raised
+            model.final_logits_bias.normal_(0.0, 0.5)[0, 2] += eos_bias or EOS_BIAS[family]
+        else:
+            last = model.model.decoder.layer_norm.bias  # the </s> logit gains eos_bias through it
+            model.model.shared.weight[2] += (eos_bias or EOS_BIAS[family]) * last / last.norm() ** 2
+    model.generation_config.update(**{"bad_words_ids": [[1]], "num_beams": 4, "length_penalty": 1.0,
+                                      "forced_eos_token_id": 2,
+                                      **(generation or {})})
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    if family in ("nllb", "mbart"):
+        shutil.copy(work / "sp.model", out / "sentencepiece.bpe.model")
+    shutil.rmtree(work)
+    return out
+
+
+def load_hf(folder: Path, family: str):
+    from transformers import (M2M100ForConditionalGeneration, M2M100Tokenizer, MBart50Tokenizer,
+                              MBartForConditionalGeneration, NllbTokenizer)
+
+    tokenizer = {"nllb": NllbTokenizer, "mbart": MBart50Tokenizer}.get(family, M2M100Tokenizer).from_pretrained(folder)
+    kind = MBartForConditionalGeneration if family == "mbart" else M2M100ForConditionalGeneration
+    return kind.from_pretrained(folder).eval(), tokenizer
+
+
+@pytest.fixture(scope="module", params=list(PAIRS))
+def pair(request, tmp_path_factory):
+    """(their model, their tokenizer, our Loaded, the folder, the family) of an M2M100, an NLLB-200
+    and an mBART-50 folder."""
+    tmp = tmp_path_factory.mktemp(request.param)
+    folder = m2m100_folder(tmp / "hf", family=request.param)
+    atomic_save(import_folder(folder), tmp / "model.ckpt")
+    return (*load_hf(folder, request.param), load_checkpoint(tmp / "model.ckpt"), folder, request.param)
+
+
+def halves(family: str) -> list[tuple[str, str, list[str]]]:
+    lines = lines_of("test.src", "valid.src")
+    half = len(lines) // 2
+    return [(src, tgt, part) for (src, tgt), part in zip(PAIRS[family], (lines[:half], lines[half:]))]
+
+
+def lang_id(tokenizer, family: str, lang: str) -> int:
+    return tokenizer.get_lang_id(lang) if family == "m2m100" else tokenizer.convert_tokens_to_ids(lang)
+
+
+def order_of(tokenizer, family: str, folder: Path, loaded) -> torch.Tensor:
+    """Their id of each of our ids, through the pieces' names (``▁<2fr>`` is ``__fr__`` or
+    ``fra_Latn``; M2M100's fillers ``madeupword0000``... follow its codes)."""
+    vocab = tokenizer.get_vocab()
+    sp = loaded.tgt_vocab.sp
+    order = []
+    for i in range(sp.get_piece_size()):
+        piece = sp.id_to_piece(i)
+        if i == BOS:
+            order.append(vocab["</s>"])
+        elif piece.startswith("\u2581<2"):
+            order.append(lang_id(tokenizer, family, piece[3:-1]))
+        elif piece.startswith("madeupword"):
+            order.append(tokenizer.vocab_size + 100 + int(piece[-4:]))
+        else:
+            order.append(vocab.get(piece, -1))
+    return torch.tensor(order)
+
+
+def translator_languages(loaded) -> list[str]:
+    from nmt.languages.tags import vocabulary_languages
+
+    return vocabulary_languages(loaded.src_vocab.sp)
+
+
+def our_ids(loaded, lines: list[str], src_lang: str) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = [loaded.src_vocab.encode(f"{tag(src_lang)} {line}") + [EOS] for line in lines]
+    src = torch.full((len(ids), max(map(len, ids))), PAD)
+    for i, seq in enumerate(ids):
+        src[i, : len(seq)] = torch.tensor(seq)
+    return src, src != PAD
+
+
+def test_token_ids_and_logits_equal_transformers(pair):
+    """For each (source, target) pair, our source ids (``<2de> text``) are their ids with
+    ``src_lang=de`` on 20 sentences each; teacher-forced from their decoder start and the target
+    code, our logits equal theirs within 1e-4 (fp32), and so do the log-probs (the BOS row, a
+    second copy of their </s>, out of our softmax)."""
+    hf, tokenizer, loaded, folder, family = pair
+    order = order_of(tokenizer, family, folder, loaded)
+    assert (order >= 0).all() and sorted(order.tolist()[:2] + order.tolist()[3:]) == list(range(hf.config.vocab_size))
+    assert len(translator_languages(loaded)) == CODES[family]
+    largest = 0.0
+    for src_lang, tgt_lang, lines in halves(family):
+        tokenizer.src_lang = src_lang
+        batch = tokenizer(lines, return_tensors="pt", padding=True)
+        src, src_mask = our_ids(loaded, lines, src_lang)
+        assert order[src].masked_fill(~src_mask, 1).tolist() == batch["input_ids"].tolist()
+        code = loaded.tgt_vocab.sp.piece_to_id(f"\u2581{tag(tgt_lang)}")
+        targets = [[BOS, code, *loaded.tgt_vocab.encode(line)[:8]] for line in lines_of("test.tgt")[: len(lines)]]
+        width = min(map(len, targets))
+        tgt_in = torch.tensor([t[:width] for t in targets])
+        with torch.no_grad():
+            ours = loaded.model(src, src_mask, tgt_in)
+            raw = hf(**batch, decoder_input_ids=order[tgt_in]).logits
+        theirs = raw[..., order]
+        kept = torch.arange(ours.size(-1)) != BOS
+        largest = max(largest, (ours - theirs)[..., kept].abs().max().item())
+        assert ours.abs().max() > 1
+        torch.testing.assert_close(ours.log_softmax(-1)[..., kept], raw.log_softmax(-1)[..., order][..., kept],
+                                   atol=1e-4, rtol=1e-4)
+    assert largest < 1e-4, largest
+    print(f"max logit difference {largest:.2e}")
+
+
+def their_outputs(hf, tokenizer, family, lines, src_lang, tgt_lang, order, **generate) -> list[list[int]]:
+    ours_of = {int(theirs): ours for ours, theirs in reversed(list(enumerate(order.tolist())))}
+    tokenizer.src_lang = src_lang
+    batch = tokenizer(lines, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = hf.generate(**batch, forced_bos_token_id=lang_id(tokenizer, family, tgt_lang), **generate)
+    outputs = []
+    for row in out[:, 1:].tolist():
+        ids = [ours_of[t] if t != 2 else EOS for t in row]
+        outputs.append(ids[: ids.index(EOS)] if EOS in ids else ids)
+    return outputs
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_greedy_and_beam_equal_generate(pair, search):
+    """Greedy search and beam search (the folder's beam 4 and length penalty 1.0, ranked as
+    transformers ranks: the imported file's ``test_decoding``) with the target code as a one-token
+    prefix give ``generate(forced_bos_token_id=...)``'s outputs on all 40 sentences, cap 12."""
+    hf, tokenizer, loaded, folder, family = pair
+    order = order_of(tokenizer, family, folder, loaded)
+    tested = loaded.run_config["test_decoding"]
+    assert (tested["beam_size"], tested["alpha"], tested["scoring"]) == (4, 1.0, "huggingface")
+    cap, same, total, ended = 12, 0, 0, 0
+    for src_lang, tgt_lang, lines in halves(family):
+        src, src_mask = our_ids(loaded, lines, src_lang)
+        code = loaded.tgt_vocab.sp.piece_to_id(f"\u2581{tag(tgt_lang)}")
+        prefix = torch.full((len(lines), 1), code)
+        if search == "greedy":
+            ours = greedy_search(loaded.model, src, src_mask, max_len_a=0, max_len_b=cap, prefix=prefix).tokens
+            theirs = their_outputs(hf, tokenizer, family, lines, src_lang, tgt_lang, order, num_beams=1, max_new_tokens=cap)
+        else:
+            ours = beam_search(loaded.model, src, src_mask, beam_size=4, alpha=1.0, max_len_a=0, max_len_b=cap,
+                               prefix=prefix, scoring="huggingface").tokens
+            theirs = their_outputs(hf, tokenizer, family, lines, src_lang, tgt_lang, order, max_new_tokens=cap)
+        assert all(o[0] == code for o in ours)
+        same += sum(o == t for o, t in zip(ours, theirs))
+        ended += sum(len(t) < cap - 1 for t in theirs)
+        total += len(lines)
+    print(f"{search}: {same}/{total} outputs equal, {ended} ended before the cap")
+    assert same == total and ended >= 5
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return m2m100_folder(tmp_path_factory.mktemp("refusals") / "hf")
+
+
+def edited(folder: Path, tmp_path: Path, **changes) -> Path:
+    """A copy of ``folder`` with keys of its config.json changed (None: removed)."""
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config.update(changes)
+    (copy / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    return copy
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"auto_map": {"AutoModel": "modeling.M"}}, "config.json: auto_map={'AutoModel': 'modeling.M'}: a key nmt does not "
+                                                "know for an M2M100ForConditionalGeneration; it may change what the model "
+                                                "computes, so the folder is refused"),
+    ({"normalize_before": True}, "config.json: normalize_before=True: a key nmt does not know for an "
+                                 "M2M100ForConditionalGeneration"),
+    ({"scale_embedding": False}, "config.json: scale_embedding=False: nmt scales embeddings by sqrt(d_model), as "
+                                 "M2M100, NLLB-200 and mBART-50 do"),
+    ({"activation_function": "gelu_new"}, "config.json: activation_function=gelu_new: nmt computes relu, gelu, swish, silu"),
+    ({"pad_token_id": 0}, "config.json: pad_token_id=0: nmt's fairseq positions start at 2, after fairseq's padding id 1"),
+    ({"d_model": 10**9}, "config.json: d_model=1000000000 is not a count from 1 to 8,192; refused before any weight is "
+                         "allocated"),
+    ({"vocab_size": 150}, "config.json: vocab_size=150 has no room for vocab.json's"),
+    ({"encoder_layers": 1}, "model.safetensors: model.encoder.layers.1.fc1.bias is not a weight of the "
+                            "M2M100ForConditionalGeneration config.json describes"),
+    ({"architectures": ["M2M100Model"]}, "config.json: model_type=m2m_100, architectures=['M2M100Model']: not an "
+                                         "M2M100ForConditionalGeneration"),
+], ids=["auto_map", "mbart_key", "unscaled", "gelu_new", "pad_id", "width", "vocabulary", "extra_layer", "architecture"])
+def test_what_does_not_import_is_refused_in_one_line(folder, tmp_path, changes, message):
+    copy = edited(folder, tmp_path, **changes)
+    with pytest.raises(ImportRefused) as refused:
+        import_folder(copy)
+    text = str(refused.value)
+    assert text.startswith(f"{copy}/{message.split(':')[0]}") and message in text and "\n" not in text, text
+
+
+def test_pickled_weights_are_refused_unless_allowed(folder, tmp_path):
+    from safetensors.torch import load_file
+
+    copy = edited(folder, tmp_path)
+    torch.save(load_file(copy / "model.safetensors"), copy / "pytorch_model.bin")
+    (copy / "model.safetensors").unlink()
+    with pytest.raises(ImportRefused, match=r"pytorch_model.bin: refused, pickled weights can run code"):
+        import_folder(copy)
+    allowed = import_folder(copy, allow_pickle=True)["state_dict"]
+    safe = import_folder(folder)["state_dict"]
+    assert allowed.keys() == safe.keys() and all(torch.equal(allowed[k], safe[k]) for k in safe)
+
+
+def test_nmt_import_and_init_from_take_the_folder(folder, tmp_path):
+    """``nmt-import``'s body writes the release file (pre-norm, fairseq positions, the language
+    record); ``train.py init_from=<folder>`` fine-tunes it for two steps."""
+    from omegaconf import OmegaConf
+
+    from nmt.import_model import import_model
+    from nmt.train import train
+    from tests.conftest import compose_train
+
+    cfg = {"format": "huggingface", "src": str(folder), "out": str(tmp_path / "model.ckpt"), "allow_pickle": False,
+           "revision": None}
+    import_model(OmegaConf.create(cfg))
+    loaded = load_checkpoint(tmp_path / "model.ckpt")
+    model = loaded.run_config["model"]
+    assert (model["encoder"]["norm"], model["decoder"]["positions"], model["decoder"]["activation"]) == (
+        "pre", "fairseq", "relu")
+    assert loaded.run_config["languages"]["target"] == "decoder_prefix"
+    cfg = compose_train(tmp_path / "run", [f"init_from={folder}", "trainer.max_epochs=-1", "trainer.max_steps=2",
+                                           "trainer.limit_val_batches=0", "test=false"], model="transformer")
+    train(cfg)
+    tuned = load_checkpoint(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt")
+    assert tuned.run_config["model"]["encoder"]["positions"] == "fairseq"
+
+
+def test_translator_takes_src_lang_and_tgt_lang(pair):
+    """The torch Translator on the imported file: ``src_lang=de tgt_lang=fr`` tags the source with
+    the source code and starts every output with the target code (cut from the text), giving the
+    text of the beam search ``generate()`` equals (the file's beam 4, length penalty 1.0, ranked
+    as transformers ranks) and its scores; scoring given translations (``mode=score``) reads the
+    code unscored; either language missing or unknown: one line."""
+    from nmt.inference.requests import Request, RequestError
+    from nmt.inference.translator import Translator
+
+    hf, tokenizer, loaded, folder, family = pair
+    decoding = {"_target_": "nmt.decoding.search.beam_search", "beam_size": 4, "max_len_a": 0, "max_len_b": 12}
+    translator = Translator(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, decoding, workers=1)
+    src_lang, tgt_lang, lines = halves(family)[1]
+    assert translator.decoder_languages and tgt_lang in translator.target_languages
+    got = translator.translate(lines, src_lang=src_lang, tgt_lang=tgt_lang)
+    src, src_mask = our_ids(loaded, lines, src_lang)
+    code = loaded.tgt_vocab.sp.piece_to_id(f"\u2581{tag(tgt_lang)}")
+    hyps = beam_search(loaded.model, src, src_mask, beam_size=4, alpha=1.0, max_len_a=0, max_len_b=12,
+                       prefix=torch.full((len(lines), 1), code), scoring="huggingface")
+    assert [t.hypotheses[0].text for t in got] == [loaded.tgt_vocab.decode(t[1:]) for t in hyps.tokens]
+    torch.testing.assert_close(torch.tensor([t.hypotheses[0].score for t in got]), hyps.scores)
+    prepared = translator.prepare(Request(lines, tgt_lang, src_lang=src_lang))
+    ids = [loaded.tgt_vocab.encode(t.hypotheses[0].text) for t in got]
+    scored = translator.score(prepared.sources, [t.hypotheses[0].text for t in got], lead=prepared.lead)
+    forced = [(torch.tensor(v).sum() / (len(v) + 1)).item() for v in scored]  # the code scored 0, as in the search
+    # text that encodes back to its ids and ended before the cap (the forced EOS scores 0 in the search)
+    kept = [i for i, (a, b) in enumerate(zip(ids, hyps.tokens)) if a == b[1:] and len(b) < 11]
+    assert len(kept) >= 3  # random outputs full of fillers (madeupword, <mask>) do not encode back
+    torch.testing.assert_close(torch.tensor(forced)[kept], hyps.scores[kept], atol=1e-4, rtol=1e-4)
+    for options, message in (({"tgt_lang": tgt_lang}, "src_lang: this model reads the source language first"),
+                             ({"src_lang": src_lang}, "tgt_lang: this model reads the source language first"),
+                             ({"src_lang": src_lang, "tgt_lang": "xx"}, "tgt_lang=xx: unknown language code")):
+        with pytest.raises(RequestError, match=f"^{message}") as refused:
+            translator.translate(lines[:2], **options)
+        assert "\n" not in str(refused.value)
+
+
+@pytest.fixture(scope="module")
+def nllb(tmp_path_factory):
+    return m2m100_folder(tmp_path_factory.mktemp("nllb_refusals") / "hf", family="nllb")
+
+
+def test_what_an_nllb_folder_must_hold_is_named_in_one_line(nllb, tmp_path):
+    """NllbTokenizer's legacy_behaviour (the source code after </s>) and a folder without the
+    SentencePiece model its tokenizer.json was made from are refused in one line."""
+    copy = edited(nllb, tmp_path)
+    config = json.loads((copy / "tokenizer_config.json").read_text())
+    (copy / "tokenizer_config.json").write_text(json.dumps({**config, "legacy_behaviour": True}))
+    with pytest.raises(ImportRefused, match=r"tokenizer_config.json: legacy_behaviour=true puts the source language "
+                                            r"after the sentence's </s>; nmt puts it first"):
+        import_folder(copy)
+    (copy / "tokenizer_config.json").write_text(json.dumps(config))
+    (copy / "sentencepiece.bpe.model").unlink()
+    with pytest.raises(ImportRefused) as refused:
+        import_folder(copy)
+    assert str(refused.value) == (f"{copy}/sentencepiece.bpe.model: missing; nmt cuts NLLB text with the SentencePiece "
+                                  "model its tokenizer.json was made from (the hub's folders have it)")
+
+
+def test_translate_py_takes_src_lang_and_tgt_lang(pair, tmp_path, capsys):
+    """``translate.py ckpt=<imported> src_lang=... tgt_lang=...`` writes the Translator's text for
+    each line (greedy here), and ``mode=score`` scores given translations; without ``src_lang`` the
+    run stops before any output, in one line."""
+    from nmt.inference.translator import Translator
+    from tests.conftest import translate_here
+
+    hf, tokenizer, loaded, folder, family = pair
+    src_lang, tgt_lang, lines = halves(family)[0]
+    ckpt, source = tmp_path / "model.ckpt", tmp_path / "in.txt"
+    atomic_save(import_folder(folder), ckpt)
+    source.write_text("\n".join(lines[:6]) + "\n")
+    common = [f"ckpt={ckpt}", f"input={source}", "decoding=greedy", "decoding.max_len_a=0", "decoding.max_len_b=12",
+              "device=cpu", "kernels=reference", "precision=32", "workers=1"]
+    done = translate_here(capsys, *common, f"src_lang={src_lang}", f"tgt_lang={tgt_lang}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    greedy = {"_target_": "nmt.decoding.search.greedy_search", "max_len_a": 0, "max_len_b": 12}
+    translator = Translator(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, greedy, workers=1)
+    expected = [t.hypotheses[0].text for t in translator.translate(lines[:6], src_lang=src_lang, tgt_lang=tgt_lang)]
+    assert done.stdout.splitlines() == expected
+    target = tmp_path / "tgt.txt"
+    target.write_text("\n".join(expected) + "\n")
+    scored = translate_here(capsys, *common, f"src_lang={src_lang}", f"tgt_lang={tgt_lang}", "mode=score",
+                            f"target={target}")
+    assert scored.returncode == 0 and len(scored.stdout.splitlines()) == 6, scored.stderr[-2000:]
+    refused = translate_here(capsys, *common, f"tgt_lang={tgt_lang}")
+    assert refused.returncode != 0 and refused.stdout == "" and "src_lang: this model reads the source language first" \
+        in refused.stderr
+
+
+def test_nmt_serve_takes_src_lang_and_tgt_lang(pair, tmp_path):
+    """``nmt-serve`` on the imported file: a request's ``"src_lang"`` and ``"tgt_lang"`` (or the
+    server's defaults) give translate.py's text; a request without a source language is a 400
+    naming it; ``/info`` lists the model's language codes."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from nmt.inference.translator import Translator
+    from nmt.serve.app import create_app, load
+    from tests.conftest import serve_cfg
+
+    hf, tokenizer, loaded, folder, family = pair
+    src_lang, tgt_lang, lines = halves(family)[0]
+    ckpt = tmp_path / "model.ckpt"
+    atomic_save(import_folder(folder), ckpt)
+    greedy = {"_target_": "nmt.decoding.search.greedy_search", "max_len_a": 0, "max_len_b": 12}
+    translator = Translator(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, greedy, workers=1)
+    expected = [t.hypotheses[0].text for t in translator.translate(lines[:4], src_lang=src_lang, tgt_lang=tgt_lang)]
+    cfg = serve_cfg(ckpt, "decoding=greedy", "decoding.max_len_a=0", "decoding.max_len_b=12", "batching.process=false",
+                    "device=cpu", "kernels=reference", "precision=32", f"tgt_lang={tgt_lang}")
+    with TestClient(create_app(load(cfg), cfg)) as client:
+        reply = client.post("/translate", json={"text": lines[:4], "src_lang": src_lang})
+        assert reply.status_code == 200, reply.text
+        assert [t["text"] if "text" in t else t["hypotheses"][0]["text"] for t in reply.json()["translations"]] == expected
+        refused = client.post("/translate", json={"text": lines[:1]})
+        assert refused.status_code == 400 and "src_lang: this model reads the source language first" in refused.text
+        info = client.get("/info").json()
+        assert src_lang in info["target_languages"] and tgt_lang in info["target_languages"] and info["reads_src_lang"]
+
+
+@pytest.fixture(scope="module")
+def mbart(tmp_path_factory):
+    return m2m100_folder(tmp_path_factory.mktemp("mbart_refusals") / "hf", family="mbart")
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"normalize_before": False}, "config.json: normalize_before=False: nmt computes mBART with normalize_before=True"),
+    ({"add_bias_logits": True}, "config.json: add_bias_logits=True: nmt computes mBART with add_bias_logits=False"),
+    ({"scale_embedding": False}, "config.json: scale_embedding=False: nmt scales embeddings by sqrt(d_model)"),
+    ({"max_position_embeddings": 32}, "model.safetensors: model.decoder.embed_positions.weight has shape (66, 32), "
+                                      "config.json's model needs (34, 32)"),
+], ids=["post_norm", "bias_logits", "unscaled", "positions"])
+def test_what_an_mbart_folder_must_hold_is_named_in_one_line(mbart, tmp_path, changes, message):
+    copy = edited(mbart, tmp_path, **changes)
+    with pytest.raises(ImportRefused) as refused:
+        import_folder(copy)
+    text = str(refused.value)
+    assert text.startswith(f"{copy}/{message.split(':')[0]}") and message in text and "\n" not in text, text
+
+
+def test_an_mbart_tokenizer_that_puts_the_language_last_is_refused(mbart, tmp_path):
+    """mBART's MBartTokenizer (mbart-large-cc25: the source code after </s>) is refused in one line."""
+    copy = edited(mbart, tmp_path)
+    config = json.loads((copy / "tokenizer_config.json").read_text())
+    (copy / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "MBartTokenizer"}))
+    with pytest.raises(ImportRefused, match=r"tokenizer_config.json: tokenizer_class=MBartTokenizer: nmt reads "
+                                            r"mBART-50's MBart50Tokenizer \(the source language first\)"):
+        import_folder(copy)
