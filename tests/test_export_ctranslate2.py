@@ -32,6 +32,8 @@ TINY = ROOT / "tests" / "data" / "tiny"
 from nmt.inference.ctranslate2 import CTranslate2Translator, decoding_cap  # noqa: E402
 from nmt.inference.translator import Translator  # noqa: E402
 
+pytestmark = pytest.mark.slow  # each model trained, exported and run through CTranslate2: the slow tier (CI runs it)
+
 GREEDY = {"_target_": "nmt.decoding.search.greedy_search"}
 
 SMALL = ["model.hidden_size=16", "model.dropout=0.0", "model.encoder.num_heads=2", "model.decoder.num_heads=2",

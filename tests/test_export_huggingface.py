@@ -26,6 +26,8 @@ from nmt.train import train  # noqa: E402
 from tests.conftest import ROOT, TORCH_INIT, compose_train  # noqa: E402
 from tests.test_export_ctranslate2 import build, encode, lines_of  # noqa: E402
 
+pytestmark = pytest.mark.slow  # each model trained, exported and run through transformers: the slow tier (CI runs it)
+
 SAVED = ROOT / "tests" / "data" / "saved"
 
 

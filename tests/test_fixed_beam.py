@@ -71,6 +71,7 @@ def test_prefixes_and_per_sentence_caps_as_the_loop(name):
     assert forced.tokens[0][:3] == [7, 8, 9] and forced.tokens[1][:1] == [5] and forced.tokens[3][:2] == [6, 6]
 
 
+@pytest.mark.slow  # a counted decoding of a trained model: the slow tier
 def test_the_host_reads_the_device_every_few_steps_not_every_step():
     """The loop reads the device about four times a step; the fixed search once every
     ``CHECK_EVERY`` steps, plus its few reads before and after the steps. Its buffers keep their

@@ -167,6 +167,7 @@ def shipped_options() -> list[tuple[str, str]]:
     return [(group, path.stem) for group in groups for path in sorted((CONF_DIR / group).glob("*.yaml"))]
 
 
+@pytest.mark.slow  # every shipped option composed, about 60 configs: the slow tier
 def test_no_shipped_config_pins_a_precision():
     """Every preset, data set, experiment, sweep, trainer, debug mode ... composed: the precision
     is still auto, so each machine decides (a pinned bf16 crawls on CPUs without bf16)."""

@@ -205,7 +205,7 @@ SPECIAL = ["\t", "\r", "\x00", "\ufeff", "\u2028", "\x85", "\x0b", "\x1c", " ", 
 CHARS = st.one_of(st.sampled_from(SPECIAL), st.characters(exclude_categories=("Cs",), exclude_characters="\n"))
 TEXT = st.text(CHARS, max_size=12)
 ENDINGS = st.sampled_from(["\n", "\r\n", "\r"])
-PROPERTY = settings(max_examples=400, deadline=None, database=None)
+PROPERTY = settings(max_examples=250, deadline=None, database=None)
 
 
 def write(path: Path, text: str, zipped: bool) -> Path:

@@ -320,6 +320,7 @@ def _dies_once(texts: list[str], marker: str) -> list[str]:
     return [t.upper() for t in texts]
 
 
+@pytest.mark.slow  # a decoding process killed and replaced, end to end: the slow tier
 def test_a_killed_decoding_process_is_replaced_and_the_batch_decoded_again(tmp_path):
     """With ``batching.process``: the process decoding a batch dies; a new one decodes that batch
     (its requests are answered) and the ones after it."""

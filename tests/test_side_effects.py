@@ -168,12 +168,14 @@ for name in ["nmt.train", "nmt.translate", "nmt.evaluate", "nmt.average", "nmt.e
     return [line.split()[1:] for line in out.splitlines() if line.startswith("## ")], out, png
 
 
+@pytest.mark.slow  # one process importing everything and composing every entry point: the slow tier
 def test_importing_nmt_registers_no_resolver_and_keeps_the_matplotlib_backend(imports_then_entry_points):
     marks, _, png = imports_then_entry_points
     assert marks[0] == ["imported", "False", "svg"]
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow  # the same process: the slow tier
 def test_every_entry_point_registers_the_resolvers_before_hydra_composes(imports_then_entry_points):
     marks, out, _ = imports_then_entry_points
     assert [m[1:] for m in marks[1:]] == [["True"]] * 8 and len(marks) == 9

@@ -392,7 +392,7 @@ with ending_cleanly(), StopSignals(grace=0.5) as signals:
     if sys.argv[1] == "writing":
         signals.defer()  # output exists: no grace, the run ends at its next check
     print("reading", flush=True)
-    for _ in range(40):  # a read that lets no check run: 4 s, Python code (a C++ call would be the same)
+    for _ in range(25):  # a read that lets no check run: 2.5 s, Python code (a C++ call would be the same)
         time.sleep(0.1)
     print("read to the end", flush=True)
     signals.check()
@@ -416,7 +416,7 @@ def test_a_first_signal_during_a_long_load_ends_the_process_after_the_grace(tmp_
         proc.kill()
     assert proc.returncode == 143 and "Traceback" not in errors, errors
     if phase == "loading":
-        assert out == "" and took < 3.5  # 4 s of reading left: it did not wait for them
+        assert out == "" and took < 2.2  # 2.5 s of reading left: it did not wait for them
         assert errors.strip() == ("stopped by SIGTERM: the file being read or loaded did not let go within 0.5 s; "
                                   "nothing was written")
     else:
