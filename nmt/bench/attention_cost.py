@@ -59,7 +59,7 @@ def measure(variant: str, n: int, device: torch.device, hidden: int = 256, heads
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 
     def attention():
-        return layer._attend(x, mask)
+        return layer._attend(x, mask, None)
 
     def whole():
         return layer(x, mask)
