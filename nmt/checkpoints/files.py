@@ -117,6 +117,7 @@ def read_checkpoint(path: str | Path, allow_pickle: bool = False, what: str = "c
             "code when loaded; nmt checkpoints before format 2 do. Only if you trust the file: set "
             "allow_pickle=true (convert it once with nmt-export ckpt=... format=release allow_pickle=true)"
         ) from None
+    # zipfile raises zlib.error for a corrupt deflated entry and NotImplementedError for a compression it lacks
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, zlib.error, NotImplementedError) as e:
         raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({str(e).strip().splitlines()[0]})") from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
