@@ -20,7 +20,7 @@ from nmt.training.lit_module import TranslationModule
 from tests.test_models import _built, build
 from tests.test_shapes import items
 
-MODELS = ["transformer", "lstm_luong", "lstm_bahdanau", "lstm"]
+MODELS = ["transformer", "lstm_luong", "lstm_bahdanau", "lstm_bahdanau_paper", "lstm"]
 
 
 def test_auto_compiles_on_a_gpu_only_and_cudagraphs_needs_buckets():

@@ -23,6 +23,9 @@ VARIANTS = {
     "lstm_reversed": ("lstm", ["model.encoder.reverse=true", "model.encoder.bidirectional=false"]),
     "lstm_initial_state": ("lstm", ["model.decoder.input_feeding=none"]),  # Sutskever et al.: no fixed context at each step
     "lstm_bahdanau_reversed": ("lstm_bahdanau", ["model.encoder.reverse=true"]),
+    "lstm_bahdanau_paper": ("lstm_bahdanau", ["model.decoder.output=maxout", "model.decoder.init=tanh"]),
+    "lstm_fixed_context_maxout": ("lstm", ["model.decoder.input_feeding=context", "model.decoder.output=maxout",
+                                           "model.decoder.init=tanh"]),  # Cho et al.'s fixed context, the deep output
     "lstm_luong": ("lstm_luong", []),
     "lstm_luong_dot_nofeed": ("lstm_luong", ["model.decoder.attention.score=dot", "model.decoder.input_feeding=none"]),
     "lstm_luong_concat": ("lstm_luong", ["model.decoder.attention.score=concat"]),
@@ -151,7 +154,7 @@ def test_gradients_do_not_share_storage(name):
         assert end <= start, f"{a} and {b} share gradient memory"
 
 
-PLAIN = ("lstm", "lstm_reversed", "lstm_initial_state", "hybrid_transformer_plain_lstm")  # no attention
+PLAIN = ("lstm", "lstm_reversed", "lstm_initial_state", "lstm_fixed_context_maxout", "hybrid_transformer_plain_lstm")  # no attention
 
 
 @pytest.mark.parametrize("name", [n for n in VARIANTS if n not in PLAIN])
@@ -270,7 +273,8 @@ def test_luong_dot_needs_equal_sizes():
         LuongAttention(8, 16, score="dot")
 
 
-@pytest.mark.parametrize("name", ["lstm", "lstm_initial_state", "lstm_reversed", "lstm_bahdanau", "lstm_luong", "hybrid_transformer_luong"])
+@pytest.mark.parametrize("name", ["lstm", "lstm_initial_state", "lstm_reversed", "lstm_bahdanau", "lstm_bahdanau_paper",
+                                  "lstm_luong", "hybrid_transformer_luong"])
 def test_rnn_decoder_step_equals_nn_lstm(name):
     """The decoder steps on ``self.rnn``'s own weights (so checkpoints keep their parameter names):
     one ``decode_step`` gives the state ``nn.LSTM`` gives for [embedding; feed]."""
@@ -293,6 +297,54 @@ def test_rnn_decoder_step_equals_nn_lstm(name):
         _, state, _ = model.decode_step(tgt_in[:, t], memory, state)
         torch.testing.assert_close(state["h"], h.transpose(0, 1), atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(state["c"], c.transpose(0, 1), atol=1e-6, rtol=1e-5)
+
+
+def test_bahdanau_paper_decoder_computes_appendix_a22():
+    """``output: maxout`` and ``init: tanh`` as Bahdanau et al. (2015), appendix A.2.2, write
+    them, computed here by hand from the weights: s_0 = tanh(W_s h<-_1) (the backward encoder's
+    state at the first word, which for a padded sentence is its own first position), c_i from
+    s_(i-1), t~_i = U_o s_(i-1) + V_o E y_(i-1) + C_o c_i, t_i the max of adjacent pairs, logits W_o t_i."""
+    model = build("lstm_bahdanau_paper")
+    decoder, H = model.decoder, 16
+    src, src_mask, tgt_in = batch()
+    memory = model.encode(src, src_mask)
+    backward_first = memory["enc_out"][:, 0, H // 2:]  # the backward direction's output at word 1
+    torch.testing.assert_close(memory["final_h"][:, -1, H // 2:], backward_first)
+    state = model.init_state(memory)
+    s_prev = torch.tanh(backward_first @ decoder.init_proj.weight.T).view(-1, 2, H)
+    torch.testing.assert_close(state["h"], s_prev)
+    assert not state["c"].any()
+    W = decoder.maxout.weight  # (2H, H + E + Hk): U_o | V_o | C_o
+    U_o, V_o, C_o = W[:, :H], W[:, H:H + 16], W[:, H + 16:]
+    for t in range(3):
+        context, _ = decoder._attend(state["h"][:, -1], memory)
+        t_tilde = state["h"][:, -1] @ U_o.T + decoder.embed(tgt_in[:, t]) @ V_o.T + context @ C_o.T
+        t_i = torch.maximum(t_tilde[:, 0::2], t_tilde[:, 1::2])
+        logits, state, _ = model.decode_step(tgt_in[:, t], memory, state)
+        torch.testing.assert_close(logits, t_i @ decoder.out.weight.T, atol=1e-6, rtol=1e-5)
+
+
+def test_the_paper_decoders_options_refuse_what_they_cannot_read():
+    """Hydra names the config key it was building (``model.decoder``), then our message."""
+    with pytest.raises(Exception, match=r"model.decoder.output=maxout is Bahdanau et al.'s deep output over s_\(i-1\), "
+                                         r"y_\(i-1\) and the context c_i: it needs input_feeding: context, got 'attentional'"):
+        composed_build("lstm_luong", ["model.decoder.output=maxout"])
+    with pytest.raises(Exception, match=r"model.decoder.init=tanh starts the decoder from tanh\(W_s h<-_1\), the backward "
+                                         r"encoder's state at the first word \(Bahdanau et al. 2015\): it needs the "
+                                         r"bidirectional LSTM encoder"):
+        composed_build("transformer", ["model/decoder=lstm_bahdanau", "model.decoder.init=tanh"])
+    with pytest.raises(Exception, match=r"model.decoder.output must be one of \('tanh', 'maxout'\), got 'relu'"):
+        composed_build("lstm_bahdanau", ["model.decoder.output=relu"])
+
+
+def composed_build(preset: str, overrides: list[str]) -> torch.nn.Module:
+    VARIANTS["_probe"] = (preset, overrides)
+    composed.cache_clear()
+    try:
+        return build("_probe")
+    finally:
+        del VARIANTS["_probe"]
+        composed.cache_clear()
 
 
 @pytest.mark.parametrize("kind", ["bahdanau", "general", "dot", "concat", "transformer"])

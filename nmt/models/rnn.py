@@ -20,6 +20,8 @@ from nmt.models.dropout import Dropout
 from nmt.specials import PAD
 
 FEEDS = ("none", "context", "attentional")
+OUTPUTS = ("tanh", "maxout")
+INITS = ("final", "tanh")
 
 
 def reverse_words(x: Tensor, mask: Tensor) -> Tensor:
@@ -103,7 +105,25 @@ class RNNDecoder(UsesKernels, nn.Module):
       the next step. ``input_feeding: none`` with attention drops that feed, so teacher-forced
       training runs the LSTM over the whole sequence in one call.
 
-    Attention decoders predict from ``tanh(W_c [c; h])``; the plain decoder from ``h``.
+    What predicts the word (``output``):
+
+    - ``tanh`` (every preset): ``tanh(W_c [c_i; s_i])`` where there is a context (Luong et al.
+      2015, eq. 5, which Joey NMT and OpenNMT also use for Bahdanau's model), ``s_i`` where there
+      is none (the plain decoder).
+    - ``maxout``: Bahdanau et al.'s deep output (2015, appendix A.2.2), ``t~_i = U_o s_{i-1} +
+      V_o E y_{i-1} + C_o c_i`` (one bias-free matrix on ``[s_{i-1}; E y_{i-1}; c_i]``, 2H
+      wide), ``t_i = [max(t~_{i,2j-1}, t~_{i,2j})]_{j=1..H}`` and ``p(y_i) ~ exp(W_o t_i)``:
+      the state before the step, the previous word and the context, as the appendix writes it.
+      It needs ``input_feeding: context`` (the context that the previous state attends to).
+
+    Where the decoder starts (``init``):
+
+    - ``final`` (every preset): the encoder's final states, layer by layer (``h`` and ``c``).
+    - ``tanh``: Bahdanau et al.'s ``s_0 = tanh(W_s h<-_1)`` (appendix A.2.2), ``h<-_1`` the
+      backward encoder's state at the first word (its final state: it read the sentence back to
+      front), from the encoder's top layer; one bias-free ``W_s`` gives every decoder layer its
+      ``h_0``; the cell starts at zero (the paper's GRU has none). It needs the bidirectional
+      LSTM encoder.
 
     Step by step (with a feed, and in ``decode_step``) the LSTM runs on ``self.rnn``'s own
     weights, prepared once per sequence by the kernels (``decoder_lstm``: the equations in
@@ -123,15 +143,31 @@ class RNNDecoder(UsesKernels, nn.Module):
         attention: Callable[..., nn.Module] | None = None,
         input_feeding: str = "none",
         memory_size: int | None = None,
+        output: str = "tanh",
+        init: str = "final",
     ) -> None:
         super().__init__()
         if input_feeding not in FEEDS:
             raise ValueError(f"input_feeding must be one of {FEEDS}, got {input_feeding!r}")
         if attention is None and input_feeding == "attentional":
             raise ValueError("input_feeding='attentional' needs an attention; set input_feeding: none or context")
+        if output not in OUTPUTS:
+            raise ValueError(f"model.decoder.output must be one of {OUTPUTS}, got {output!r}")
+        if init not in INITS:
+            raise ValueError(f"model.decoder.init must be one of {INITS}, got {init!r}")
+        if output == "maxout" and input_feeding != "context":
+            raise ValueError(
+                f"model.decoder.output=maxout is Bahdanau et al.'s deep output over s_(i-1), y_(i-1) and "
+                f"the context c_i: it needs input_feeding: context, got {input_feeding!r}; use output: tanh"
+            )
         memory_size = memory_size or hidden_size
         self.input_feeding = input_feeding
-        self.needs_init_state = num_layers
+        self.output = output
+        self.init = init
+        # The encoder's final states (a bridge makes them for an encoder without); ``init: tanh``
+        # reads the backward encoder's state instead (``Seq2Seq`` checks the encoder has one).
+        self.needs_init_state = num_layers if init == "final" else 0
+        self.init_proj = nn.Linear(memory_size // 2, num_layers * hidden_size, bias=False) if init == "tanh" else None  # W_s
         self.embed = nn.Embedding(vocab_size, emb_size, padding_idx=PAD)
         self.dropout = Dropout(dropout)
         feed_size = {"none": 0, "context": memory_size, "attentional": hidden_size}[input_feeding]
@@ -146,7 +182,10 @@ class RNNDecoder(UsesKernels, nn.Module):
         self.attention = attention(query_size=hidden_size, key_size=memory_size) if attention else None
         self.fixed_context = attention is None and input_feeding == "context"  # Cho et al. 2014
         with_context = attention is not None or self.fixed_context
-        self.att_out = nn.Linear(memory_size + hidden_size, hidden_size, bias=False) if with_context else None
+        self.att_out = (nn.Linear(memory_size + hidden_size, hidden_size, bias=False)
+                        if with_context and output == "tanh" else None)
+        # U_o, V_o and C_o side by side, on [s_(i-1); E y_(i-1); c_i]
+        self.maxout = nn.Linear(hidden_size + emb_size + memory_size, 2 * hidden_size, bias=False) if output == "maxout" else None
         self.out = nn.Linear(hidden_size, vocab_size, bias=False)
 
     def _lstm(self, memory: dict[str, Any]) -> Any:
@@ -174,7 +213,13 @@ class RNNDecoder(UsesKernels, nn.Module):
     def init_state(self, memory: dict[str, Tensor], capacity: int | None = None) -> dict[str, Any]:
         # (B, L, H); the cell in at least fp32 at every step, also where the encoder (cuDNN's LSTM
         # under autocast) or a bridge gave it in bf16/fp16: it sums every step's update
-        state = {"h": memory["final_h"], "c": memory["final_c"].to(cell_dtype(memory["final_c"].dtype))}
+        if self.init == "tanh":  # s_0 = tanh(W_s h<-_1): the top layer's backward half of the final states
+            final = memory["final_h"]
+            x = self.init_proj(final[:, -1, final.size(-1) // 2:])
+            h = self.kernels.ops(x).tanh(x).view(final.size(0), self.rnn.num_layers, -1)
+            state = {"h": h, "c": torch.zeros_like(h, dtype=cell_dtype(h.dtype))}
+        else:
+            state = {"h": memory["final_h"], "c": memory["final_c"].to(cell_dtype(memory["final_c"].dtype))}
         if self.fixed_context:  # in the state, which beams and finished sentences select rows of
             state["feed"] = memory["final_h"][:, -1]
         if self.input_feeding == "attentional":
@@ -184,7 +229,13 @@ class RNNDecoder(UsesKernels, nn.Module):
     def _attend(self, query: Tensor, memory: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         return self.attention(query, memory["keys"], memory["enc_out"], memory["src_mask"])
 
-    def _output(self, h: Tensor, context: Tensor | None) -> Tensor:
+    def _output(self, h: Tensor, context: Tensor | None, prev: Tensor | None = None, emb: Tensor | None = None) -> Tensor:
+        """What ``self.out`` reads: from the new state ``h`` and the context (``output: tanh``), or
+        from the previous state ``prev``, the previous word's embedding ``emb`` and the context
+        (``output: maxout``); (B, H) or (B, T, H) alike."""
+        if self.maxout is not None:
+            t = self.maxout(torch.cat([prev.to(emb.dtype), emb, context.to(emb.dtype)], dim=-1))  # t~ (., 2H)
+            return self.dropout(t.unflatten(-1, (-1, 2)).amax(-1))  # pairs of adjacent units
         if context is None:
             return self.dropout(h)
         x = self.att_out(torch.cat([context, h], dim=-1))
@@ -212,10 +263,12 @@ class RNNDecoder(UsesKernels, nn.Module):
         self, prev: Tensor, memory: dict[str, Tensor], state: dict[str, Any], need_attn: bool = False
     ) -> tuple[Tensor, dict[str, Any], Tensor | None]:
         lstm = self._lstm(memory)
-        (y,) = lstm.inputs(self.dropout(self.embed(prev.unsqueeze(1))))  # from (B, 1, E)
+        emb = self.dropout(self.embed(prev))  # (B, E)
+        (y,) = lstm.inputs(emb.unsqueeze(1))  # from (B, 1, E)
         step_state = {"h": list(state["h"].unbind(1)), "c": list(state["c"].unbind(1)), "feed": state.get("feed")}
+        h_prev = step_state["h"][-1]
         h_top, context, attn = self._step(y, lstm, memory, step_state)
-        output = step_state["feed"] if self.input_feeding == "attentional" else self._output(h_top, context)
+        output = step_state["feed"] if self.input_feeding == "attentional" else self._output(h_top, context, h_prev, emb)
         new_state = {"h": torch.stack(step_state["h"], 1), "c": torch.stack(step_state["c"], 1)}
         if self.input_feeding == "attentional" or self.fixed_context:
             new_state["feed"] = step_state["feed"]
@@ -230,7 +283,8 @@ class RNNDecoder(UsesKernels, nn.Module):
             if self.fixed_context:  # the same vector at every step: (B, T, H)
                 context = state["feed"].unsqueeze(1).expand(-1, emb.size(1), -1).to(emb.dtype)
                 h = self.kernels.ops(emb).lstm(self.rnn, torch.cat([emb, context], -1), hc)
-                return self._output(h, context), None
+                prevs = torch.cat([hc[0][-1].unsqueeze(1).to(h.dtype), h[:, :-1]], 1) if self.maxout is not None else None
+                return self._output(h, context, prevs, emb), None
             h = self.kernels.ops(emb).lstm(self.rnn, emb, hc)  # (B, T, H)
             if self.attention is None:
                 return self._output(h, None), None
@@ -241,23 +295,27 @@ class RNNDecoder(UsesKernels, nn.Module):
         compiled = self.__dict__.get("_compiled_step")
         if compiled is not None and self.training and torch.is_grad_enabled():
             return self._run_compiled(compiled, emb, memory, state)
-        tops, contexts, attns = [], [], []
+        tops, contexts, attns, prevs = [], [], [], []
         for y in lstm.inputs(emb):
+            prevs.append(state["h"][-1])
             h_top, context, attn = self._step(y, lstm, memory, state)
             # Luong: the output is the feed, computed in the step; Bahdanau: it does not feed
             # back, so the output layer runs once over all steps below.
             tops.append(state["feed"] if self.input_feeding == "attentional" else h_top)
             contexts.append(context)
             attns.append(attn)
-        return self._outputs(tops, contexts, attns)
+        return self._outputs(tops, contexts, attns, prevs, emb)
 
-    def _outputs(self, tops: list[Tensor], contexts: list[Tensor], attns: list[Tensor]) -> tuple[Tensor, Tensor]:
+    def _outputs(self, tops: list[Tensor], contexts: list[Tensor], attns: list[Tensor], prevs: list[Tensor],
+                 emb: Tensor) -> tuple[Tensor, Tensor]:
         """The teacher-forced loop's steps stacked: outputs (B, T, H) (Luong's feeds are its outputs
-        already; Bahdanau's go through the output layer here, once for all steps) and attention (B, T, S)."""
+        already; Bahdanau's go through the output layer here, once for all steps, from the new
+        states ``tops`` or the previous ones ``prevs`` and the embeddings ``emb``) and attention (B, T, S)."""
         attn = torch.stack(attns, 1)
         if self.input_feeding == "attentional":
             return torch.stack(tops, 1), attn
-        return self._output(torch.stack(tops, 1), torch.stack(contexts, 1)), attn
+        prev = torch.stack(prevs, 1) if self.maxout is not None else None
+        return self._output(torch.stack(tops, 1), torch.stack(contexts, 1), prev, emb), attn
 
     def compile_step(self, dynamic: bool, mode: str | None, backend: str = "inductor") -> bool:
         """``torch.compile`` the teacher-forced step of a decoder whose recurrence reads its
@@ -279,8 +337,9 @@ class RNNDecoder(UsesKernels, nn.Module):
             device = feed.device.type
             dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else feed.dtype
             feed = feed.detach().to(dtype).requires_grad_()
-        tops, contexts, attns = [], [], []
+        tops, contexts, attns, prevs = [], [], [], []
         for y in emb.unbind(1):
+            prevs.append(h[-1])
             top, context, attn, h, c, feed = compiled(self, weights, y, h, c, feed, memory["keys"], memory["enc_out"],
                                                       memory["src_mask"])
             if self.input_feeding == "context":  # Bahdanau's step computes its feed (the context) first
@@ -288,7 +347,7 @@ class RNNDecoder(UsesKernels, nn.Module):
             tops.append(top)
             contexts.append(context)
             attns.append(attn)
-        return self._outputs(tops, contexts, attns)
+        return self._outputs(tops, contexts, attns, prevs, emb)
 
     def features(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> Tensor:
         """Teacher-forced outputs (B, T, H), the input of ``self.out``."""
