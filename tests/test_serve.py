@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 
 fastapi = pytest.importorskip("fastapi", reason="nmt-serve needs fastapi: pip install 'nmt[serve]'")
 httpx = pytest.importorskip("httpx", reason="the API tests need httpx: pip install 'nmt[test]'")
@@ -92,6 +93,48 @@ def test_beam_nbest_and_attention(client, ckpt):
         assert att["source"][-1] == att["target"][-1] == "</s>"
 
 
+def test_attention_heads_are_each_layer_and_head_whose_last_layer_mean_is_the_search_attention(client, ckpt):
+    """``"attention": "heads"``: every cross-attention head, teacher-forced on the translation; the
+    last layer's mean over its heads is the attention the beam search kept (to the replies' rounding),
+    and the per-head table has a row per head of each kind with shares in [0, 1]."""
+    rows = client.post("/translate", json={"text": LINES[:3], "beam_size": 3, "attention": "heads"}).json()["translations"]
+    plain = client.post("/translate", json={"text": LINES[:3], "beam_size": 3, "attention": True}).json()["translations"]
+    info = client.get("/info").json()
+    for row, same in zip(rows, plain):
+        assert row["text"] == same["text"] and row["attention"]["weights"] == same["attention"]["weights"]
+        heads, att = row["attention"]["heads"], row["attention"]
+        assert sum(len(layer) for layer in heads) == info["heads"] > 1
+        assert all(len(h) == len(att["target"]) and all(len(r) == len(att["source"]) for r in h) for layer in heads for h in layer)
+        mean = torch.tensor(heads[-1]).mean(0)
+        torch.testing.assert_close(mean, torch.tensor(att["weights"]), atol=2e-3, rtol=0)
+        table = row["heads"]
+        assert {r["kind"] for r in table} == {"encoder", "decoder", "cross"}
+        assert len([r for r in table if r["kind"] == "cross"]) == info["heads"]
+        assert all(0 <= r["confidence"] <= 1 and 0 <= r["rare"] <= 1 for r in table)
+    assert "heads" not in plain[0] and "heads" not in plain[0]["attention"]
+
+
+def test_attention_heads_of_a_model_without_them_is_a_400(ckpt, monkeypatch):
+    """An RNN, an ensemble or a CTranslate2 folder has no heads to show (``cross_heads`` 0): the
+    request is refused in one line, and plain attention is still answered."""
+    from types import SimpleNamespace
+
+    from nmt.serve import app as serve_app
+    from tests.test_models import build
+
+    assert serve_app.cross_heads(SimpleNamespace(model=build("lstm_bahdanau"))) == 0
+    assert serve_app.cross_heads(SimpleNamespace(model=None)) == 0
+    monkeypatch.setattr(serve_app, "cross_heads", lambda translator: 0)
+    cfg = serve_cfg(ckpt, "decoding=greedy")
+    with TestClient(create_app(load(cfg), cfg)) as client:
+        response = client.post("/translate", json={"text": ["a"], "attention": "heads"})
+        assert response.status_code == 400
+        assert response.json()["error"] == ('"attention": "heads": this model has no attention heads to show (heads are '
+                                            "a Transformer decoder's, read from a checkpoint or release file); ask for "
+                                            '"attention": true')
+        assert client.post("/translate", json={"text": ["a"], "attention": True}).status_code == 200
+
+
 BAD = [
     (b'{"text": ["a"', 400, "malformed JSON"),
     (b"", 400, "malformed JSON"),
@@ -109,7 +152,7 @@ BAD = [
     (b'{"text": ["a"], "beam_size": 2.5}', 400, '"beam_size" must be'),
     (b'{"text": ["a"], "beam_size": 99}', 400, '"beam_size" must be'),
     (b'{"text": ["a"], "beam_size": 2, "nbest": 3}', 400, '"nbest" must be'),
-    (b'{"text": ["a"], "attention": "yes"}', 400, '"attention" must be'),
+    (b'{"text": ["a"], "attention": "yes"}', 400, '"attention" must be true, false or "heads"'),
     (json.dumps({"text": ["a"] * 9}).encode(), 413, "max_sentences"),
     (json.dumps({"text": ["a" * 201]}).encode(), 413, "max_chars"),
     (b'{"text": ["' + b"a" * 100_000 + b'"]}', 413, "max_request_bytes"),
@@ -223,6 +266,13 @@ def test_the_page_translates_and_draws_the_heatmap_in_chromium(ckpt, tmp_path):
         assert shown.startswith(reference(ckpt, LINES[:1])[0])
         heatmap = page.find_element(By.CSS_SELECTOR, "#heatmaps canvas")
         assert heatmap.size["width"] > 50 and heatmap.size["height"] > 50
+        average = page.execute_script("return document.querySelector('#heatmaps canvas').toDataURL()")
+        choices = page.execute_script("return [...document.getElementById('head').options].map(o => o.value)")
+        assert choices[0] == "" and "0,0" in choices and len(choices) == 1 + client_heads(ckpt)
+        page.execute_script("const s = document.getElementById('head'); s.value = '0,0'; s.dispatchEvent(new Event('change'))")
+        assert page.execute_script("return document.querySelector('#heatmaps canvas').toDataURL()") != average
+        table = page.find_elements(By.CSS_SELECTOR, "#heads tr")
+        assert not page.find_element(By.ID, "head-table").get_attribute("hidden") and len(table) > 1 + client_heads(ckpt)
         assert page.execute_script("return document.getElementById('report-img').naturalWidth") > 0
         page.save_screenshot(str(tmp_path / "serve.png"))
         assert (tmp_path / "serve.png").stat().st_size > 1000
@@ -231,6 +281,13 @@ def test_the_page_translates_and_draws_the_heatmap_in_chromium(ckpt, tmp_path):
             page.quit()
         server.terminate()
         server.wait(timeout=10)
+
+
+def client_heads(ckpt) -> int:
+    """The cross-attention heads of the checkpoint's model, all layers."""
+    from nmt.models.head_mask import head_counts
+
+    return sum(head_counts(load_checkpoint(ckpt).model)["cross"])
 
 
 @pytest.mark.slow  # end to end in processes of its own: the slow tier

@@ -40,15 +40,18 @@ def lstm_encoder_flops(enc: RNNEncoder, n: Lengths) -> float:
 
 
 def lstm_decoder_flops(dec: RNNDecoder, n: Lengths) -> float:
-    """Per target token: the LSTM layers 2 * 4H * (I_l + H), the output projection 2 * H * V and,
-    with attention, ``tanh(W_c [c; h])`` 2 * (Hk + H) * H, the query projection, and per
+    """Per target token: the LSTM layers 2 * 4H * (I_l + H), the output projection 2 * H * V,
+    ``tanh(W_c [c; h])`` 2 * (Hk + H) * H or the maxout deep output 2 * (H + E + Hk) * 2H and,
+    with attention, the query projection, and per
     (target, source) pair the score and the weighted sum; keys are projected once per source token."""
     rnn, H = dec.rnn, dec.rnn.hidden_size
     per_token = sum(2 * 4 * H * ((rnn.input_size if l == 0 else H) + H) for l in range(rnn.num_layers))
     flops = n.tgt * (per_token + 2 * H * dec.out.out_features)
+    output = dec.att_out if dec.maxout is None else dec.maxout  # tanh(W_c [c; h]), or the deep output (2H wide)
+    if output is not None:
+        flops += n.tgt * 2 * output.in_features * output.out_features
     if dec.attention is not None:
-        key_size = dec.att_out.in_features - H
-        flops += n.tgt * 2 * dec.att_out.in_features * H
+        key_size = dec.memory_size
         key_proj, query_proj = getattr(dec.attention, "key_proj", None), getattr(dec.attention, "query_proj", None)
         if key_proj is not None:
             flops += n.src * 2 * key_proj.in_features * key_proj.out_features

@@ -25,6 +25,7 @@ to the decoder), averaged over the query positions of every sentence (padding le
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -173,17 +174,8 @@ def analyse(translator: Any, sources: Sequence[str], refs: Sequence[str], gold: 
     rare_src, rare_tgt = (rare_ids(v, rare_share).to(translator.device) for v in (translator.src_vocab, translator.tgt_vocab))
     links: dict[tuple[str, int, int], list] = {}
     for (src, src_mask, tgt_in, _), s_ids, t_ids in teacher_forced_batches(translator, sources, refs, batch_size):
-        tgt_mask = tgt_in != PAD
-        with torch.inference_mode():
-            memory = model.encode(src, src_mask)
-            encoder = model.encoder.self_attention(src, src_mask) if "encoder" in kinds else []
-            decoder, cross = model.decoder.attention_weights(tgt_in, memory) if "cross" in kinds else ([], [])
-        for layer, w in enumerate(encoder):
-            table.add("encoder", layer, head_sums(w, src_mask, src_mask, rare_src[src], True))
-        for layer, w in enumerate(decoder):
-            table.add("decoder", layer, head_sums(w, tgt_mask, tgt_mask, rare_tgt[tgt_in], True))
+        cross = add_batch(table, model, kinds, src, src_mask, tgt_in, rare_src, rare_tgt)
         for layer, w in enumerate(cross):
-            table.add("cross", layer, head_sums(w, tgt_mask, src_mask, rare_src[src], False))
             if gold is None:
                 continue
             for head in range(w.size(1)):
@@ -196,6 +188,48 @@ def analyse(translator: Any, sources: Sequence[str], refs: Sequence[str], gold: 
     if with_importance:
         table.importance = importance(model, (b for b, _, _ in teacher_forced_batches(translator, sources, refs, batch_size)))
     return table.rows()
+
+
+def add_batch(table: HeadTable, model: nn.Module, kinds: dict[str, Any], src: Tensor, src_mask: Tensor, tgt_in: Tensor,
+              rare_src: Tensor, rare_tgt: Tensor) -> list[Tensor]:
+    """Add one teacher-forced batch's sums to ``table``; returns the cross-attention weights of
+    each layer, (B, heads, T, S) (none for a model whose decoder has no heads)."""
+    tgt_mask = tgt_in != PAD
+    with torch.inference_mode():
+        memory = model.encode(src, src_mask)
+        encoder = model.encoder.self_attention(src, src_mask) if "encoder" in kinds else []
+        decoder, cross = model.decoder.attention_weights(tgt_in, memory) if "cross" in kinds else ([], [])
+    for layer, w in enumerate(encoder):
+        table.add("encoder", layer, head_sums(w, src_mask, src_mask, rare_src[src], True))
+    for layer, w in enumerate(decoder):
+        table.add("decoder", layer, head_sums(w, tgt_mask, tgt_mask, rare_tgt[tgt_in], True))
+    for layer, w in enumerate(cross):
+        table.add("cross", layer, head_sums(w, tgt_mask, src_mask, rare_src[src], False))
+    return cross
+
+
+@functools.lru_cache(maxsize=8)
+def _rare(tokenizer: Any) -> Tensor:
+    return rare_ids(tokenizer)
+
+
+def sentence_heads(translator: Any, source: Sequence[str], target: Sequence[str], decimals: int = 3) -> dict[str, Any]:
+    """One translation's heads, teacher-forced on its own output (what ``nmt-serve`` shows for
+    ``"attention": "heads"``): ``source`` and ``target`` are the pieces of its ``Attention``, EOS
+    last on both. ``weights``: the cross-attention of each layer and head, [layer][head][target
+    piece][source piece] (rows and columns as the averaged heatmap's; empty for a decoder without
+    heads); ``table``: the sentence's per-head statistics (``HeadTable.rows``, no AER, no importance)."""
+    from nmt.data.tokenizer import BOS
+
+    model, device = translator.model, translator.device
+    kinds = attentions(model)
+    src = torch.tensor([[translator.src_vocab.sp.piece_to_id(p) for p in source]], device=device)
+    tgt_in = torch.tensor([[BOS, *(translator.tgt_vocab.sp.piece_to_id(p) for p in target[:-1])]], device=device)
+    table = HeadTable()
+    cross = add_batch(table, model, kinds, src, src != PAD, tgt_in, _rare(translator.src_vocab).to(device),
+                      _rare(translator.tgt_vocab).to(device))
+    weights = [np.round(w[0].float().cpu().numpy(), decimals).tolist() for w in cross]
+    return {"weights": weights, "table": table.rows()}
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:

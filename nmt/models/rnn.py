@@ -112,7 +112,8 @@ class RNNDecoder(UsesKernels, nn.Module):
       is none (the plain decoder).
     - ``maxout``: Bahdanau et al.'s deep output (2015, appendix A.2.2), ``t~_i = U_o s_{i-1} +
       V_o E y_{i-1} + C_o c_i`` (one bias-free matrix on ``[s_{i-1}; E y_{i-1}; c_i]``, 2H
-      wide), ``t_i = [max(t~_{i,2j-1}, t~_{i,2j})]_{j=1..H}`` and ``p(y_i) ~ exp(W_o t_i)``:
+      wide), ``t_i = [max(t~_{i,2j-1}, t~_{i,2j})]_{j=1..H}`` (H wide where the paper's ``l`` is
+      half its state) and ``p(y_i) ~ exp(W_o t_i)``:
       the state before the step, the previous word and the context, as the appendix writes it.
       It needs ``input_feeding: context`` (the context that the previous state attends to).
 
@@ -161,6 +162,7 @@ class RNNDecoder(UsesKernels, nn.Module):
                 f"the context c_i: it needs input_feeding: context, got {input_feeding!r}; use output: tanh"
             )
         memory_size = memory_size or hidden_size
+        self.memory_size = memory_size
         self.input_feeding = input_feeding
         self.output = output
         self.init = init

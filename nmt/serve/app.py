@@ -2,7 +2,8 @@
 decoding=...]`` (see ``nmt/conf/serve.yaml``).
 
 ``POST /translate`` ``{"text": [...], "beam_size"?, "nbest"?, "attention"?, "alignments"?}`` returns
-``{"translations": [{"text", "score", "alignment"?, "nbest"?, "attention"?}, ...]}`` in request order; concurrent
+``{"translations": [{"text", "score", "alignment"?, "nbest"?, "attention"?, "heads"?}, ...]}`` in request order
+(``"attention": "heads"``: each cross-attention head's weights too, and the sentence's per-head table); concurrent
 requests are decoded together (``nmt.serve.batching``) by the translator ``nmt-translate`` uses
 (``nmt.inference.backends``: a checkpoint, a release file or a CTranslate2 folder), so a sentence gets the
 translation ``translate.py`` gives it with the same decoding. ``GET /health``,
@@ -28,6 +29,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
@@ -37,12 +39,14 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from nmt import register_resolvers
 from nmt.cli_io import hydra_command
 from nmt.decoding.settings import BOUNDS
+from nmt.evaluation.heads import has_heads, sentence_heads
 from nmt.inference.backends import open_translator
 from nmt.inference.requests import Naming, Request as TranslationRequest
 from nmt.serve.batching import Batcher, ClientGone, QueueFull, QueueTimeout
 from nmt.serve.guard import (AmbiguousLengthMiddleware, ApiKeyMiddleware, HeaderTimeoutH11Protocol, content_type_error,
                              error, max_body_bytes, parse_request, read_body)
 from nmt.inference.translations import response_item
+from nmt.models.head_mask import head_counts
 
 log = logging.getLogger(__name__)
 
@@ -77,31 +81,48 @@ def answer(translator: Any, texts: list[str], options: tuple[Any, ...]) -> list[
         else:
             extra["constraints"] = [list(phrases) for _, phrases in guide.rows]
     translations = translator.translate(texts, beam_size, nbest, attention=bool(attention), **extra)
-    return [response_item(t, nbest, attention) for t in translations]
+    items = [response_item(t, nbest, attention) for t in translations]
+    if attention == "heads":  # each layer's and head's cross-attention, and the sentence's per-head table
+        for t, item in zip(translations, items):
+            if t.attention is not None:
+                heads = sentence_heads(translator, t.attention.source, t.attention.target)
+                item["attention"]["heads"], item["heads"] = heads["weights"], heads["table"]
+    return items
 
 
 WEIGHTS_PER_UNIT = 16  # attention weights (kept by the search, aligned, sent) that cost one unit of decoding work
 
 
 def decoding_work(lengths: list[int], beam_size: int, constraints: list[int] | None = None, nbest: int = 1,
-                  attention: bool = False, alignments: bool = False,
-                  target_cap: Callable[[int], int] | None = None) -> int:
+                  attention: bool | str = False, alignments: bool = False,
+                  target_cap: Callable[[int], int] | None = None, heads: int = 0) -> int:
     """What a request costs, in units the server bounds (``limits.max_work``), summed over its
     sentences of ``n`` source tokens and at most ``t = target_cap(n)`` target tokens: the search,
     ``n`` x beam size x (1 + constraints) (constrained search keeps a bank of hypotheses per
     constraint met); the n-best texts, nbest x ``t``; with ``attention``, the search keeps every
     beam's weights and the reply carries the best one's, beam x ``t`` x ``n`` weights; with
     ``alignments``, each of the nbest hypotheses is scored again and aligned from its own
-    ``t`` x ``n`` weights. Weights count ``WEIGHTS_PER_UNIT`` to the unit. Time, memory and
-    reply bytes grow with this."""
+    ``t`` x ``n`` weights; with ``attention="heads"``, the reply also carries ``t`` x ``n``
+    weights of each of the model's ``heads`` cross-attention heads (all layers). Weights count
+    ``WEIGHTS_PER_UNIT`` to the unit. Time, memory and reply bytes grow with this."""
     counts = constraints or [0] * len(lengths)
     cap = target_cap or (lambda n: int(1.5 * n) + 10)
     work = 0
     for n, c in zip(lengths, counts):
         t = cap(n)
-        weights = (int(beam_size) * t * n if attention else 0) + (int(nbest) * t * n if alignments else 0)
+        weights = ((int(beam_size) * t * n if attention else 0) + (int(nbest) * t * n if alignments else 0)
+                   + (heads * t * n if attention == "heads" else 0))
         work += n * int(beam_size) * (1 + c) + int(nbest) * t + -(-weights // WEIGHTS_PER_UNIT)
     return work
+
+
+def cross_heads(translator: Any) -> int:
+    """The cross-attention heads of the translator's model, all layers (0: an RNN decoder, an
+    ensemble or a CTranslate2 folder, whose heads the page cannot show)."""
+    model = getattr(translator, "model", None)
+    if not isinstance(model, torch.nn.Module) or not has_heads(model):
+        return 0
+    return sum(head_counts(model).get("cross", []))
 
 
 def target_cap(translator: Any, source_tokens: int) -> int:
@@ -127,7 +148,7 @@ def describe(translator: Any) -> dict[str, Any]:
         "src_vocab_size": facts["src_vocab_size"], "tgt_vocab_size": facts["tgt_vocab_size"],
         "max_src_len": facts["max_src_len"], "target_languages": facts["target_languages"][:1000],  # codes: <2xx> pieces
         "reads_src_lang": facts.get("reads_src_lang") is True,  # requests give "src_lang" and "tgt_lang"
-        "attention": facts["attention"], "decoding": facts["decoding"],
+        "attention": facts["attention"], "heads": cross_heads(translator), "decoding": facts["decoding"],
         "precision": facts["precision"], "training": summary, "report": translator.report is not None,
     }
 
@@ -212,6 +233,7 @@ def create_app(translator: Any, cfg: DictConfig) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=list(cfg.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "X-API-Key"])
     max_body = max_body_bytes(limits)
+    head_count = cross_heads(translator)
 
     @app.post("/translate")
     async def translate(request: Request):
@@ -237,9 +259,12 @@ def create_app(translator: Any, cfg: DictConfig) -> FastAPI:
         lengths = [translator.count_tokens([t]) for t in texts]
         if languages:
             texts = list(asked.texts)
+        if options[2] == "heads" and not head_count:
+            return error(400, '"attention": "heads": this model has no attention heads to show (heads are a Transformer '
+                              'decoder\'s, read from a checkpoint or release file); ask for "attention": true')
         work = decoding_work(lengths, options[0], [len(c) for c in asked.constraints] if asked.constraints else None,
                              nbest=options[1], attention=options[2], alignments=options[3],
-                             target_cap=functools.partial(target_cap, translator))
+                             target_cap=functools.partial(target_cap, translator), heads=head_count)
         if limits.get("max_work") is not None and work > limits.max_work:
             return error(413, f"the request asks for {work:,} units of work (source tokens x beam size x (1 + "
                               f"constraints), n-best tokens, attention and alignment weights / {WEIGHTS_PER_UNIT}, "

@@ -220,8 +220,8 @@ def parse_request(body: bytes, limits: DictConfig, default_beam: int, can_align:
                          + f", not {_shown(value)}")
         values[key] = value
     attention = request.get("attention", False)
-    if not isinstance(attention, bool):
-        return error(400, f'"attention" must be true or false, not {_shown(attention)}')
+    if not isinstance(attention, bool) and attention != "heads":
+        return error(400, f'"attention" must be true, false or "heads", not {_shown(attention)}')
     alignments = request.get("alignments", default_align)
     if not isinstance(alignments, bool):
         return error(400, f'"alignments" must be true or false, not {_shown(alignments)}')

@@ -1,10 +1,14 @@
 // The try-the-model page: POST /translate, show the best translations (n-best if asked) and, for
-// attention models, one heatmap per sentence (source pieces across, output pieces down). A server
-// started with an API key answers 401: the page then asks for the key and keeps it in memory only.
+// attention models, one heatmap per sentence (source pieces across, output pieces down); for a
+// Transformer, the heatmap of the chosen layer and head and the per-head table of the sentences.
+// A server started with an API key answers 401: the page then asks for the key and keeps it in memory only.
 "use strict";
 const $ = (id) => document.getElementById(id);
 let info = null;
 let pending = 0;
+let shown = null;  // the last answer's translations, redrawn when another head is chosen
+const STATS = ["confidence", "entropy", "previous", "same", "next", "rare"];
+const KIND_TITLES = { encoder: "encoder self-attention", decoder: "decoder self-attention", cross: "cross-attention" };
 let apiKey = "";
 
 const withKey = (headers) => (apiKey ? { ...headers, Authorization: `Bearer ${apiKey}` } : headers);
@@ -34,6 +38,7 @@ async function loadInfo() {
   $("beam").value = info.decoding.beam_size || 1;
   $("beam").max = $("nbest").max = info.limits.max_beam_size;
   if (!info.attention) { $("attention").checked = false; $("attention-label").hidden = true; }
+  $("head-label").hidden = !(info.attention && info.heads);
   if (info.report && !apiKey) { $("report-img").src = "/report.png"; $("report").hidden = false; }
   if (info.report && apiKey) {  // an <img> cannot send the key: fetch the chart and show the bytes
     const chart = await fetch("/report.png", { headers: withKey({}) });
@@ -82,8 +87,9 @@ function drawHeatmap(att, title) {
 async function translate() {
   const lines = $("source").value.split("\n").filter((l) => l.trim());
   if (!lines.length) return;
+  const heads = $("attention").checked && info && info.heads > 0;
   const request = { text: lines, beam_size: Number($("beam").value), nbest: Number($("nbest").value),
-                    attention: $("attention").checked };
+                    attention: heads ? "heads" : $("attention").checked };
   if (info && info.target_languages.length) request.tgt_lang = $("lang").value;
   const mine = ++pending;
   $("status").textContent = "";
@@ -93,10 +99,9 @@ async function translate() {
   const body = await response.json();
   if (mine !== pending) return;  // a newer request was sent while this one ran
   if (!response.ok) { $("status").textContent = body.error; return; }
-  const output = $("output"), heatmaps = $("heatmaps");
+  const output = $("output");
   output.replaceChildren();
-  heatmaps.replaceChildren();
-  body.translations.forEach((tr, i) => {
+  body.translations.forEach((tr) => {
     const best = el("div", "best", tr.text);
     best.appendChild(el("span", "score", tr.score.toFixed(2)));
     output.appendChild(best);
@@ -105,13 +110,69 @@ async function translate() {
       tr.nbest.forEach((h) => { const item = el("li", null, h.text); item.appendChild(el("span", "score", h.score.toFixed(2))); list.appendChild(item); });
       output.appendChild(list);
     }
-    if (tr.attention) heatmaps.appendChild(drawHeatmap(tr.attention, `attention, sentence ${i + 1}`));
   });
+  shown = body.translations;
+  headChoices(shown);
+  drawHeatmaps();
+  drawHeadTable(shown);
   output.dataset.done = String(mine);
+}
+
+function headChoices(translations) {
+  // "layer l, head h" for every head of the answer's model (a pruned layer may have fewer heads)
+  const withHeads = translations.find((tr) => tr.attention && tr.attention.heads);
+  const select = $("head"), chosen = select.value;
+  while (select.options.length > 1) select.remove(1);
+  if (!withHeads) return;
+  withHeads.attention.heads.forEach((layer, l) => layer.forEach((_, h) => {
+    select.add(new Option(`layer ${l + 1}, head ${h + 1}`, `${l},${h}`));
+  }));
+  select.value = [...select.options].some((o) => o.value === chosen) ? chosen : "";
+}
+
+function drawHeatmaps() {
+  const heatmaps = $("heatmaps"), choice = $("head").value;
+  heatmaps.replaceChildren();
+  (shown || []).forEach((tr, i) => {
+    if (!tr.attention) return;
+    if (choice && tr.attention.heads) {
+      const [l, h] = choice.split(",").map(Number);
+      heatmaps.appendChild(drawHeatmap({ ...tr.attention, weights: tr.attention.heads[l][h] },
+                                       `layer ${l + 1}, head ${h + 1}, sentence ${i + 1}`));
+    } else {
+      heatmaps.appendChild(drawHeatmap(tr.attention, `attention, sentence ${i + 1}`));
+    }
+  });
+}
+
+function drawHeadTable(translations) {
+  // each head's statistics averaged over the sentences that have them
+  const sums = new Map();
+  translations.forEach((tr) => (tr.heads || []).forEach((row) => {
+    const key = `${row.kind},${row.layer},${row.head}`;
+    const into = sums.get(key) || { row, n: 0, totals: {} };
+    STATS.forEach((s) => { if (row[s] != null) into.totals[s] = (into.totals[s] || 0) + row[s]; });
+    into.n += 1;
+    sums.set(key, into);
+  }));
+  const table = $("heads");
+  table.replaceChildren();
+  $("head-table").hidden = sums.size === 0;
+  if (!sums.size) return;
+  const header = el("tr");
+  ["attention", "layer", "head", ...STATS].forEach((c) => header.appendChild(el("th", null, c)));
+  table.appendChild(header);
+  for (const { row, n, totals } of sums.values()) {
+    const tr = el("tr");
+    [KIND_TITLES[row.kind] || row.kind, String(row.layer + 1), String(row.head + 1)].forEach((c) => tr.appendChild(el("td", null, c)));
+    STATS.forEach((s) => tr.appendChild(el("td", "num", s in totals ? (totals[s] / n).toFixed(3) : "")));
+    table.appendChild(tr);
+  }
 }
 
 let timer = null;
 $("translate").addEventListener("click", translate);
+$("head").addEventListener("change", drawHeatmaps);
 $("source").addEventListener("input", () => {
   if (!$("live").checked) return;
   clearTimeout(timer);
