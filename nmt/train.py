@@ -50,7 +50,7 @@ from nmt.data.shapes import bucket, resolve_shapes
 from nmt.training.callbacks import LastCheckpoint, budget_timer, ended_by, share_best_with_last
 from nmt.cli_io import hydra_command
 from nmt.checkpoints.finetune import (INIT_OPTIMIZER, check_architecture, check_init_vocabularies, imported_init,
-                                     init_origin, init_weights, read_init)
+                                     inherit_pruned_heads, init_origin, init_weights, read_init)
 from nmt.checkpoints.resume import check_resume
 from nmt.checkpoints.files import tokenizer_protos
 from nmt.evaluation.length_report import markdown_table
@@ -110,6 +110,9 @@ def read_init_from(cfg: DictConfig, ckpt_path: str | None) -> dict[str, Any] | N
                  "vocabulary only", ckpt_path, path)
         return None
     checkpoint = read_init(path, optimizer == "keep", cfg.optimizer.get("_target_"))
+    with open_dict(cfg):
+        if inherited := inherit_pruned_heads(checkpoint, cfg.model, path):
+            log.info("init_from=%s: a pruned model; the run keeps its heads per layer: %s", path, " ".join(inherited))
     saved = checkpoint["run_config"]["model"]
     probe = copy.deepcopy(cfg)  # the run's model config with the file's vocabulary sizes, resolved
     with open_dict(probe):

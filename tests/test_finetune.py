@@ -298,3 +298,25 @@ def test_a_file_from_before_head_counts_fine_tunes_and_a_pruned_one_keeps_its_he
     assert architecture_difference(older, today) is None
     pruned = {"encoder": {"num_heads": 4, "self_heads": [4, 2]}, "decoder": {"num_heads": 4}}
     assert architecture_difference(pruned, today) == ("model.encoder.self_heads", "[4, 2]", "null")
+
+
+def test_a_pruned_file_gives_its_heads_to_a_run_that_leaves_them_null(tmp_path):
+    """``init_from=<pruned.ckpt>`` with the preset's null head counts: the run takes the file's
+    (and says so), so the architectures agree; a run that sets other counts keeps them and is refused."""
+    from omegaconf import OmegaConf
+
+    from nmt.checkpoints.finetune import check_architecture, inherit_pruned_heads
+
+    file = {"run_config": {"model": {"_target_": "nmt.models.base.Seq2Seq", "encoder": {"num_heads": 4, "self_heads": [4, 2]},
+                                     "decoder": {"num_heads": 4, "self_heads": [1, 3], "cross_heads": None}}}}
+    run = OmegaConf.create({"_target_": "nmt.models.base.Seq2Seq", "encoder": {"num_heads": 4, "self_heads": None},
+                            "decoder": {"num_heads": 4, "self_heads": None, "cross_heads": None}})
+    assert inherit_pruned_heads(file, run, "pruned.ckpt") == ["model.encoder.self_heads=[4, 2]",
+                                                              "model.decoder.self_heads=[1, 3]"]
+    check_architecture(file, OmegaConf.to_container(run), "pruned.ckpt")
+    other = OmegaConf.create({"_target_": "nmt.models.base.Seq2Seq", "encoder": {"num_heads": 4, "self_heads": [2, 2]},
+                              "decoder": {"num_heads": 4, "self_heads": None, "cross_heads": None}})
+    assert inherit_pruned_heads(file, other, "pruned.ckpt") == ["model.decoder.self_heads=[1, 3]"]
+    with pytest.raises(ValueError, match=r"^init_from=pruned.ckpt: model.encoder.self_heads is \[2, 2\] in this run's "
+                                         r"config, \[4, 2\] in the file's"):
+        check_architecture(file, OmegaConf.to_container(other), "pruned.ckpt")

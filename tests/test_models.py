@@ -262,7 +262,14 @@ def test_transformer_init_is_glorot_uniform_per_projection():
                 assert not part.any(), name  # biases
         if w.dim() == 2:  # nn.Linear's own init: bound 1/sqrt(fan_in)
             assert w_default.abs().max() <= w_default.size(1) ** -0.5 and not torch.equal(w, w_default), name
-    with pytest.raises(ValueError, match="init must be one of \\('xavier', 'torch'\\), got 'glorot'"):
+    torch.manual_seed(0)
+    small = TransformerDecoder(VOCAB, hidden_size=64, num_layers=1, num_heads=2, ff_size=256, init="xavier_small_output")
+    for name, w in small.layers.named_parameters():
+        if name.endswith("out_proj.weight"):  # the attentions' output maps only: within 0.02, near it at the edge
+            assert 0.019 < w.abs().max() <= 0.02, name
+        elif w.dim() == 2 and "norms" not in name:  # the others Glorot's, as with xavier
+            assert w.abs().max() > 0.9 * (6 / sum(w.chunk(2)[0].shape if "kv_proj" in name else w.shape)) ** 0.5, name
+    with pytest.raises(ValueError, match="init must be one of \\('xavier', 'xavier_small_output', 'torch'\\), got 'glorot'"):
         TransformerDecoder(VOCAB, hidden_size=64, num_layers=1, num_heads=2, ff_size=256, init="glorot")
 
 

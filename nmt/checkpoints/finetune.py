@@ -147,6 +147,25 @@ def check_architecture(checkpoint: dict[str, Any], configured: dict[str, Any], p
                          f"keeps the file's architecture (only {', '.join(MAY_DIFFER)} may differ)")
 
 
+def inherit_pruned_heads(checkpoint: dict[str, Any], model: Any, path: str | Path) -> list[str]:
+    """A pruned file's heads per layer (``nmt-prune``: ``self_heads``, ``cross_heads`` of the
+    encoder and decoder) set in the run's model config ``model`` where the run leaves them null,
+    so a pruned model fine-tunes without restating them; returns the overrides set, as
+    ``key=value``. A run that sets them otherwise is refused by ``check_architecture``."""
+    try:
+        saved = file_config.check(checkpoint["run_config"]["model"], "model", str(path))
+    except file_config.ConfigRefused as e:
+        raise CheckpointError(f"init_from={e}") from None
+    overrides = []
+    for part in ("encoder", "decoder"):
+        for key in ("self_heads", "cross_heads"):
+            value = (saved.get(part) or {}).get(key)
+            if value is not None and part in model and key in model[part] and model[part][key] is None:
+                model[part][key] = value
+                overrides.append(f"model.{part}.{key}={value}")
+    return overrides
+
+
 def check_init_vocabularies(checkpoint: dict[str, Any], src_vocab: Tokenizer, tgt_vocab: Tokenizer,
                             path: str | Path, vocab_from: str) -> None:
     """Refuse (ValueError) vocabularies (``data.vocab_from``) other than the ``init_from`` file's."""

@@ -40,7 +40,7 @@ from nmt.specials import PAD
 
 POSITIONS = ("sinusoidal", "learned", "rope", "fairseq")
 FAIRSEQ_OFFSET = 2  # fairseq's first position: its padding id (1) + 1
-INITS = ("xavier", "torch")
+INITS = ("xavier", "xavier_small_output", "torch")
 # The feed-forward activation: ReLU (Vaswani et al. 2017), GELU (Hendrycks & Gimpel 2016, the
 # exact erf form) or swish/SiLU (Ramachandran et al. 2017; Marian's OPUS-MT models).
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "swish": nn.SiLU}
@@ -189,7 +189,9 @@ class FeedForward(nn.Sequential):
 def init_weights(layers: nn.Module, init: str) -> None:
     """``xavier``: Glorot-uniform weights and zero biases for the attention and feed-forward maps
     in ``layers``, the key and value maps each on its own (as tensor2tensor and fairseq initialise
-    the Transformer); ``torch``: ``nn.Linear``'s own initialisation."""
+    the Transformer); ``xavier_small_output``: the same, but each attention's output projection
+    uniform in [-0.02, 0.02] (the advice of attention tutorials: Xavier for the query, key and
+    value maps, a small range for the output map); ``torch``: ``nn.Linear``'s own initialisation."""
     if init not in INITS:
         raise ValueError(f"init must be one of {INITS}, got {init!r}")
     if init == "torch":
@@ -208,6 +210,8 @@ def init_weights(layers: nn.Module, init: str) -> None:
                 nn.init.xavier_uniform_(weight)
             for linear in linears:
                 linear.bias.zero_()
+            if init == "xavier_small_output" and isinstance(module, MultiHeadAttention):
+                nn.init.uniform_(module.out_proj.weight, -0.02, 0.02)
 
 
 class _Block(nn.Module):
