@@ -152,7 +152,6 @@ class Batcher:
         return jobs
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         self._carry: Job | None = None
         while True:
             first, self._carry = (self._carry, None) if self._carry is not None else (await self.queue.get(), None)
