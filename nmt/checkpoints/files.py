@@ -61,9 +61,9 @@ CONTAINER_OPS = frozenset({"EMPTY_LIST", "LIST", "EMPTY_DICT", "DICT", "EMPTY_TU
                            "TUPLE3", "EMPTY_SET", "FROZENSET", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD"})
 
 
-def check_structure(path: Path) -> None:
+def check_structure(path: Path, writer: str = "nmt") -> None:
     """A ``CheckpointError`` for a torch archive whose pickled structure is larger than the
-    limits above (read and counted without building it)."""
+    limits above (read and counted without building it); ``writer``: what should have written it."""
     with zipfile.ZipFile(path) as archive:
         for entry in archive.infolist():
             if not entry.filename.endswith(".pkl"):
@@ -71,7 +71,7 @@ def check_structure(path: Path) -> None:
             if entry.file_size > MAX_STRUCTURE_BYTES:  # the size zipfile holds the entry's reading to
                 raise CheckpointError(f"{path}: its pickled structure ({entry.filename}) is over "
                                       f"{MAX_STRUCTURE_BYTES >> 20} MB, where a checkpoint's is about 1 MB: refused, it "
-                                      "was not written by nmt")
+                                      f"was not written by {writer}")
             ops = containers = 0
             try:
                 with archive.open(entry) as f:  # read as it is counted: a string at a time
@@ -82,7 +82,7 @@ def check_structure(path: Path) -> None:
                             raise CheckpointError(
                                 f"{path}: its pickled structure ({entry.filename}) holds over "
                                 f"{MAX_STRUCTURE_OPS:,} operations or {MAX_CONTAINERS:,} containers, where a "
-                                "checkpoint's holds about 10,000 and 3,000: refused, it was not written by nmt")
+                                f"checkpoint's holds about 10,000 and 3,000: refused, it was not written by {writer}")
             except ValueError as e:  # not a pickle pickletools can read: torch's own reader says what it is
                 if isinstance(e, CheckpointError):
                     raise

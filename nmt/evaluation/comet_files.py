@@ -19,15 +19,17 @@ naming the file and key.
 
 from __future__ import annotations
 
-import json
 import pickle
 import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from nmt.checkpoints.files import CheckpointError, check_structure
+from nmt.checkpoints.folder_limits import check_safetensors_header, count_pieces, json_object
 from nmt.evaluation.comet import ACTIVATIONS, POOLS, Comet, CometEstimator, Head, XLMRPieces
 
 LIMITS = {"hidden_size": 8192, "num_hidden_layers": 64, "num_attention_heads": 256, "intermediate_size": 65536,
@@ -54,8 +56,13 @@ def read_head(path: Path) -> tuple[Head, dict[str, Any]]:
     """The estimator's settings from ``hparams.yaml`` (plain YAML), checked."""
     import yaml
 
+    raw = _read(path, "comet.model")
     try:
-        hparams = yaml.safe_load(_read(path, "comet.model"))
+        for event in yaml.parse(raw, Loader=yaml.SafeLoader):  # an alias repeats a value: 9 levels of 10 = 10^9
+            if isinstance(event, yaml.AliasEvent):
+                raise CometRefused(f"{path}: line {event.start_mark.line + 1}: a YAML alias (*{event.anchor[:40]}); "
+                                   "nmt reads hparams.yaml as plain YAML, without anchors and aliases")
+        hparams = yaml.safe_load(raw)
     except yaml.YAMLError as e:
         raise CometRefused(f"{path}: not plain YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(hparams, dict):
@@ -87,12 +94,7 @@ def read_head(path: Path) -> tuple[Head, dict[str, Any]]:
 
 def read_encoder_config(path: Path) -> dict[str, Any]:
     """XLM-R's ``config.json``, every size bounded."""
-    try:
-        config = json.loads(_read(path, "comet.encoder"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CometRefused(f"{path}: not JSON ({e})") from None
-    if not isinstance(config, dict):
-        raise CometRefused(f"{path}: not a JSON object")
+    config = json_object(_read(path, "comet.encoder"), path, CometRefused)  # values and depth bounded
     if config.get("model_type") not in ("xlm-roberta", None):
         raise CometRefused(f"{path}: model_type={config.get('model_type')!r}; COMET's encoder here is xlm-roberta")
     for key, limit in LIMITS.items():
@@ -147,6 +149,7 @@ def read_weights(folder: Path, expected: dict[str, tuple[int, ...]]) -> dict[str
     if safetensors.is_file():
         from safetensors import SafetensorError, safe_open
 
+        check_safetensors_header(safetensors, CometRefused)
         try:
             with safe_open(str(safetensors), framework="pt") as f:
                 check_names(safetensors, {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}, expected)
@@ -156,7 +159,11 @@ def read_weights(folder: Path, expected: dict[str, tuple[int, ...]]) -> dict[str
         path = safetensors
     elif ckpt.is_file():
         try:
+            if zipfile.is_zipfile(ckpt):  # its pickled structure bounded, as every checkpoint's
+                check_structure(ckpt, writer="COMET")
             raw = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
+        except CheckpointError as e:
+            raise CometRefused(str(e)) from None
         except pickle.UnpicklingError as e:
             found = re.search(r"GLOBAL ([\w.]+)", str(e))
             raise CometRefused(f"{ckpt}: holds more than tensors and plain values ({found.group(1) if found else 'pickled objects'}), "
@@ -241,8 +248,10 @@ def load_comet(model: str | Path, encoder: str | Path | None = None, batch_size:
     head, _ = read_head(folder / "hparams.yaml")
     config = read_encoder_config(enc / "config.json")
     state = read_weights(folder, expected_shapes(config, head))
+    pieces = _read(enc / "sentencepiece.bpe.model", "comet.encoder")
+    count_pieces(pieces, enc / "sentencepiece.bpe.model", CometRefused)  # before SentencePiece builds them
     try:
-        tokenizer = XLMRPieces(_read(enc / "sentencepiece.bpe.model", "comet.encoder"), config["max_position_embeddings"] - 4)
+        tokenizer = XLMRPieces(pieces, config["max_position_embeddings"] - 4)
     except RuntimeError as e:
         raise CometRefused(f"{enc / 'sentencepiece.bpe.model'}: not a SentencePiece model ({str(e).splitlines()[0][:120]})") from None
     sp = tokenizer.sp
