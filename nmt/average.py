@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from nmt.cli_io import hydra_command
+from nmt.cli_io import hydra_command, stop_within_grace
 from nmt.checkpoints.files import (CheckpointError, atomic_save, check_run_config, model_weights, nonfinite,
                                   read_checkpoint)
 from nmt.checkpoints.release import release
@@ -102,6 +102,22 @@ def average(checkpoints: list[tuple[Path, dict[str, Any]]], weights: str = "raw"
 
 
 def run_average(cfg: DictConfig) -> Path:
+    """Read, check and average the checkpoints (a signal stops it within the grace: nothing is
+    written), then write the release file."""
+    with stop_within_grace():
+        chosen, out = chosen_checkpoints(cfg)
+        state = average(chosen, cfg.weights)
+    newest_path, newest = chosen[-1]
+    result = release(newest, newest_path, cfg.weights, report=None,  # the run's test report is not of the average
+                     averaged_from=[{"path": str(p), "step": c.get("global_step")} for p, c in chosen])
+    result["state_dict"] = state
+    atomic_save(result, out)
+    log.info("averaged %d checkpoints (steps %s) -> %s", len(chosen), [c.get("global_step") for _, c in chosen], out)
+    return out
+
+
+def chosen_checkpoints(cfg: DictConfig) -> tuple[list[tuple[Path, dict[str, Any]]], Path]:
+    """The checkpoints ``cfg`` names, read and ordered by step, and the file to write."""
     if cfg.get("ckpts"):
         paths = [Path(p) for p in cfg.ckpts]
         chosen = [(p, read_checkpoint(p, cfg.allow_pickle, what="ckpts")) for p in paths]
@@ -119,14 +135,7 @@ def run_average(cfg: DictConfig) -> Path:
         raise ValueError("ckpts=[...]: set out=<file> for the averaged checkpoint")
     if len(chosen) < 2:
         raise CheckpointError("averaging needs at least two checkpoints")
-    state = average(chosen, cfg.weights)
-    newest_path, newest = chosen[-1]
-    result = release(newest, newest_path, cfg.weights, report=None,  # the run's test report is not of the average
-                     averaged_from=[{"path": str(p), "step": c.get("global_step")} for p, c in chosen])
-    result["state_dict"] = state
-    atomic_save(result, out)
-    log.info("averaged %d checkpoints (steps %s) -> %s", len(chosen), [c.get("global_step") for _, c in chosen], out)
-    return out
+    return chosen, out
 
 
 main = hydra_command("average", run_average)  # nmt-average: nmt/conf/average.yaml

@@ -18,6 +18,11 @@ Hydra command the same way, through ``hydra_command``).
   stops at once. Before any output exists, a first signal that no check meets within ``grace``
   seconds (a file that takes long to read or load, whatever it holds) ends the process then
   (``translate.py``: ``STOP_GRACE``). ``hold_stop_signals`` keeps one that comes before, from the script's first line.
+- ``stop_within_grace``: the same for the file reads and model loads of every other command
+  (``nmt-evaluate``, ``nmt-export``, ``nmt-average``, ``nmt-import``, ``nmt-prune``, ``nmt-serve``'s
+  start, ``nmt-distill``'s teacher, ``train.py``'s ``init_from`` and resume): a first signal stops
+  the command as the block ends, or ``STOP_GRACE`` seconds after it came; outside the block the
+  command's own handling goes on (Python's, Lightning's, uvicorn's).
 - ``write_failure``: the error for a write that failed (a full disk, a file-size limit), naming
   the file and what was kept; torch and SentencePiece report such failures as other errors.
 - ``ending_cleanly``: exit statuses 128 + signal (130 SIGINT, 143 SIGTERM); 141 (128 + SIGPIPE,
@@ -315,6 +320,22 @@ class StopSignals:
         if self.pending is not None:
             self._disarm()
             raise Stopped(self.pending)
+
+
+@contextmanager
+def stop_within_grace(grace: float = STOP_GRACE) -> Iterator[StopSignals]:
+    """A command's reads and loads before its output exists, under ``StopSignals``: a first SIGINT or
+    SIGTERM stops it as the block ends (``Stopped``: ``ending_cleanly`` says "stopped by SIGTERM;
+    nothing was written", status 143), or ``grace`` seconds after it came if the block is still
+    under way (a file that takes long to read or load, whatever it holds: ``StopSignals._overdue``);
+    a second signal at once. Never at an arbitrary moment inside the load (see ``StopSignals``)."""
+    with StopSignals(grace=grace) as signals:
+        try:
+            yield signals
+            signals.check()
+        except Stopped as stop:
+            stop.note = stop.note or "; nothing was written"
+            raise
 
 
 def raised_in_nmt(error: BaseException) -> bool:

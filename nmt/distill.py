@@ -22,7 +22,7 @@ from pathlib import Path
 from hydra import compose
 from omegaconf import DictConfig, open_dict
 
-from nmt.cli_io import hydra_command
+from nmt.cli_io import hydra_command, stop_within_grace
 from nmt.runs.files import SUMMARY
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ def run_distillation(cfg: DictConfig) -> float | None:
     from nmt.train import optimized_value, train
     from nmt.training.distillation import distil, student_data
 
-    student_data(cfg, distil(cfg))
+    student_data(cfg, distil(cfg, loading=stop_within_grace))  # a signal stops the teacher's load within the grace
     metrics = train(cfg)
     if cfg.distill.get("compare", True) and cfg.get("test", True):
         compare(cfg)

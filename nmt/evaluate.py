@@ -25,7 +25,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from nmt.checkpoints import file_config
 from nmt.checkpoints.files import CheckpointError, saved_vocabularies
-from nmt.cli_io import hydra_command
+from nmt.cli_io import hydra_command, stop_within_grace
 from nmt.evaluation import directions, reordering
 from nmt.evaluation.analyses import (Scored, by_comet, by_frequency, by_heads, by_reordering, check_head_options,
                                      reference_alignments, robustness, training_counts, translate_with_entropy, words_of)
@@ -119,7 +119,8 @@ def evaluate(cfg: DictConfig) -> None:
         resamples(OmegaConf.select(cfg, key), key)
     if cfg.get("heads", False):
         check_head_options(cfg.head_analysis)
-    comet = load_comet_model(cfg)  # before any translation: a folder it cannot read is one line now
+    with stop_within_grace():  # the models' loads: a signal stops them within the grace, before any output
+        comet = load_comet_model(cfg)  # before any translation: a folder it cannot read is one line now
     split_name = str(cfg.get("split", "test"))
     if split_name not in SPLITS:
         raise ValueError(f"split={split_name}: choose one of {', '.join(SPLITS)} (tune on valid, read test once)")
@@ -133,9 +134,11 @@ def evaluate(cfg: DictConfig) -> None:
                              "hypothesis files (hyps=) are of the clean test set")
     data_cfg, data_source = cfg.get("data"), None
     decoding = OmegaConf.to_container(cfg.decoding)
-    loaded = [Translator.load(c[0] if len(c) == 1 else c, device=str(cfg.device), kernels=str(cfg.get("kernels", "auto")),
-                              precision=str(cfg.get("precision", "auto")),
-                              allow_pickle=cfg.allow_pickle, decoding=decoding, max_tokens=cfg.max_tokens) for c in ckpts]
+    with stop_within_grace():
+        loaded = [Translator.load(c[0] if len(c) == 1 else c, device=str(cfg.device),
+                                  kernels=str(cfg.get("kernels", "auto")), precision=str(cfg.get("precision", "auto")),
+                                  allow_pickle=cfg.allow_pickle, decoding=decoding, max_tokens=cfg.max_tokens)
+                  for c in ckpts]
     if data_cfg is None:
         if not loaded:
             raise ValueError("hypothesis files need a test split: set data=<name> (e.g. data=europarl_it_en)")

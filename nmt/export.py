@@ -17,7 +17,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from nmt.cli_io import hydra_command
+from nmt.cli_io import hydra_command, stop_within_grace
 from nmt.checkpoints.files import atomic_save, checkpoint_kind, model_weights, read_checkpoint
 from nmt.checkpoints.loading import load_checkpoint
 from nmt.checkpoints.release import release
@@ -31,7 +31,8 @@ PACKAGES = {"ctranslate2": ("ctranslate2", "export"), "huggingface": ("transform
 def export_release(ckpt: str | Path, out: str | Path, weights: str = "stored", allow_pickle: bool = False) -> Path:
     """Write the release file of ``ckpt`` to ``out``; logs both sizes."""
     ckpt, out = Path(ckpt), Path(out)
-    checkpoint = read_checkpoint(ckpt, allow_pickle)
+    with stop_within_grace():  # a signal stops the read within the grace, before anything is written
+        checkpoint = read_checkpoint(ckpt, allow_pickle)
     model_weights(checkpoint, weights)  # the choice is valid
     atomic_save(release(checkpoint, ckpt, weights), out)
     log.info("release file %s: %.1f MB (the %s checkpoint: %.1f MB)", out, out.stat().st_size / 1e6,
@@ -52,18 +53,19 @@ def export(cfg: DictConfig) -> Path:
         raise ValueError(f"quantization={cfg.quantization}: format=huggingface writes fp32 weights; quantize in "
                          "transformers, or export format=ctranslate2")
     module, extra = PACKAGES[cfg.format]
-    try:
-        if cfg.format == "ctranslate2":
-            from nmt.exporters.ctranslate2 import to_ctranslate2 as write
-        else:
-            import transformers  # noqa: F401  (before the checkpoint is read: a missing package is the first error)
+    with stop_within_grace():  # the package's import and the model's load
+        try:
+            if cfg.format == "ctranslate2":
+                from nmt.exporters.ctranslate2 import to_ctranslate2 as write
+            else:
+                import transformers  # noqa: F401  (before the checkpoint is read: a missing package is the first error)
 
-            from nmt.exporters.huggingface import to_huggingface as write
-    except ModuleNotFoundError as e:
-        if e.name != module:
-            raise
-        raise ImportError(f"format={cfg.format} needs the {module} package: pip install 'nmt[{extra}]'") from None
-    loaded = load_checkpoint(cfg.ckpt, allow_pickle=cfg.allow_pickle)
+                from nmt.exporters.huggingface import to_huggingface as write
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            raise ImportError(f"format={cfg.format} needs the {module} package: pip install 'nmt[{extra}]'") from None
+        loaded = load_checkpoint(cfg.ckpt, allow_pickle=cfg.allow_pickle)
     options = {"quantization": cfg.get("quantization")} if cfg.format == "ctranslate2" else {}
     out = write(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, cfg.out, **options)
     log.info("%s model -> %s", cfg.format, out)

@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from nmt.checkpoints.files import atomic_save
 from nmt.checkpoints.loading import load_checkpoint
 from nmt.checkpoints.m2m100 import import_folder
-from nmt.cli_io import hydra_command
+from nmt.cli_io import hydra_command, stop_within_grace
 from nmt.languages.tags import vocabulary_languages
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,8 @@ def import_model(cfg: DictConfig) -> Path:
     if src.is_dir() and out.resolve().is_relative_to(src.resolve()):
         raise ValueError(f"out={out}: inside the folder being imported (src={cfg.src}); writing there could replace "
                          "its files: write the release file outside it")
-    checkpoint = import_folder(str(cfg.src), allow_pickle=bool(cfg.allow_pickle), revision=cfg.get("revision"))
+    with stop_within_grace():  # a signal stops the folder's read within the grace, before anything is written
+        checkpoint = import_folder(str(cfg.src), allow_pickle=bool(cfg.allow_pickle), revision=cfg.get("revision"))
     atomic_save(checkpoint, out)
     loaded = load_checkpoint(out)  # what every command does with it
     model = checkpoint["run_config"]["model"]

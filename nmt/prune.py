@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nmt.checkpoints.files import atomic_save, read_checkpoint
 from nmt.checkpoints.release import release
-from nmt.cli_io import hydra_command
+from nmt.cli_io import hydra_command, stop_within_grace
 from nmt.evaluate import load_data
 from nmt.evaluation import directions, heads
 from nmt.evaluation.length_report import bleu_cell, length_buckets, length_report, write_report
@@ -74,12 +74,13 @@ def run_prune(cfg: DictConfig) -> Path:
     count_of(cfg.batch_size, "batch_size")
     out = Path(cfg.out) if cfg.get("out") else Path(cfg.paths.output_dir)
     source = str(cfg.ckpt)
-    translator = Translator.load(source, device=str(cfg.device), kernels=str(cfg.kernels), precision="32",
-                                 allow_pickle=cfg.allow_pickle, decoding=OmegaConf.to_container(cfg.decoding),
-                                 max_tokens=cfg.max_tokens)
-    if not heads.has_heads(translator.model):
-        raise ValueError(f"ckpt={source}: a model without Transformer attention heads; nothing to prune")
-    checkpoint = read_checkpoint(source, cfg.allow_pickle)
+    with stop_within_grace():  # a signal stops the model's load within the grace, before anything is written
+        translator = Translator.load(source, device=str(cfg.device), kernels=str(cfg.kernels), precision="32",
+                                     allow_pickle=cfg.allow_pickle, decoding=OmegaConf.to_container(cfg.decoding),
+                                     max_tokens=cfg.max_tokens)
+        if not heads.has_heads(translator.model):
+            raise ValueError(f"ckpt={source}: a model without Transformer attention heads; nothing to prune")
+        checkpoint = read_checkpoint(source, cfg.allow_pickle)
     data_cfg, data_source = cfg.get("data"), None
     if data_cfg is None:
         data_cfg, data_source = translator.run_config.get("data"), source

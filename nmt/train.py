@@ -48,7 +48,7 @@ from nmt.training.batch_probe import CPU_TOKENS, START, probe_max_tokens, traini
 from nmt.training.compiling import allow_recompiles, compile_counters, compile_summary
 from nmt.data.shapes import bucket, resolve_shapes
 from nmt.training.callbacks import LastCheckpoint, budget_timer, ended_by, share_best_with_last
-from nmt.cli_io import hydra_command
+from nmt.cli_io import hydra_command, stop_within_grace
 from nmt.checkpoints.finetune import (INIT_OPTIMIZER, check_architecture, check_init_vocabularies, imported_init,
                                      inherit_pruned_heads, init_origin, init_weights, read_init)
 from nmt.checkpoints.resume import check_resume
@@ -161,7 +161,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         allow_recompiles()
     compiled_before = compile_counters() if plan is not None else None
     ckpt_path = resolve_ckpt_path(cfg)
-    init = read_init_from(cfg, ckpt_path)
+    with stop_within_grace():  # the init_from file read (and imported): a signal stops it within the grace
+        init = read_init_from(cfg, ckpt_path)
     weights_only = not cfg.get("allow_pickle", False)
     check_guided_alignment(cfg)
     datamodule = build_datamodule(cfg.data)
@@ -173,8 +174,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
                  len(datamodule.datasets["valid"]))
     model = build_model(cfg, datamodule.src_vocab.vocab_size, datamodule.tgt_vocab.vocab_size)
     if ckpt_path:
-        check_resume(ckpt_path, model, datamodule.src_vocab, datamodule.tgt_vocab, not weights_only,
-                     str(cfg.optimizer.get("_target_", "")))
+        with stop_within_grace():  # the checkpoint to resume read whole: the same
+            check_resume(ckpt_path, model, datamodule.src_vocab, datamodule.tgt_vocab, not weights_only,
+                         str(cfg.optimizer.get("_target_", "")))
     module = build_module(cfg, model)
     batch_probe = fit_batch_to_device(cfg, model, module, datamodule) if probe else None
     accumulate_to_tokens(cfg)

@@ -28,6 +28,7 @@ import os
 import pickle
 import pickletools
 import re
+import struct
 import tempfile
 import zipfile
 import zlib
@@ -57,21 +58,52 @@ def _refused_global(error: Exception) -> str:
 MAX_STRUCTURE_BYTES = 64 << 20  # a file's pickled structure: configs, tokenizers (a 256k-piece model: ~5 MB), ...
 MAX_STRUCTURE_OPS = 1_000_000  # a checkpoint's: about 10,000 (a model of 1,000 weight tensors: about 100,000)
 MAX_CONTAINERS = 250_000
+MAX_MEMBERS = 100_000  # files in a checkpoint's archive: one per stored tensor and a few (a training checkpoint: ~500)
 CONTAINER_OPS = frozenset({"EMPTY_LIST", "LIST", "EMPTY_DICT", "DICT", "EMPTY_TUPLE", "TUPLE", "TUPLE1", "TUPLE2",
                            "TUPLE3", "EMPTY_SET", "FROZENSET", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD"})
 
 
-def check_structure(path: Path) -> None:
-    """A ``CheckpointError`` for a torch archive whose pickled structure is larger than the
-    limits above (read and counted without building it)."""
+def zip_members(path: Path) -> int | None:
+    """The number of files a zip archive's end record declares (its ZIP64 record's where the count
+    does not fit in 16 bits), read without its central directory; None where it has none."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        f.seek(max(0, size - 22 - 0xFFFF))  # the end record (22 bytes) and a comment of at most 64 KB
+        tail = f.read()
+        at = tail.rfind(b"PK\x05\x06")
+        if at < 0 or len(tail) - at < 22:
+            return None
+        count = struct.unpack("<H", tail[at + 10 : at + 12])[0]
+        if count == 0xFFFF and at >= 20 and tail[at - 20 : at - 16] == b"PK\x06\x07":  # the ZIP64 record's locator
+            f.seek(struct.unpack("<Q", tail[at - 12 : at - 4])[0])
+            record = f.read(56)
+            if len(record) == 56 and record[:4] == b"PK\x06\x06":
+                count = struct.unpack("<Q", record[32:40])[0]
+    return count
+
+
+def check_structure(path: Path, writer: str = "nmt") -> None:
+    """A ``CheckpointError`` for a torch archive of more than ``MAX_MEMBERS`` files (counted before
+    zipfile reads their list), with a compressed file (``torch.save`` stores each as it is, and a
+    memory-mapped read would take the compressed bytes for a tensor's), or whose pickled structure
+    is larger than the limits above (read and counted without building it); ``writer``: what should
+    have written it."""
+    members = zip_members(path)
+    if members is not None and members > MAX_MEMBERS:
+        raise CheckpointError(f"{path}: its archive lists {members:,} files, over the {MAX_MEMBERS:,} a checkpoint may "
+                              f"hold (one per stored tensor): refused, it was not written by {writer}")
     with zipfile.ZipFile(path) as archive:
         for entry in archive.infolist():
+            if entry.compress_type != zipfile.ZIP_STORED:
+                raise CheckpointError(f"{path}: {entry.filename} is compressed in the archive, where torch.save stores "
+                                      "every file as it is (its tensors would be read from the compressed bytes): "
+                                      "refused; save it again with torch.save, or zip it with -0")
             if not entry.filename.endswith(".pkl"):
                 continue
             if entry.file_size > MAX_STRUCTURE_BYTES:  # the size zipfile holds the entry's reading to
                 raise CheckpointError(f"{path}: its pickled structure ({entry.filename}) is over "
                                       f"{MAX_STRUCTURE_BYTES >> 20} MB, where a checkpoint's is about 1 MB: refused, it "
-                                      "was not written by nmt")
+                                      f"was not written by {writer}")
             ops = containers = 0
             try:
                 with archive.open(entry) as f:  # read as it is counted: a string at a time
@@ -82,7 +114,7 @@ def check_structure(path: Path) -> None:
                             raise CheckpointError(
                                 f"{path}: its pickled structure ({entry.filename}) holds over "
                                 f"{MAX_STRUCTURE_OPS:,} operations or {MAX_CONTAINERS:,} containers, where a "
-                                "checkpoint's holds about 10,000 and 3,000: refused, it was not written by nmt")
+                                f"checkpoint's holds about 10,000 and 3,000: refused, it was not written by {writer}")
             except ValueError as e:  # not a pickle pickletools can read: torch's own reader says what it is
                 if isinstance(e, CheckpointError):
                     raise

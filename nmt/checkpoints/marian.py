@@ -32,16 +32,17 @@ file and key. A hub id (``Helsinki-NLP/opus-mt-en-de``) is fetched with ``huggin
 
 from __future__ import annotations
 
-import json
 import pickle
 import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from nmt.checkpoints.files import FORMAT, CheckpointError, _refused_global, nonfinite
+from nmt.checkpoints.files import FORMAT, CheckpointError, _refused_global, check_structure, nonfinite
+from nmt.checkpoints.folder_limits import check_safetensors_header, count_pieces, json_object
 from nmt.data.tokenizer import Tokenizer
 from nmt.languages.tags import LANGUAGE
 from nmt.specials import BOS, EOS, PAD, UNK
@@ -121,13 +122,7 @@ def _json(folder: Path, name: str, required: bool = True) -> dict[str, Any]:
     raw = _read(folder, name, required)
     if raw is None:
         return {}
-    try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError) as e:
-        raise ImportRefused(f"{folder / name}: not JSON ({str(e)[:100]})") from None
-    if not isinstance(value, dict):
-        raise ImportRefused(f"{folder / name}: not a JSON object")
-    return value
+    return json_object(raw, folder / name, ImportRefused)  # its values and depth bounded (nmt.checkpoints.folder_limits)
 
 
 def _count(config: dict, key: str, where: Path, low: int = 1) -> int:
@@ -208,6 +203,7 @@ def _spm(folder: Path, name: str) -> Any:
     import sentencepiece.sentencepiece_model_pb2 as pb
 
     proto, raw = pb.ModelProto(), _read(folder, name)
+    count_pieces(raw, folder / name, ImportRefused)  # before protobuf builds them
     try:
         proto.ParseFromString(raw)
         if not proto.pieces:
@@ -374,6 +370,7 @@ def read_weights(folder: Path, config: dict[str, Any], allow_pickle: bool = Fals
     if safetensors.is_file():
         from safetensors import SafetensorError, safe_open
 
+        check_safetensors_header(safetensors, ImportRefused)
         try:
             with safe_open(str(safetensors), framework="pt") as f:
                 shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
@@ -392,6 +389,8 @@ def read_weights(folder: Path, config: dict[str, Any], allow_pickle: bool = Fals
             raise ImportRefused(f"{pickled}: refused, pickled weights can run code when loaded and the folder has no "
                                 "model.safetensors; only if you trust it: allow_pickle=true (read with weights_only=True)")
         try:
+            if zipfile.is_zipfile(pickled):  # its pickled structure bounded, as every checkpoint's (an older
+                check_structure(pickled, writer="transformers")  # format is refused by the memory-mapped load)
             raw = torch.load(pickled, map_location="cpu", weights_only=True, mmap=True)
         except pickle.UnpicklingError as e:  # weights_only refused what the file names
             raise ImportRefused(f"{pickled}: refused even with allow_pickle=true: it holds more than tensors "

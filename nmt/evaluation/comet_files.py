@@ -9,30 +9,33 @@ The folder, as its publishers ship it, plus the XLM-R files its ``hparams.yaml``
       encoder/config.json           XLM-R's sizes  } from xlm-roberta-large; another folder:
       encoder/sentencepiece.bpe.model   its pieces } comet.encoder=<folder>
 
-The folder is untrusted input: ``hparams.yaml`` and ``config.json`` are read as plain YAML/JSON of
-bounded size, every size is bounded (``LIMITS``) before a tensor is allocated, the weights are read
-with ``torch.load(weights_only=True)`` (tensors and plain containers, nothing that runs code) or
-from safetensors, and every tensor's name and shape is checked against the model the settings
+The folder is untrusted input: ``hparams.yaml`` and ``config.json`` are read as plain YAML (no
+aliases) and JSON of bounded size and values (``nmt.checkpoints.folder_limits``), every size is
+bounded (``LIMITS``) before a tensor is allocated, the weights are read with
+``torch.load(weights_only=True)`` (tensors and plain containers, nothing that runs code) or from
+safetensors, and every tensor's name and shape is checked against the model the settings
 describe. What nmt does not compute (another COMET class, another encoder) is refused in one line
 naming the file and key.
 """
 
 from __future__ import annotations
 
-import json
 import pickle
 import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from nmt.checkpoints.files import CheckpointError, check_structure
+from nmt.checkpoints.folder_limits import check_safetensors_header, count_pieces, json_object
 from nmt.evaluation.comet import ACTIVATIONS, POOLS, Comet, CometEstimator, Head, XLMRPieces
 
 LIMITS = {"hidden_size": 8192, "num_hidden_layers": 64, "num_attention_heads": 256, "intermediate_size": 65536,
           "vocab_size": 1_000_000, "max_position_embeddings": 65536, "type_vocab_size": 16}
-MAX_BYTES = {"hparams.yaml": 1 << 20, "config.json": 1 << 20, "sentencepiece.bpe.model": 64 << 20}
+MAX_BYTES = {"hparams.yaml": 64 << 10, "config.json": 1 << 20, "sentencepiece.bpe.model": 64 << 20}  # wmt22: 1 KB, 1 KB, 5 MB
 MAX_HIDDEN, MAX_DEPTH = 65536, 8  # the feed-forward's widths and number of hidden layers
 DOWNLOAD = ("huggingface-cli download Unbabel/wmt22-comet-da --local-dir wmt22-comet-da && huggingface-cli download "
             "FacebookAI/xlm-roberta-large config.json sentencepiece.bpe.model --local-dir wmt22-comet-da/encoder")
@@ -54,8 +57,14 @@ def read_head(path: Path) -> tuple[Head, dict[str, Any]]:
     """The estimator's settings from ``hparams.yaml`` (plain YAML), checked."""
     import yaml
 
+    raw = _read(path, "comet.model")
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser where PyYAML has it: 10x faster
     try:
-        hparams = yaml.safe_load(_read(path, "comet.model"))
+        for event in yaml.parse(raw, Loader=loader):  # an alias repeats a value: 9 levels of 10 = 10^9
+            if isinstance(event, yaml.AliasEvent):
+                raise CometRefused(f"{path}: line {event.start_mark.line + 1}: a YAML alias (*{event.anchor[:40]}); "
+                                   "nmt reads hparams.yaml as plain YAML, without anchors and aliases")
+        hparams = yaml.load(raw, Loader=loader)  # a safe loader: plain values only
     except yaml.YAMLError as e:
         raise CometRefused(f"{path}: not plain YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(hparams, dict):
@@ -87,12 +96,7 @@ def read_head(path: Path) -> tuple[Head, dict[str, Any]]:
 
 def read_encoder_config(path: Path) -> dict[str, Any]:
     """XLM-R's ``config.json``, every size bounded."""
-    try:
-        config = json.loads(_read(path, "comet.encoder"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CometRefused(f"{path}: not JSON ({e})") from None
-    if not isinstance(config, dict):
-        raise CometRefused(f"{path}: not a JSON object")
+    config = json_object(_read(path, "comet.encoder"), path, CometRefused)  # values and depth bounded
     if config.get("model_type") not in ("xlm-roberta", None):
         raise CometRefused(f"{path}: model_type={config.get('model_type')!r}; COMET's encoder here is xlm-roberta")
     for key, limit in LIMITS.items():
@@ -147,6 +151,7 @@ def read_weights(folder: Path, expected: dict[str, tuple[int, ...]]) -> dict[str
     if safetensors.is_file():
         from safetensors import SafetensorError, safe_open
 
+        check_safetensors_header(safetensors, CometRefused)
         try:
             with safe_open(str(safetensors), framework="pt") as f:
                 check_names(safetensors, {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}, expected)
@@ -156,7 +161,11 @@ def read_weights(folder: Path, expected: dict[str, tuple[int, ...]]) -> dict[str
         path = safetensors
     elif ckpt.is_file():
         try:
+            if zipfile.is_zipfile(ckpt):  # its pickled structure bounded, as every checkpoint's
+                check_structure(ckpt, writer="COMET")
             raw = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
+        except CheckpointError as e:
+            raise CometRefused(str(e)) from None
         except pickle.UnpicklingError as e:
             found = re.search(r"GLOBAL ([\w.]+)", str(e))
             raise CometRefused(f"{ckpt}: holds more than tensors and plain values ({found.group(1) if found else 'pickled objects'}), "
@@ -241,8 +250,10 @@ def load_comet(model: str | Path, encoder: str | Path | None = None, batch_size:
     head, _ = read_head(folder / "hparams.yaml")
     config = read_encoder_config(enc / "config.json")
     state = read_weights(folder, expected_shapes(config, head))
+    pieces = _read(enc / "sentencepiece.bpe.model", "comet.encoder")
+    count_pieces(pieces, enc / "sentencepiece.bpe.model", CometRefused)  # before SentencePiece builds them
     try:
-        tokenizer = XLMRPieces(_read(enc / "sentencepiece.bpe.model", "comet.encoder"), config["max_position_embeddings"] - 4)
+        tokenizer = XLMRPieces(pieces, config["max_position_embeddings"] - 4)
     except RuntimeError as e:
         raise CometRefused(f"{enc / 'sentencepiece.bpe.model'}: not a SentencePiece model ({str(e).splitlines()[0][:120]})") from None
     sp = tokenizer.sp

@@ -37,7 +37,7 @@ from fastapi.staticfiles import StaticFiles
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from nmt import register_resolvers
-from nmt.cli_io import hydra_command
+from nmt.cli_io import hydra_command, stop_within_grace
 from nmt.decoding.settings import BOUNDS
 from nmt.evaluation.heads import has_heads, sentence_heads
 from nmt.inference.backends import open_translator
@@ -355,7 +355,9 @@ def serve(cfg: DictConfig) -> None:
     """Load the model ``cfg`` names and serve it on ``cfg.host``:``cfg.port`` until stopped."""
     import uvicorn
 
-    app = create_app(load(cfg), cfg)
+    with stop_within_grace():  # a signal during the model's load stops nmt-serve within the grace
+        translator = load(cfg)
+    app = create_app(translator, cfg)
     limits = cfg.limits
     log.info("serving %s on http://%s:%d", cfg.ckpt, cfg.host, cfg.port)
     uvicorn.run(app, host=cfg.host, port=int(cfg.port), log_level=cfg.log_level,

@@ -24,7 +24,8 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -143,8 +144,10 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-def distil(cfg: DictConfig) -> Path:
-    """The distilled corpus folder of ``cfg`` (see the module docstring), written first when absent."""
+def distil(cfg: DictConfig, loading: Callable[[], AbstractContextManager[Any]] = nullcontext) -> Path:
+    """The distilled corpus folder of ``cfg`` (see the module docstring), written first when absent.
+    The teacher loads inside ``loading()`` (``nmt-distill``: ``nmt.cli_io.stop_within_grace``, so a
+    signal stops the load within the grace)."""
     from hydra.utils import instantiate
 
     d = cfg.distill
@@ -169,7 +172,8 @@ def distil(cfg: DictConfig) -> Path:
         return _filtered(folder, d.min_score, src_lang, tgt_lang)
     work.mkdir(parents=True, exist_ok=True)
     _write_atomic(work / "key.json", json.dumps(key, indent=1) + "\n")
-    translator = _open_teacher(cfg, work)
+    with loading():
+        translator = _open_teacher(cfg, work)
     _check_languages(translator, cfg)
     total = sum(len(s) for s, _ in _chunks(source, chunk_lines))  # reading is cheap beside translating
     done, start, translated_now = 0, time.perf_counter(), 0
