@@ -301,10 +301,7 @@ def _select_into(dst: Tree, src: Tree, index: Tensor) -> None:
         if dst.shape[1:] != src.shape[1:] or dst.size(0) != index.numel() or dst.dtype != src.dtype:
             raise RuntimeError(f"a fixed-shape search's tensor changed from {tuple(dst.shape)} {dst.dtype} to "
                                f"{tuple(src.shape)} {src.dtype} between steps")
-        if dst.is_contiguous():
-            torch.index_select(src, 0, index, out=dst)
-        else:  # a view of a cache's first positions
-            dst.copy_(src.index_select(0, index))
+        torch.index_select(src, 0, index, out=dst)  # dst may be a view (a cache's first positions): written in place
     elif isinstance(dst, dict):
         for key, value in dst.items():
             _select_into(value, src[key], index)

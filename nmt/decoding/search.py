@@ -106,8 +106,9 @@ def _fixed_engine(engine: str, model, src: Tensor, src_mask: Tensor, max_len_a: 
                   max_len: Tensor | None, need_attn: bool, scoring: str = "gnmt") -> str | None:
     """The fixed-shape engine (``fixed`` or ``graphs``) a greedy or beam search of ``engine`` runs
     on, or None for the loop: ``auto`` is ``graphs`` on CUDA; a search asked for attention weights, a
-    model without a preallocated state, outputs longer than its positions or a beam search with
-    ``scoring=huggingface`` (logged once) take the loop."""
+    model without a preallocated state, outputs longer than its positions, a beam search with
+    ``scoring=huggingface`` (logged once) and a model whose self-check failed (``fell_back``) take
+    the loop."""
     if engine not in ENGINES:
         raise ValueError(f"decoding.engine={engine!r}: choose one of {', '.join(ENGINES)}")
     if engine == "auto":
