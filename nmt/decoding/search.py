@@ -144,10 +144,10 @@ _CHECKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _checked(model, src: Tensor, engine: str, fixed: Callable[[], Hypotheses], loop: Callable[[], Hypotheses]) -> Hypotheses:
     """``fixed()``'s hypotheses; while ``model``'s self-check is under way on a GPU (``CHECKED_SEARCHES``),
     also ``loop()``'s, compared: the loop's if they disagree, and the model takes the loop from then on."""
-    check = _CHECKS.get(model)
-    if not fixed_beam._captures(src.device) or (check is not None and (check.replayed or check.searches >= CHECKED_SEARCHES)):
+    check = _CHECKS.get(model) or _EngineCheck()
+    if not fixed_beam._captures(src.device) or check.replayed or check.searches >= CHECKED_SEARCHES:
         return fixed()
-    check = _CHECKS.setdefault(model, _EngineCheck())
+    _CHECKS[model] = check
     restarts = fixed_beam.restarts(model)
     got, want = fixed(), loop()
     check.searches += 1
