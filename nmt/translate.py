@@ -290,6 +290,7 @@ def translate_file(cfg: DictConfig, signals: StopSignals) -> None:
         raise
     finally:
         progress.close()
+        translator.release()  # the captured searches' memory (CUDA graphs), before the process's own end
     if output is not None:
         output.finish()
     what = "scored" if cfg.mode == "score" else f"translated with {OmegaConf.to_container(cfg.decoding)}"

@@ -33,9 +33,10 @@ whole run:
    without the key/value cache (``nmt.bench.decoding.NoCache``; the cache factor is graphs against
    it, target >= 3x), and through CTranslate2 on the same weights (the ``nmt-export`` conversion in
    float16, one ``translate_batch`` of the same sentences; our faster engine against it, target >=
-   0.5x), with the share of outputs equal to the loop's; and the host's work per decoding step of the
-   loop and of ``graphs`` (one profiled search: aten operators, CUDA launches, reads of a value). Its
-   models are those parts 2-3 trained.
+   0.5x), with the share of outputs equal to the loop's (bf16); the same batch in fp32 (TF32 off), where
+   ``graphs`` must give the loop's hypotheses, captured and replayed, or the part fails; and the host's
+   work per decoding step of the loop and of ``graphs`` (one profiled search: aten operators, CUDA
+   launches, reads of a value). Its models are those parts 2-3 trained.
 
 After the parts, a table holds the seeds' claims against this run's rows: the Transformer against the
 LSTMs in training speed (part 2), gradient checkpointing's memory and time (part 5), mixed

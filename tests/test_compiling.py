@@ -8,6 +8,7 @@ GPU run compiles. The default tier keeps one model's parity, the slow tier runs 
 from __future__ import annotations
 
 import functools
+import re
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ import torch
 from nmt.data.batching import collate
 from nmt.data.shapes import ShapeBuckets
 from nmt.decoding.search import greedy_search
-from nmt.training.compiling import CompilePlan, allow_recompiles, compile_counters, resolve_compile
+from nmt.training.compiling import CompilePlan, allow_recompiles, checked_loss, compile_counters, resolve_compile
 from nmt.training.lit_module import TranslationModule
 from tests.test_models import _built, build
 from tests.test_shapes import items
@@ -140,3 +141,43 @@ def test_validation_and_decoding_stay_eager():
 @pytest.mark.parametrize("name", ["transformer", "lstm_luong"])
 def test_inductor_compiled_training_pass_equals_eager(name):
     check_parity(name, "inductor")
+
+
+def test_a_wrong_compiled_pass_is_caught_on_the_first_batch_and_the_run_trains_eager(caplog):
+    """The first training batch runs the eager pass beside the compiled one, from the same random
+    state: a right compiled pass (here the eager function itself, standing for one) agrees, keeps
+    training compiled and leaves the random state where one pass leaves it; a wrong one (its
+    features times 50) logs one warning, and that batch and the later ones train eager."""
+    from nmt.models.base import teacher_forced
+
+    model = build("transformer").train()
+    module = TranslationModule(model, optimizer=functools.partial(torch.optim.Adam), label_smoothing=0.1)
+    module.log = lambda *args, **kwargs: None
+    module._is_finite = lambda loss: True
+    batch = collate(items(BATCHES[0]))
+    torch.manual_seed(5)
+    eager = module.loss(batch)[0]
+    after_one = torch.get_rng_state()
+
+    model._compiled_features = teacher_forced
+    torch.manual_seed(5)
+    loss = checked_loss(model, lambda: module.losses(batch))[0]
+    assert torch.equal(loss, eager) and loss.requires_grad and model.compiled
+    assert torch.equal(torch.get_rng_state(), after_one)
+
+    calls = []
+
+    def wrong(m, src, src_mask, tgt_in, *rest):
+        calls.append(1)
+        return teacher_forced(m, src, src_mask, tgt_in) * 50
+
+    model._compiled_features = wrong
+    torch.manual_seed(5)
+    with caplog.at_level("WARNING", logger="nmt.training.compiling"):
+        first = module.training_step(batch, 0)
+        module.training_step(batch, 1)
+    assert torch.equal(first.detach(), eager.detach()) and first.requires_grad
+    assert not model.compiled and len(calls) == 1
+    [record] = caplog.records
+    assert re.fullmatch(r"compile: the compiled training pass's first loss [\d.]+ differs from the eager pass's [\d.]+ "
+                        r"by [\d.]+ \(relative; tolerance 0.05\); training runs eager from here on", record.getMessage())

@@ -296,3 +296,18 @@ def test_huggingface_scoring_settings_and_their_refusals():
         SearchSettings.from_config({**beam, "early_stopping": 1})
     with pytest.raises(ValueError, match=r"^decoding.scoring: not an option of greedy search"):
         SearchSettings.from_config({"_target_": "nmt.decoding.search.greedy_search", "scoring": "gnmt"})
+
+
+def test_graph_cache_mb_is_read_bounded_and_reaches_the_search():
+    """``decoding.graph_cache_mb`` (beam and greedy) reaches the search every front end builds
+    (translate.py, nmt-serve, validation: ``search_of``); a negative budget is refused in one line."""
+    from nmt.decoding.search import search_of
+    from nmt.decoding.settings import GRAPH_CACHE_MB, SearchSettings
+
+    for target in ("beam_search", "greedy_search"):
+        settings = SearchSettings.from_config({"_target_": f"nmt.decoding.search.{target}", "graph_cache_mb": 64})
+        assert settings.graph_cache_mb == 64 and search_of(settings).keywords["graph_cache_mb"] == 64
+        assert settings.as_config()["graph_cache_mb"] == 64
+    assert search_of(SearchSettings.from_config(None)).keywords["graph_cache_mb"] == GRAPH_CACHE_MB == 2048
+    with pytest.raises(ValueError, match=r"^decoding.graph_cache_mb=-1: must be from 0.0 to 1,048,576.0$"):
+        SearchSettings.from_config({"_target_": "nmt.decoding.search.beam_search", "graph_cache_mb": -1})

@@ -158,3 +158,25 @@ def test_invalid_utf8_is_reported_with_its_line_in_every_mode(ckpt, tmp_path, mo
     result = translate(ckpt, capsys, f"input={broken}", "errors=replace", *mode)
     assert len(result.stdout.split("\n")) - 1 == 4 * rows_per_line
     assert "replaced invalid UTF-8 on 1 line(s): [3]" in result.stderr
+
+
+def test_captured_searches_stay_within_graph_cache_mb_and_translate_releases_them_at_its_end(ckpt, src, capsys,
+                                                                                          monkeypatch):
+    """engine=graphs with capture simulated: the run keeps its captured searches (within
+    ``decoding.graph_cache_mb``, here 2: room for its one shape) until its end, where it releases
+    them, and translates as the loop does."""
+    from nmt.decoding import fixed_beam
+    from tests.test_fixed_beam import simulate_capture
+
+    loop = translate(ckpt, capsys, f"input={src}", "decoding.engine=loop").stdout
+    captures = simulate_capture(monkeypatch)
+    released, release = [], fixed_beam.release
+
+    def spy(model):
+        released.append((len(fixed_beam.kept_shapes(model)), fixed_beam.kept_bytes(model)))
+        release(model)
+        assert fixed_beam.kept_shapes(model) == []
+
+    monkeypatch.setattr(fixed_beam, "release", spy)
+    assert translate(ckpt, capsys, f"input={src}", "decoding.engine=graphs", "decoding.graph_cache_mb=2").stdout == loop
+    assert len(released) == 1 and released[0][0] == 1 and 0 < released[0][1] <= 2 << 20 and captures

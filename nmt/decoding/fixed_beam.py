@@ -13,14 +13,20 @@ the queue of kernels and each new shape is a new launch plan. Here:
   of leaving it, and every step's bookkeeping (the n-best lists, the finished counts, the stop
   test) stays on the device: the host reads one flag every ``CHECK_EVERY`` steps and the
   steps after the last sentence stopped change nothing;
+- **a step reads the positions filled so far, to their bucket**: step t reads and reorders the
+  first ``read_positions(t)`` positions of the cache (a power of two, at least ``MIN_READ``), views
+  of the preallocated tensors (``Seq2Seq.narrow_state``), not the whole capacity;
 - **with** ``graphs``, batches are padded to the shape ladder of training's buckets
   (``nmt.data.shapes``: rows, source length and output capacity), so a handful of shapes serve a
   whole test set, and on CUDA a step (decoder, normalisation, top-k, bookkeeping) is captured once
-  per shape as a CUDA graph and replayed: one launch per step instead of hundreds. A model keeps
-  its last ``KEPT_GRAPHS`` captured searches (their tensors and one shared memory pool) beside it,
-  until its weights move or ``release`` (training's after each validation and test); a shape whose
-  capture failed runs eagerly from then on.
+  per shape, copy of the state and bucket of positions read as a CUDA graph and replayed: one launch
+  per step instead of hundreds. A model keeps its most recently used captured searches (their
+  tensors and one shared memory pool) beside it, at most ``KEPT_SEARCHES`` and at most
+  ``graph_cache_mb`` of their tensors (``decoding.graph_cache_mb``; a search larger than that alone
+  runs its steps eagerly), until its weights move or ``release`` (training's after each validation
+  and test, translate.py's at its end); a shape whose capture failed runs eagerly from then on.
 
+A source longer than the encoder's positions is refused (the loop refuses it too), never cropped.
 The steps run in the loop's order on the same values, so in fp32 the hypotheses are the loop's;
 the attention over a preallocated cache adds masked positions, which change a float's last bits at
 most (``tests/test_fixed_beam.py``).
@@ -40,6 +46,7 @@ import torch
 from torch import Tensor
 
 from nmt.data.shapes import bucket
+from nmt.decoding.settings import GRAPH_CACHE_MB
 from nmt.decoding.scoring import (Hypotheses, best_possible, check_prefix, force_tokens, length_penalty, log_probs,
                                   max_lengths, to_lists, top_candidates)
 from nmt.models.base import Tree, select
@@ -47,7 +54,9 @@ from nmt.specials import BOS, EOS, PAD
 
 CHECK_EVERY = 8  # steps between the host's reads of whether any sentence still searches
 WARMUP_STEPS = 2  # eager steps before a CUDA graph is captured (lazy initialisation, autotuning)
-KEPT_GRAPHS = 8  # captured searches kept per model, the most recently used
+KEPT_SEARCHES = 8  # captured searches kept per model at most, the most recently used ...
+# ... within decoding.graph_cache_mb (``GRAPH_CACHE_MB`` by default) of their tensors
+MIN_READ = 16  # the fewest cache positions a step reads (then powers of two: a graph per bucket)
 
 _log = logging.getLogger(__name__)
 
@@ -69,16 +78,24 @@ class _Buffers:
     best_tokens: Tensor  # (n, nbest, capacity)
     num_finished: Tensor  # (n,)
     states: list[Tree] | None = None  # the decoder's, two copies a step reads and writes in turn (set by step 0)
-    graphs: list[Callable[[], None] | None] = field(default_factory=lambda: [None, None])  # captured, per parity
+    graphs: dict[tuple[int, int | None], Callable[[], None]] = field(default_factory=dict)  # captured, per
+    # (parity, positions read)
+    nbytes: int = 0  # of the tensors above, once kept
 
 
 def fixed_beam_search(model, src: Tensor, src_mask: Tensor, beam_size: int, alpha: float, max_len_a: float,
                       max_len_b: int, nbest: int = 1, max_len: Tensor | None = None, prefix: Tensor | None = None,
-                      graphs: bool = False, check_every: int = CHECK_EVERY) -> Hypotheses:
+                      graphs: bool = False, check_every: int = CHECK_EVERY,
+                      graph_cache_mb: float = GRAPH_CACHE_MB) -> Hypotheses:
     """``search.beam_search`` on fixed shapes (module docstring); ``graphs``: padded to the shape
-    ladder and, on CUDA, captured. ``beam_search`` sends here only batches whose outputs fit the
-    decoder's positions (``Seq2Seq.fixed_state_steps``)."""
+    ladder and, on CUDA, captured, the model's kept searches within ``graph_cache_mb`` MiB.
+    ``beam_search`` sends here only batches whose outputs fit the decoder's positions
+    (``Seq2Seq.fixed_state_steps``); a source longer than the encoder's positions is refused."""
     batch, k = src.size(0), beam_size
+    limit = model.max_source_tokens
+    if limit is not None and src.size(1) > limit:
+        raise ValueError(f"a source of {src.size(1)} tokens: the encoder has positions for {limit}; shorten or split "
+                         "it (translate.py and nmt-serve cut sources at the model's max_src_len)")
     caps = max_lengths(src_mask, max_len_a, max_len_b, max_len)
     check_prefix(prefix, caps)
     steps = int(caps.max())
@@ -87,7 +104,7 @@ def fixed_beam_search(model, src: Tensor, src_mask: Tensor, beam_size: int, alph
     capacity, rows, width = steps, batch, src.size(1)
     if graphs:  # each to its bucket, within the positions the decoder and the encoder have
         capacity = min(int(bucket(steps)), model.fixed_state_steps)
-        rows, width = int(bucket(batch)), min(int(bucket(width)), model.max_source_tokens or (1 << 62))
+        rows, width = int(bucket(batch)), min(int(bucket(width)), limit or (1 << 62))
     src, src_mask, caps = _padded(src, src_mask, caps, rows, width)
     if prefix is not None:
         prefix = torch.nn.functional.pad(prefix[:, :capacity], (0, capacity - min(prefix.size(1), capacity),
@@ -106,9 +123,11 @@ def fixed_beam_search(model, src: Tensor, src_mask: Tensor, beam_size: int, alph
             b = _new_buffers(_cloned(memory), prefix, caps, batch, k, nbest, capacity)  # the caller's stay theirs
         else:
             kept.searches.move_to_end(key)
+            kept.restarts += 1
             _copy_into(b.memory, memory)  # this batch into the kept search's tensors
             _restart(b, caps, prefix, batch, k)
-        _search(model, b, steps, k, nbest, float(alpha), memory, capacity, check_every, kept, key)
+        _search(model, b, steps, k, nbest, float(alpha), memory, capacity, check_every, kept, key,
+                int(graph_cache_mb * (1 << 20)))
         return _results(b, batch, nbest)
 
 
@@ -137,38 +156,54 @@ def _new_buffers(memory: Tree, prefix: Tensor | None, caps: Tensor, batch: int, 
 
 
 def _search(model, b: _Buffers, steps: int, k: int, nbest: int, alpha: float, memory: Tree, capacity: int,
-            check_every: int, kept: _Kept | None = None, key: tuple = ()) -> None:
+            check_every: int, kept: _Kept | None = None, key: tuple = (), budget: int = 0) -> None:
     """Run the search on ``b`` to its end: step 0 eagerly (from the state ``memory`` starts), then
     the others, replayed from the kept CUDA graph of ``key`` (captured after ``WARMUP_STEPS`` eager
-    steps on a side stream the first time) where ``kept`` is given, eagerly otherwise."""
+    steps on a side stream the first time) where ``kept`` is given and ``b``'s tensors fit in
+    ``budget`` bytes, eagerly otherwise."""
     rows = b.caps.size(0)
     state = select(model.init_state(memory, capacity=capacity), torch.arange(rows, device=b.caps.device).repeat_interleave(k))
     step = _Step(model, b, k, nbest, alpha)
-    step(0, state)  # step 0, eagerly: it fixes the state's shapes and dtypes (an RNN's may change at the first step)
+    step(0, None, state)  # step 0, eagerly: it fixes the state's shapes and dtypes (an RNN's may change at the first step)
+    narrows = model.narrow_state(b.states[0], capacity) is not None  # a state with positions (a key/value cache)
     capture = kept is not None and key not in kept.failed
-    side = _Stream(b.caps.device) if capture and None in b.graphs else None
+    if capture and key not in kept.searches and _nbytes(b) > budget:
+        _log.info("beam search runs the steps of a %.1f MiB search eagerly: over decoding.graph_cache_mb=%g",
+                  _nbytes(b) / (1 << 20), budget / (1 << 20))
+        kept.failed.add(key)
+        capture = False
+    side = _Stream(b.caps.device) if capture else None
     for t in range(1, steps):
         if t % check_every == 0 and not bool(b.searching.any()):
             break
         parity = t % 2  # the step reads states[parity] and writes states[1 - parity]
-        if b.graphs[parity] is not None:
-            b.graphs[parity]()
+        reads = read_positions(t, capacity) if narrows else None
+        run = partial(step, parity, reads)
+        graph = b.graphs.get((parity, reads))
+        if graph is not None:
+            graph()
         elif capture and t > WARMUP_STEPS:
             try:
-                b.graphs[parity] = _captured(partial(step, parity), side, kept)
+                graph = b.graphs[parity, reads] = _captured(run, side, kept)
             except RuntimeError as error:  # a step a graph cannot hold: eager steps, as correct, for this shape
                 _log.warning("beam search runs its steps eagerly: a CUDA graph could not capture them (%s)",
                              str(error).splitlines()[0] if str(error) else type(error).__name__)
                 kept.failed.add(key)
                 capture = False
-                step(parity)
+                run()
                 continue
-            kept.keep(key, b)
-            b.graphs[parity]()
+            kept.keep(key, b, budget)
+            graph()
         elif capture:
-            side.run(partial(step, parity))
+            side.run(run)
         else:
-            step(parity)
+            run()
+
+
+def read_positions(t: int, capacity: int) -> int:
+    """The cache positions step ``t`` reads (it writes position t): the power of two at least t + 1
+    and ``MIN_READ``, within ``capacity``."""
+    return min(capacity, max(MIN_READ, 1 << t.bit_length()))
 
 
 class _Step:
@@ -178,12 +213,15 @@ class _Step:
     def __init__(self, model, b: _Buffers, k: int, nbest: int, alpha: float) -> None:
         self.model, self.b, self.k, self.nbest, self.alpha = model, b, k, nbest, alpha
 
-    def __call__(self, parity: int, state: Tree | None = None) -> None:
+    def __call__(self, parity: int, reads: int | None = None, state: Tree | None = None) -> None:
         """The step from ``b.states[parity]`` (step 0: from ``state``) into ``b.states[1 - parity]``:
-        reordering the beams' states is one pass over them, a read of one copy and a write of the other."""
+        reordering the beams' states is one pass over them, a read of one copy and a write of the
+        other; ``reads``: over their first ``reads`` positions only (None: all of them)."""
         model, b, k = self.model, self.b, self.k
         n = b.caps.size(0)
-        logits, state, _ = model.decode_step(b.prev, b.memory, b.states[parity] if state is None else state)
+        if state is None:
+            state = b.states[parity] if reads is None else model.narrow_state(b.states[parity], reads)
+        logits, state, _ = model.decode_step(b.prev, b.memory, state)
         x = log_probs(logits, model.tgt_vocab_size, model.kernels)  # (n*k, W)
         if b.prefix is not None:
             x = force_tokens(x, b.prefix.index_select(1, b.t).squeeze(1).repeat_interleave(k))
@@ -217,7 +255,8 @@ class _Step:
             ahead = select(state, reorder)
             b.states = [_cloned(ahead), ahead]
         else:
-            _select_into(b.states[1 - parity], state, reorder)
+            _select_into(b.states[1 - parity] if reads is None else model.narrow_state(b.states[1 - parity], reads),
+                         state, reorder)
         b.t.add_(1)
 
 
@@ -262,7 +301,7 @@ def _select_into(dst: Tree, src: Tree, index: Tensor) -> None:
         if dst.shape[1:] != src.shape[1:] or dst.size(0) != index.numel() or dst.dtype != src.dtype:
             raise RuntimeError(f"a fixed-shape search's tensor changed from {tuple(dst.shape)} {dst.dtype} to "
                                f"{tuple(src.shape)} {src.dtype} between steps")
-        torch.index_select(src, 0, index, out=dst)
+        torch.index_select(src, 0, index, out=dst)  # dst may be a view (a cache's first positions): written in place
     elif isinstance(dst, dict):
         for key, value in dst.items():
             _select_into(value, src[key], index)
@@ -346,19 +385,28 @@ def _weights_key(model) -> tuple:
 
 
 class _Kept:
-    """A model's captured searches, by batch shape (most recently used last, at most ``KEPT_GRAPHS``),
-    the shapes whose capture failed, the memory pool their graphs share, and the weights they read."""
+    """A model's captured searches, by batch shape (most recently used last, at most
+    ``KEPT_SEARCHES`` and a budget of bytes), the shapes whose capture failed (or that were over the
+    budget alone), the memory pool their graphs share, and the weights they read."""
 
     def __init__(self, weights: tuple) -> None:
         self.weights = weights
         self.searches: OrderedDict[tuple, _Buffers] = OrderedDict()
         self.failed: set[tuple] = set()
         self.pool = None
+        self.restarts = 0  # searches run in kept tensors (a new batch where a captured one was)
 
-    def keep(self, key: tuple, b: _Buffers) -> None:
+    def keep(self, key: tuple, b: _Buffers, budget: int) -> None:
+        """Keep ``b`` (within ``budget`` bytes alone), dropping the least recently used others over
+        ``KEPT_SEARCHES`` or the budget."""
+        b.nbytes = b.nbytes or _nbytes(b)
         self.searches[key] = b
-        while len(self.searches) > KEPT_GRAPHS:
+        self.searches.move_to_end(key)
+        while len(self.searches) > 1 and (len(self.searches) > KEPT_SEARCHES or self.nbytes() > budget):
             self.searches.popitem(last=False)
+
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.searches.values())
 
 
 # Per model (weakly held, so a copy of a model copies none of them); a lock for the searches that
@@ -371,6 +419,18 @@ def kept_shapes(model) -> list[tuple]:
     """The batch shapes whose captured searches ``model`` keeps."""
     kept = _KEPT.get(model)
     return [] if kept is None else list(kept.searches)
+
+
+def restarts(model) -> int:
+    """How many searches ran in ``model``'s kept tensors since they were last emptied."""
+    kept = _KEPT.get(model)
+    return 0 if kept is None else kept.restarts
+
+
+def kept_bytes(model) -> int:
+    """The bytes of the tensors of ``model``'s kept searches (their graphs' scratch memory aside)."""
+    kept = _KEPT.get(model)
+    return 0 if kept is None else kept.nbytes()
 
 
 def release(model) -> None:
@@ -387,6 +447,24 @@ def _kept(model) -> _Kept:
     if kept is None or kept.weights != weights:
         kept = _KEPT[model] = _Kept(weights)
     return kept
+
+
+def _nbytes(b: _Buffers) -> int:
+    """The bytes of ``b``'s tensors (memory, states, bookkeeping), each storage once."""
+    storages = {}
+    for x in _leaves([b.memory, b.prefix, b.caps, b.searching, b.t, b.prev, b.beam_scores, b.history, b.best_scores,
+                      b.best_tokens, b.num_finished, b.states]):
+        storage = x.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def _leaves(tree) -> list[Tensor]:
+    if isinstance(tree, Tensor):
+        return [tree]
+    if isinstance(tree, dict):
+        tree = list(tree.values())
+    return [x for part in tree for x in _leaves(part)] if isinstance(tree, (list, tuple)) else []
 
 
 def _cloned(tree: Tree) -> Tree:

@@ -15,20 +15,33 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from nmt.specials import BOS, EOS, PAD
 from nmt.models.base import select
+from nmt.decoding import fixed_beam
 from nmt.decoding.fixed_beam import fixed_beam_search
 from nmt.decoding.scoring import (Hypotheses, best_possible, check_prefix, force_tokens, hf_penalty,  # noqa: F401
                                   hf_stops, length_cap, length_penalty, log_probs, max_lengths, to_lists,
                                   top_candidates)
-from nmt.decoding.settings import DEFAULT_ALPHA, ENGINES, SCORINGS, SearchSettings
+from nmt.decoding.settings import DEFAULT_ALPHA, ENGINES, GRAPH_CACHE_MB, SCORINGS, SearchSettings
 
 log = logging.getLogger(__name__)
+
+# The fixed shapes check themselves on a GPU (where ``auto`` turns them on): a model's first fixed-shape
+# searches there also run the loop, until one of them replayed a kept capture (a new batch in captured
+# tensors, where the classic CUDA graph bugs show) or CHECKED_SEARCHES ran; a search whose share of
+# sentences unlike the loop's (other tokens, or a score off by more than SCORE_TOLERANCE of it) is over
+# SHARE_TOLERANCE turns the model to the loop for good, with one warning. Near-ties may flip a token
+# between two correct searches in reduced precision; a broken replay changes nearly every sentence.
+CHECKED_SEARCHES = 3
+SHARE_TOLERANCE = 0.2
+SCORE_TOLERANCE = 0.05
 
 
 @functools.cache
@@ -93,8 +106,9 @@ def _fixed_engine(engine: str, model, src: Tensor, src_mask: Tensor, max_len_a: 
                   max_len: Tensor | None, need_attn: bool, scoring: str = "gnmt") -> str | None:
     """The fixed-shape engine (``fixed`` or ``graphs``) a greedy or beam search of ``engine`` runs
     on, or None for the loop: ``auto`` is ``graphs`` on CUDA; a search asked for attention weights, a
-    model without a preallocated state, outputs longer than its positions or a beam search with
-    ``scoring=huggingface`` (logged once) take the loop."""
+    model without a preallocated state, outputs longer than its positions, a beam search with
+    ``scoring=huggingface`` (logged once) and a model whose self-check failed (``fell_back``) take
+    the loop."""
     if engine not in ENGINES:
         raise ValueError(f"decoding.engine={engine!r}: choose one of {', '.join(ENGINES)}")
     if engine == "auto":
@@ -106,7 +120,7 @@ def _fixed_engine(engine: str, model, src: Tensor, src_mask: Tensor, max_len_a: 
                   "shapes rank hypotheses with the GNMT penalty only)")
         return None
     positions = getattr(model, "fixed_state_steps", 0)
-    if positions <= 0:
+    if positions <= 0 or fell_back(model):
         return None
     # a source as wide as the batch bounds every sentence's cap (+1: float rounding), known without a read
     if int(max_len_a * src.size(1) + max_len_b) + 1 > positions and \
@@ -115,19 +129,72 @@ def _fixed_engine(engine: str, model, src: Tensor, src_mask: Tensor, max_len_a: 
     return engine
 
 
+@dataclass
+class _EngineCheck:
+    """Where a model's self-check of the fixed shapes stands."""
+
+    searches: int = 0  # checked so far
+    replayed: bool = False  # one of them replayed a kept capture
+    loop: bool = False  # the fixed shapes disagreed: the loop from here on
+
+
+_CHECKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _checked(model, src: Tensor, engine: str, fixed: Callable[[], Hypotheses], loop: Callable[[], Hypotheses]) -> Hypotheses:
+    """``fixed()``'s hypotheses; while ``model``'s self-check is under way on a GPU (``CHECKED_SEARCHES``),
+    also ``loop()``'s, compared: the loop's if they disagree, and the model takes the loop from then on."""
+    check = _CHECKS.get(model) or _EngineCheck()
+    if not fixed_beam._captures(src.device) or check.replayed or check.searches >= CHECKED_SEARCHES:
+        return fixed()
+    _CHECKS[model] = check
+    restarts = fixed_beam.restarts(model)
+    got, want = fixed(), loop()
+    check.searches += 1
+    check.replayed = fixed_beam.restarts(model) > restarts
+    differ = disagreement(got, want)
+    if differ <= SHARE_TOLERANCE:
+        return got
+    check.loop = True
+    fixed_beam.release(model)
+    log.warning("decoding.engine=%s: the fixed-shape search differs from the loop on %.0f%% of a checked batch's %d "
+                "sentences (tolerance %.0f%%); this model decodes with the loop engine from here on", engine,
+                100 * differ, len(want.tokens), 100 * SHARE_TOLERANCE)
+    return want
+
+
+def disagreement(got: Hypotheses, want: Hypotheses) -> float:
+    """The share of sentences whose best hypothesis in ``got`` is not ``want``'s: other tokens, or a score
+    off by more than ``SCORE_TOLERANCE`` of ``want``'s."""
+    scores = zip(got.scores.float().tolist(), want.scores.float().tolist())
+    differ = [a != b or abs(x - y) > SCORE_TOLERANCE * max(1.0, abs(y)) for a, b, (x, y) in zip(got.tokens, want.tokens, scores)]
+    return sum(differ) / max(1, len(differ))
+
+
+def fell_back(model) -> bool:
+    """Whether ``model``'s fixed-shape searches disagreed with the loop in its self-check (it decodes
+    with the loop since)."""
+    check = _CHECKS.get(model)
+    return check is not None and check.loop
+
+
 @torch.no_grad()
 def greedy_search(
     model, src: Tensor, src_mask: Tensor, max_len_a: float = 1.5, max_len_b: int = 10, need_attn: bool = False,
     max_len: Tensor | None = None, prefix: Tensor | None = None, engine: str = "auto",
+    graph_cache_mb: float = GRAPH_CACHE_MB,
 ) -> Hypotheses:
     """Pick the most probable token at every step. src, src_mask: (B, S); ``max_len`` (B,): caps
     below the source-length ones (validation's, from the references); ``prefix`` (B, P): target
-    tokens each output starts with (PAD-padded). ``engine``: as ``beam_search``'s; on fixed shapes
-    greedy search is beam search with one beam and no length penalty (the same tokens and scores)."""
+    tokens each output starts with (PAD-padded). ``engine``, ``graph_cache_mb``: as ``beam_search``'s;
+    on fixed shapes greedy search is beam search with one beam and no length penalty (the same tokens
+    and scores)."""
     fixed = _fixed_engine(engine, model, src, src_mask, max_len_a, max_len_b, max_len, need_attn)
     if fixed is not None:
-        return fixed_beam_search(model, src, src_mask, 1, 0.0, max_len_a, max_len_b, 1, max_len, prefix,
-                                 graphs=fixed == "graphs")
+        return _checked(model, src, fixed,
+                        lambda: fixed_beam_search(model, src, src_mask, 1, 0.0, max_len_a, max_len_b, 1, max_len, prefix,
+                                                  graphs=fixed == "graphs", graph_cache_mb=graph_cache_mb),
+                        lambda: greedy_search(model, src, src_mask, max_len_a, max_len_b, False, max_len, prefix, "loop"))
     return _sequential_search(model, src, src_mask, lambda x: x.argmax(dim=-1), max_len_a, max_len_b, need_attn,
                               max_len, prefix)
 
@@ -201,6 +268,7 @@ def beam_search(
     engine: str = "auto",
     scoring: str = "gnmt",
     early_stopping: bool | str = False,
+    graph_cache_mb: float = GRAPH_CACHE_MB,
 ) -> Hypotheses:
     """Batched beam search (``prefix`` (B, P): target tokens every hypothesis of a sentence starts
     with, PAD-padded); a sentence stops once ``beam_size`` hypotheses have ended, or once
@@ -232,8 +300,11 @@ def beam_search(
     hf = scoring == "huggingface"
     fixed = _fixed_engine(engine, model, src, src_mask, max_len_a, max_len_b, max_len, need_attn, scoring)
     if fixed is not None:
-        return fixed_beam_search(model, src, src_mask, beam_size, alpha, max_len_a, max_len_b, nbest, max_len, prefix,
-                                 graphs=fixed == "graphs")
+        return _checked(model, src, fixed,
+                        lambda: fixed_beam_search(model, src, src_mask, beam_size, alpha, max_len_a, max_len_b, nbest,
+                                                  max_len, prefix, graphs=fixed == "graphs", graph_cache_mb=graph_cache_mb),
+                        lambda: beam_search(model, src, src_mask, beam_size, alpha, max_len_a, max_len_b, False, nbest,
+                                            max_len, prefix, "loop", scoring, early_stopping))
     batch, k, n_best = src.size(0), beam_size, (beam_size if hf else nbest)  # transformers keeps K ended
     device = src.device
     max_len = max_lengths(src_mask, max_len_a, max_len_b, max_len)
@@ -346,6 +417,7 @@ def search_of(settings: SearchSettings, beam_size: int | None = None, nbest: int
     limits = {"max_len_a": settings.max_len_a, "max_len_b": settings.max_len_b}
     if settings.search == "sample" and beam_size == settings.beam_size:
         return functools.partial(sample_search, **limits, **settings.sampling)
+    limits["graph_cache_mb"] = settings.graph_cache_mb
     if beam_size == 1 and nbest == 1:
         return functools.partial(greedy_search, engine=settings.engine, **limits)
     alpha = DEFAULT_ALPHA if settings.alpha is None else settings.alpha  # None: settings not yet for_model'd

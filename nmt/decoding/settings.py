@@ -20,7 +20,8 @@ SAMPLING_KEYS = ("temperature", "top_k", "top_p", "seed")
 BOUNDS: dict[str, tuple[type, float, float]] = {
     "beam_size": (int, 1, 256), "nbest": (int, 1, 256), "alpha": (float, 0.0, 10.0), "max_len_a": (float, 0.0, 100.0),
     "max_len_b": (int, 0, 10_000), "temperature": (float, 0.0, 100.0), "top_k": (int, 0, 1 << 20),
-    "top_p": (float, 0.0, 1.0), "seed": (int, 0, (1 << 63) - 1)}
+    "top_p": (float, 0.0, 1.0), "seed": (int, 0, (1 << 63) - 1), "graph_cache_mb": (float, 0.0, float(1 << 20))}
+GRAPH_CACHE_MB = 2048  # MiB of tensors a model's kept CUDA-graph searches hold at most (``nmt.decoding.fixed_beam``)
 ENGINES = ("auto", "loop", "fixed", "graphs")  # how ``nmt.decoding.search``'s greedy and beam search run
 # How beam search ranks ended hypotheses: GNMT's length penalty (Wu et al. 2016) with a stop that never
 # changes the result, or Hugging Face transformers' score / length ** alpha with its stopping rule
@@ -28,8 +29,8 @@ ENGINES = ("auto", "loop", "fixed", "graphs")  # how ``nmt.decoding.search``'s g
 SCORINGS = ("gnmt", "huggingface")
 EARLY_STOPPING = (False, True, "never")
 KEYS = {"beam": ("beam_size", "alpha", "nbest", "max_len_a", "max_len_b", "alignments", "engine", "scoring",
-                 "early_stopping"),
-        "greedy": ("max_len_a", "max_len_b", "alignments", "engine"), "sample": ("max_len_a", "max_len_b", "alignments", *SAMPLING_KEYS)}
+                 "early_stopping", "graph_cache_mb"),
+        "greedy": ("max_len_a", "max_len_b", "alignments", "engine", "graph_cache_mb"), "sample": ("max_len_a", "max_len_b", "alignments", *SAMPLING_KEYS)}
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class SearchSettings:
     engine: str = "auto"  # how greedy and beam search run on torch (``ENGINES``); the result is the same
     scoring: str | None = None  # how beam search ranks ended hypotheses (``SCORINGS``); None: the model's, else gnmt
     early_stopping: bool | str = False  # scoring=huggingface's stopping rule (``EARLY_STOPPING``)
+    graph_cache_mb: float = GRAPH_CACHE_MB  # the MiB a model's kept captured searches hold (engine=graphs on a GPU)
 
     @classmethod
     def from_config(cls, decoding: Mapping[str, Any] | None) -> SearchSettings:
@@ -63,7 +65,7 @@ class SearchSettings:
             raise ValueError(f"decoding.{unknown[0]}: not an option of {search} search "
                              f"(its options: {', '.join(KEYS[search])})")
         values: dict[str, Any] = {"search": search}
-        for key in ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b"):
+        for key in ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "graph_cache_mb"):
             if decoding.get(key) is not None:
                 values[key] = bounded(decoding[key], key)
         if search != "beam":

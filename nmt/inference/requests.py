@@ -77,6 +77,10 @@ class RequestMeaning:
     target_languages: list[str]
     decoder_languages = False  # True: the source language is a tag, the target one the decoder's first token
 
+    def release(self) -> None:
+        """Give back what decoding keeps between batches (a torch model's captured CUDA graphs):
+        translate.py calls it at its end; a backend that keeps nothing does nothing."""
+
     def prepare(self, request: Request, naming: Naming = Naming()) -> Prepared:
         """``request`` checked and made ready, or a ``RequestError``: a language the model has no tag
         for or a sentence without one (``nmt.languages.tags.with_target_language``); both kinds of

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from nmt.decoding import search as search_functions
+from nmt.decoding import fixed_beam, search as search_functions
 from nmt.checkpoints.loading import load_checkpoint, load_ensemble
 from nmt.data.batching import TokenBatchSampler
 from nmt.inference.alignments import pharaoh
@@ -185,6 +185,11 @@ class Translator(RequestMeaning):
             options.setdefault("max_tgt_len", min(target_limit(m.model, m.run_config) for m in loaded.members))
         return cls(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, precision=precision,
                    step=loaded.step, report=loaded.report, **options)
+
+    def release(self) -> None:
+        """Drop the model's captured searches and the memory they hold (``nmt.decoding.fixed_beam``;
+        they are bounded by ``decoding.graph_cache_mb`` meanwhile, as in nmt-serve)."""
+        fixed_beam.release(self.model)
 
     # --- translating --------------------------------------------------------------------------
     def batches(self, lines: list[str], beam_size: int | None = None, nbest: int | None = None,

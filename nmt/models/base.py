@@ -187,6 +187,13 @@ class Seq2Seq(nn.Module):
             return self.decoder.init_state(memory)
         return self.decoder.init_state(memory, capacity=capacity)
 
+    def narrow_state(self, state: dict[str, Any], steps: int) -> dict[str, Any] | None:
+        """A preallocated state (``init_state(capacity=...)``) as views of its first ``steps``
+        positions, which a step reads and writes in place (a Transformer's key/value cache: its
+        attention reads no further); None for a state without positions (an RNN's)."""
+        narrow = getattr(self.decoder, "narrow_state", None)
+        return None if narrow is None else narrow(state, steps)
+
     @property
     def max_source_tokens(self) -> int | None:
         """The most source tokens the encoder has positions for (None: any number)."""
@@ -242,6 +249,16 @@ class Seq2Seq(nn.Module):
         if not any(getattr(part, "traceable", True) for part in (self.encoder, self.decoder)):
             return  # nn.LSTM calls alone (cuDNN's on a GPU): compiling would only cut the pass around them
         self._compiled_features = torch.compile(teacher_forced, dynamic=dynamic, mode=mode, backend=backend)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether ``compile_features`` compiled the training pass (or the decoder's step)."""
+        return "_compiled_features" in self.__dict__ or "_compiled_step" in self.decoder.__dict__
+
+    def drop_compiled(self) -> None:
+        """Train eager again: what ``compile_features`` compiled is dropped."""
+        self.__dict__.pop("_compiled_features", None)
+        self.decoder.__dict__.pop("_compiled_step", None)
 
     def alignment_attention(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, layer: int = -1) -> Tensor | None:
         """(B, T, S) attention of each target position over the source, the one word alignments

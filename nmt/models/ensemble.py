@@ -76,6 +76,14 @@ class Ensemble(nn.Module):
     def init_state(self, memory: list[dict[str, Tensor]], capacity: int | None = None) -> list[Any]:
         return [m.init_state(mem, capacity=capacity) for m, mem in zip(self.members, memory, strict=True)]
 
+    def narrow_state(self, state: list[Any], steps: int) -> list[Any] | None:
+        """Each member's ``narrow_state`` (a member without positions keeps its state); None if no
+        member's state has positions."""
+        narrowed = [m.narrow_state(st, steps) for m, st in zip(self.members, state, strict=True)]
+        if all(x is None for x in narrowed):
+            return None
+        return [st if x is None else x for st, x in zip(state, narrowed)]
+
     def decode_step(self, prev: Tensor, memory: list[dict[str, Tensor]], state: list[Any],
                     need_attn: bool = False) -> tuple[Tensor, list[Any], Tensor | None]:
         """One step of every member: the averaged log-probabilities (B, tgt_vocab_size), the

@@ -569,6 +569,13 @@ class TransformerDecoder(nn.Module):
         """The most steps a preallocated state (``init_state(capacity=...)``) holds: the positions."""
         return self.embed_tokens.max_len
 
+    def narrow_state(self, state: dict[str, Any], steps: int) -> dict[str, Any]:
+        """A preallocated state with each cache a view of its first ``steps`` positions
+        (B, heads, steps, d): a step writes its key/value into the cache through it and attends
+        over those positions alone."""
+        return {"pos": state["pos"], "cache": [{"k": c["k"][:, :, :steps], "v": c["v"][:, :, :steps]}
+                                               for c in state["cache"]]}
+
     def _layers(self, x: Tensor, memory: dict, state: dict | None, need_weights: bool, weights_of: int | None = None):
         """The layers over x; every layer's cross-attention weights with ``need_weights``, or layer
         ``weights_of``'s alone (its eager path; the other layers keep SDPA)."""

@@ -18,18 +18,25 @@ without compiling) per shape and replayed for every batch of it. A Transformer c
 recurrence compiles its step (``RNNDecoder.compile_step``), which does not depend on the sentence
 length, instead of a graph unrolled over every target length. What compiling cost is logged at the
 end of training and kept in ``summary.json`` (``compile_summary``).
+
+The compiled pass checks itself (``checked_loss``): the first training batch runs the eager pass too,
+from the same random state, and a loss off by more than ``LOSS_TOLERANCE`` of the eager one logs one
+warning and trains eager for the rest of the run. Dropout inside a compiled graph draws its own random
+numbers (inductor's), so the two passes drop different units and the tolerance is loose: it catches a
+pass that computes something else, not a last-digit drift (the parity tests hold that).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
 CHOICES = ("auto", "true", "false", "cudagraphs", "trace")
 RECOMPILE_LIMIT = 64  # graphs per compiled function (torch's default, 8, falls back to eager past it)
+LOSS_TOLERANCE = 0.05  # relative: the compiled pass's first loss against the eager one (dropout masks differ)
 
 
 @dataclass(frozen=True)
@@ -120,3 +127,42 @@ def compile_summary(plan: CompilePlan | None, before: dict[str, float], batch_sh
     log.info("compiled: %d graph(s) in %.1f s (%s; %s batch shapes an epoch)", summary["graphs"], summary["seconds"],
              plan.describe(), "?" if batch_shapes is None else batch_shapes)
     return summary
+
+
+def checked_loss(model: Any, losses: Callable[[], tuple], tolerance: float = LOSS_TOLERANCE) -> tuple:
+    """``losses()`` (a tuple, the loss first) of a training batch through ``model``'s compiled pass,
+    checked against the eager pass on the same batch from the same random state (without gradients);
+    beyond ``tolerance`` (relative), one warning, ``model.drop_compiled()`` and the eager pass's
+    ``losses()`` (with gradients), so this batch and the rest of the run train eager."""
+    import torch
+
+    before = _rng_states()
+    compiled = losses()
+    after = _rng_states()
+    _set_rng_states(before)
+    with torch.no_grad():  # the compiled pass serves gradients only: this is the eager one
+        eager = losses()
+    a, b = float(compiled[0].detach()), float(eager[0])
+    difference = abs(a - b) / max(abs(b), 1e-6)
+    if difference <= tolerance:  # (NaN compares false: a NaN from one pass alone is a disagreement)
+        _set_rng_states(after)
+        return compiled
+    log.warning("compile: the compiled training pass's first loss %.6g differs from the eager pass's %.6g by %.3g "
+                "(relative; tolerance %.3g); training runs eager from here on", a, b, difference, tolerance)
+    model.drop_compiled()
+    _set_rng_states(before)
+    return losses()
+
+
+def _rng_states() -> tuple:
+    import torch
+
+    return torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+
+
+def _set_rng_states(states: tuple) -> None:
+    import torch
+
+    torch.set_rng_state(states[0])
+    if states[1] is not None:
+        torch.cuda.set_rng_state_all(states[1])

@@ -42,6 +42,7 @@ from nmt.data.tokenizer import BOS, PAD
 from nmt.decoding import fixed_beam
 from nmt.evaluation.length_report import length_report, write_report
 from nmt.evaluation.metrics import corpus_scores
+from nmt.training.compiling import checked_loss
 from nmt.training.guided_alignment import GuidedAlignment, guided_alignment_loss
 from nmt.runs.files import TEST_TEXT
 
@@ -128,6 +129,7 @@ class TranslationModule(L.LightningModule):
         self.skipped_steps = 0  # steps whose loss was not finite, in total
         self.nonfinite_in_a_row = 0
         self._drop_update = False
+        self._check_compiled = True  # the compiled pass against eager on the first training batch (compiling.checked_loss)
         self._update_tokens = 0  # target tokens of the micro-batches of the optimizer step under way, this process
         self.last_results: dict[str, Any] = {}
         # Set by train(): saved in every checkpoint so translation needs nothing else.
@@ -171,7 +173,11 @@ class TranslationModule(L.LightningModule):
         return (*self.model.kernels.ops(hidden).output_cross_entropy(hidden, weight, target, eps, NOT_TARGETS), align)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
-        loss, nll, align = self.losses(batch)
+        if self._check_compiled and getattr(self.model, "compiled", False):  # the first batch, compiled: checked
+            loss, nll, align = checked_loss(self.model, lambda: self.losses(batch))
+        else:
+            loss, nll, align = self.losses(batch)
+        self._check_compiled = False
         if align is not None:
             self.log("train/align_loss", align)
         total = loss if align is None else loss + self.guided.weight * align

@@ -2,7 +2,9 @@
 ran. The same batch is decoded by ``decoding.engine=loop`` (the search before fixed shapes: it reads
 the device every step and shrinks the batch), by ``graphs`` (fixed shapes, one CUDA graph replayed
 per step), without the key/value cache (``nmt.bench.decoding.NoCache``, the prefix re-run every
-step), and by CTranslate2 on the same weights (``nmt-export``'s conversion, float16 on a GPU)."""
+step), and by CTranslate2 on the same weights (``nmt-export``'s conversion, float16 on a GPU). In fp32
+(TF32 off) ``graphs`` must give the loop's hypotheses, a first search and a replay of its capture alike:
+the part fails otherwise."""
 
 from __future__ import annotations
 
@@ -19,10 +21,12 @@ from nmt.bench.decoding import NoCache, decode_speed
 from nmt.bench.gpu.check import Check, first_line
 from nmt.bench.measure import sync, to_device
 from nmt.exporters.ctranslate2 import to_ctranslate2
+from nmt.decoding import search as searches
 from nmt.decoding.search import beam_search, length_cap
 from nmt.training.builders import build_model
 
 KV_TARGET = 3.0  # the key/value cache against re-running the prefix
+SCORE_TOLERANCE = 1e-4  # fp32: graphs' scores against the loop's (relative; masked cache positions move last bits)
 CT2_TARGET = 0.5  # our fastest engine's tokens/s against CTranslate2's on the same weights
 
 
@@ -72,7 +76,10 @@ def _decode(check: Check, preset: str, beam_size: int = 5, batch_size: int = 64)
            "loop_speedup": engines["no_cache"]["seconds"] / engines["loop"]["seconds"],
            "speedup": speedup, "target": KV_TARGET, "target_met": speedup >= KV_TARGET,
            "same_outputs": outputs["graphs"] == outputs["loop"] == outputs["no_cache"],
-           "same_outputs_share": sum(a == b for a, b in zip(outputs["graphs"], outputs["loop"])) / len(outputs["loop"])}
+           "same_outputs_share": sum(a == b for a, b in zip(outputs["graphs"], outputs["loop"])) / len(outputs["loop"]),
+           "fp32": _fp32_parity(model, batches[0], search, check.device), "fell_back": searches.fell_back(model)}
+    if row["fell_back"]:
+        raise RuntimeError(f"{preset}: the fixed-shape search disagreed with the loop in its self-check and fell back")
     try:
         row["ctranslate2"] = _ctranslate2(check, preset, model, cfg, dm, sources, beam_size, beam)
     except Exception as exc:  # noqa: BLE001  (the comparison is recorded as missing, our numbers stand)
@@ -81,6 +88,30 @@ def _decode(check: Check, preset: str, beam_size: int = 5, batch_size: int = 64)
         ours = max(engines["graphs"]["tokens_per_s"], engines["loop"]["tokens_per_s"])
         row["against_ctranslate2"] = ours / row["ctranslate2"]["tokens_per_s"]
         row["ct2_target"], row["ct2_target_met"] = CT2_TARGET, row["against_ctranslate2"] >= CT2_TARGET
+    return row
+
+
+def _fp32_parity(model, batch: dict, search, device: torch.device) -> dict[str, Any]:
+    """``batch`` decoded in fp32 (TF32 off) by the loop and twice by ``graphs`` (a capture, then a
+    replay in the kept tensors): the same tokens, scores within ``SCORE_TOLERANCE``, or a RuntimeError."""
+    batch = to_device(batch, device)
+    tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # fp32 means fp32 here
+        with torch.no_grad():
+            loop = search(model, batch["src"], batch["src_mask"], engine="loop")
+            graphs = [search(model, batch["src"], batch["src_mask"], engine="graphs") for _ in range(2)]
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    want = loop.scores.float().cpu()
+    differing = [sum(a != b for a, b in zip(g.tokens, loop.tokens)) for g in graphs]
+    score_diff = max(float(((g.scores.float().cpu() - want).abs() / want.abs().clamp(min=1.0)).max()) for g in graphs)
+    row = {"sentences": len(loop.tokens), "differing": differing, "max_score_rel_diff": score_diff,
+           "score_tolerance": SCORE_TOLERANCE}
+    if any(differing) or not score_diff <= SCORE_TOLERANCE:
+        raise RuntimeError(f"in fp32, engine=graphs differs from the loop: {differing[0]} and {differing[1]} of "
+                           f"{len(loop.tokens)} hypotheses (capture, replay), scores by up to {score_diff:.3g} "
+                           f"(relative; tolerance {SCORE_TOLERANCE:g})")
     return row
 
 

@@ -179,6 +179,11 @@ def markdown(report: dict[str, Any]) -> str:
                          f"{r['graphs_over_loop']:.2f}x | {_num(e['no_cache']['tokens_per_s'])} | {r['speedup']:.2f}x | "
                          f">= {r['target']:g}x: {'met' if r['target_met'] else 'not met'} | "
                          f"{_num(ct2.get('tokens_per_s'))} | {against} | {pct(r['same_outputs_share'])} |")
+        equal = [f"{r['model']}, all {r['fp32']['sentences']} (scores within {r['fp32']['max_score_rel_diff']:.2g})"
+                 for r in result["runs"] if "fp32" in r]
+        if equal:
+            lines += ["", "In fp32 (TF32 off) `graphs` gave the loop's hypotheses, for a first search and for a replay of "
+                      f"its capture (the part fails otherwise): {'; '.join(equal)}. The last column above is bf16's."]
         hosts = [r for r in result["runs"] if "error" not in r and "host" in r["engines"]["loop"]]
         if hosts:
             lines += ["", "The host's work per decoding step (one profiled search of the same batch): leaf aten "
