@@ -29,7 +29,6 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
@@ -39,14 +38,12 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from nmt import register_resolvers
 from nmt.cli_io import hydra_command, stop_within_grace
 from nmt.decoding.settings import BOUNDS
-from nmt.evaluation.heads import has_heads, sentence_heads
 from nmt.inference.backends import open_translator
 from nmt.inference.requests import Naming, Request as TranslationRequest
 from nmt.serve.batching import Batcher, ClientGone, QueueFull, QueueTimeout
 from nmt.serve.guard import (AmbiguousLengthMiddleware, ApiKeyMiddleware, HeaderTimeoutH11Protocol, content_type_error,
                              error, max_body_bytes, parse_request, read_body)
 from nmt.inference.translations import response_item
-from nmt.models.head_mask import head_counts
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +80,7 @@ def answer(translator: Any, texts: list[str], options: tuple[Any, ...]) -> list[
     translations = translator.translate(texts, beam_size, nbest, attention=bool(attention), **extra)
     items = [response_item(t, nbest, attention) for t in translations]
     if attention == "heads":  # each layer's and head's cross-attention, and the sentence's per-head table
+        from nmt.evaluation.heads import sentence_heads
         for t, item in zip(translations, items):
             if t.attention is not None:
                 heads = sentence_heads(translator, t.attention.source, t.attention.target)
@@ -119,8 +117,13 @@ def decoding_work(lengths: list[int], beam_size: int, constraints: list[int] | N
 def cross_heads(translator: Any) -> int:
     """The cross-attention heads of the translator's model, all layers (0: an RNN decoder, an
     ensemble or a CTranslate2 folder, whose heads the page cannot show)."""
+    if getattr(translator, "backend", None) != "torch":  # a CTranslate2 translator imports no torch
+        return 0
+    from nmt.evaluation.heads import has_heads
+    from nmt.models.head_mask import head_counts
+
     model = getattr(translator, "model", None)
-    if not isinstance(model, torch.nn.Module) or not has_heads(model):
+    if model is None or not has_heads(model):
         return 0
     return sum(head_counts(model).get("cross", []))
 
@@ -233,7 +236,6 @@ def create_app(translator: Any, cfg: DictConfig) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=list(cfg.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "X-API-Key"])
     max_body = max_body_bytes(limits)
-    head_count = cross_heads(translator)
 
     @app.post("/translate")
     async def translate(request: Request):
@@ -259,6 +261,7 @@ def create_app(translator: Any, cfg: DictConfig) -> FastAPI:
         lengths = [translator.count_tokens([t]) for t in texts]
         if languages:
             texts = list(asked.texts)
+        head_count = cross_heads(translator) if options[2] == "heads" else 0
         if options[2] == "heads" and not head_count:
             return error(400, '"attention": "heads": this model has no attention heads to show (heads are a Transformer '
                               'decoder\'s, read from a checkpoint or release file); ask for "attention": true')
