@@ -172,10 +172,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
                  "final weights on all of them after training", len(datamodule.datasets[datamodule.val_split]),
                  len(datamodule.datasets["valid"]))
     model = build_model(cfg, datamodule.src_vocab.vocab_size, datamodule.tgt_vocab.vocab_size)
+    module = build_module(cfg, model)  # module.freeze and module.lora apply to the model here
     if ckpt_path:
         check_resume(ckpt_path, model, datamodule.src_vocab, datamodule.tgt_vocab, not weights_only,
                      str(cfg.optimizer.get("_target_", "")))
-    module = build_module(cfg, model)
     batch_probe = fit_batch_to_device(cfg, model, module, datamodule) if probe else None
     accumulate_to_tokens(cfg)
     if init is not None:
@@ -440,6 +440,7 @@ def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: t
         "decoder": cfg.model.decoder._target_,
         "overrides": list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else [],
         "parameters": params,
+        "trained_parameters": module.trainable["trained"],  # less with module.freeze, module.lora (adapters only)
         "fit_seconds": round(fit_seconds, 1),
         "train_wall_seconds": round(train_seconds, 1),
         "steps": trainer.global_step,

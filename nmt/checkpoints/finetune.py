@@ -18,6 +18,7 @@ from nmt.checkpoints.m2m100 import import_folder
 from nmt.checkpoints.marian import is_model_source
 from nmt.checkpoints.resume import ADAMS, Refuse, check_optimizer
 from nmt.data.tokenizer import Tokenizer
+from nmt.models import lora
 from nmt.runs.files import CHECKPOINTS
 
 
@@ -178,9 +179,12 @@ def check_init_vocabularies(checkpoint: dict[str, Any], src_vocab: Tokenizer, tg
 
 
 def init_weights(model: torch.nn.Module, checkpoint: dict[str, Any], path: str | Path, weights: str = "stored") -> None:
-    """Load the ``init_from`` file's Seq2Seq weights (``model_weights``: ``stored`` or ``raw``) into
-    ``model``, every name and shape checked first (``check_weights``)."""
-    state = model_state(checkpoint, weights)
+    """Load the ``init_from`` file's Seq2Seq weights (``model_weights``: ``stored`` or ``raw``; a LoRA
+    run's adapters merged) into ``model``, every name and shape checked first (``check_weights``).
+    A model with adapters of its own (``module.lora``) keeps them as they were drawn: they start
+    from the file's model."""
+    state = model_state(checkpoint, weights, source=f"init_from={path}")
+    state.update({name: t for name, t in model.state_dict().items() if lora.is_adapter(name)})
     check_weights(model, state, f"init_from={path}")
     model.load_state_dict(state)
 
