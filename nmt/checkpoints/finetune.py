@@ -39,8 +39,10 @@ def imported_init(path: str, out_dir: str | Path, allow_pickle: bool = False) ->
     """``init_from`` as a file, and what a run from it trains: a MarianMTModel folder or hub id is
     imported once into ``out_dir/init_from.ckpt``; a release file ``nmt-import`` wrote stays as it
     is. Both give their ``model`` config (the run trains the imported architecture, whatever
-    ``model=`` says) and whether one tokenizer serves both sides (``joint``, for
-    ``data.tokenizer.joint``); any other file gives None (the run's config must match it)."""
+    ``model=`` says), whether one tokenizer serves both sides (``joint``, for
+    ``data.tokenizer.joint``) and, for an M2M100, NLLB-200 or mBART-50 model, how it reads its
+    languages (``languages``: the source language's code a tag, the target's the decoder's first
+    token; else None); any other file gives None (the run's config must match it)."""
     if is_model_source(path):
         out = Path(out_dir) / IMPORTED
         atomic_save(import_folder(path, allow_pickle=allow_pickle), out)
@@ -58,7 +60,10 @@ def imported_init(path: str, out_dir: str | Path, allow_pickle: bool = False) ->
         except file_config.ConfigRefused as e:
             raise CheckpointError(f"init_from={e}") from None
         protos = checkpoint["tokenizers"]  # Marian's two SentencePiece models over one vocabulary: two tokenizers
-        return path, {"model": model, "joint": protos["src"] == protos["tgt"]}
+        languages = checkpoint["run_config"].get("languages")  # M2M100's: the source code a tag, the target's a prefix
+        languages = languages if isinstance(languages, dict) and languages.get("target") == "decoder_prefix" else None
+        return path, {"model": model, "joint": protos["src"] == protos["tgt"],
+                      "languages": None if languages is None else {"source": "tag", "target": "decoder_prefix"}}
     return path, None
 
 

@@ -330,8 +330,10 @@ class TranslationModule(L.LightningModule):
             hyps = search(self.model, batch["src"], batch["src_mask"], max_len=(cap[0] * ref_len + cap[1]).long() + 1)
         else:
             hyps = search(self.model, batch["src"], batch["src_mask"])
-        tgt_vocab = self.trainer.datamodule.tgt_vocab
-        texts = tgt_vocab.decode_batch(hyps.tokens)
+        datamodule = self.trainer.datamodule
+        texts = datamodule.tgt_vocab.decode_batch(hyps.tokens)
+        if hasattr(datamodule, "untagged_targets"):  # an output starting with its language's tag is scored without it
+            texts = datamodule.untagged_targets(texts)
         self._outputs[stage].extend(zip(batch["ids"].tolist(), texts))
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
