@@ -13,7 +13,8 @@ run's optimizer, given the trained parameters only) takes ``--warmup`` + ``--ste
 batches of ``--batch`` random sentences of ``--length`` pieces on each side, through the training
 loss (``TranslationModule.loss``, the CPU kernels). Reported: trained parameters, the peak RSS of
 the process (``getrusage``; the weights, gradients, Adam's moments and the step's activations) and
-the mean time of the measured steps (forward, backward, optimizer step).
+the mean time of the measured steps (forward, backward, optimizer step) and the fastest of them
+(the one least slowed by other programs on a shared machine).
 
 Before each configuration the free memory (``MemAvailable``) must exceed an estimate of its peak
 (fp32 weights, a gradient and two moments per trained weight, activations) by ``--margin`` GB;
@@ -28,7 +29,6 @@ import argparse
 import functools
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from nmt.machine import cpu_name
 
 # NLLB-200-distilled-600M's config.json, as nmt.checkpoints.m2m100.read_config reads it
 NLLB_600M = {"d_model": 1024, "encoder_layers": 12, "decoder_layers": 12, "encoder_attention_heads": 16,
@@ -131,18 +133,28 @@ def trained_count(name: str) -> tuple[int, int]:
     return module.trainable["trained"] + module.trainable["frozen"], module.trainable["trained"]
 
 
-def table(results: list[dict]) -> str:
+def with_ratios(results: list[dict]) -> list[dict]:
+    """Each measured configuration's peak RSS and mean step against ``whole``'s (where it ran)."""
     whole = next((r for r in results if r["config"] == "whole" and "peak_rss_mb" in r), None)
-    lines = ["| configuration | trained parameters | peak RSS | vs whole | mean step | vs whole |",
-             "|---|---:|---:|---:|---:|---:|"]
+    for r in results:
+        if whole and "peak_rss_mb" in r:
+            r["peak_rss_vs_whole"] = round(r["peak_rss_mb"] / whole["peak_rss_mb"], 2)
+            r["step_vs_whole"] = round(r["mean_step_seconds"] / whole["mean_step_seconds"], 2)
+            r["fastest_step_vs_whole"] = round(min(r["step_seconds"]) / min(whole["step_seconds"]), 2)
+    return results
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| configuration | trained parameters | peak RSS | RSS vs whole | mean step | step vs whole | "
+             "fastest step | fastest vs whole |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         if "peak_rss_mb" not in r:
-            lines.append(f"| {r['config']} | {r['trained']:,} | not run: {r['skipped']} | | | |")
+            lines.append(f"| {r['config']} | {r['trained']:,} | not run: {r['skipped']} | | | | | |")
             continue
-        memory = f"{r['peak_rss_mb'] / whole['peak_rss_mb']:.2f}" if whole else "-"
-        speed = f"{r['mean_step_seconds'] / whole['mean_step_seconds']:.2f}" if whole else "-"
         lines.append(f"| {r['config']} | {r['trained']:,} ({100 * r['trained'] / r['parameters']:.2f}%) | "
-                     f"{r['peak_rss_mb'] / 1024:.1f} GB | {memory} | {r['mean_step_seconds']:.1f} s | {speed} |")
+                     f"{r['peak_rss_mb'] / 1024:.1f} GiB | {r.get('peak_rss_vs_whole', '-')} | "
+                     f"{r['mean_step_seconds']:.1f} s | {r.get('step_vs_whole', '-')} | "
+                     f"{min(r['step_seconds']):.1f} s | {r.get('fastest_step_vs_whole', '-')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -184,8 +196,7 @@ def main() -> None:
     record = {"command": "OMP_NUM_THREADS=1 python scripts/finetune_memory.py " + " ".join(sys.argv[1:]),
               "model": {**NLLB_600M, "vocab_size": VOCAB, "shared_embeddings": True},
               "batch": {"sentences": args.batch, "length": args.length}, "steps": args.steps, "warmup": args.warmup,
-              "threads": 1, "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
-              "results": results}
+              "threads": 1, "cpu": cpu_name(), "torch": torch.__version__, "results": with_ratios(results)}
     (args.out / "finetune_memory.json").write_text(json.dumps(record, indent=2) + "\n")
     (args.out / "finetune_memory.md").write_text(
         f"`{record['command']}`: a model of NLLB-200-distilled-600M's shape, random weights, Adam; batches of "
