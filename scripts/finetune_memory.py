@@ -151,10 +151,11 @@ def table(results: list[dict]) -> str:
         if "peak_rss_mb" not in r:
             lines.append(f"| {r['config']} | {r['trained']:,} | not run: {r['skipped']} | | | | | |")
             continue
+        ratios = [f"{r[key]:.2f}" if key in r else "-" for key in ("peak_rss_vs_whole", "step_vs_whole",
+                                                                    "fastest_step_vs_whole")]
         lines.append(f"| {r['config']} | {r['trained']:,} ({100 * r['trained'] / r['parameters']:.2f}%) | "
-                     f"{r['peak_rss_mb'] / 1024:.1f} GiB | {r.get('peak_rss_vs_whole', '-')} | "
-                     f"{r['mean_step_seconds']:.1f} s | {r.get('step_vs_whole', '-')} | "
-                     f"{min(r['step_seconds']):.1f} s | {r.get('fastest_step_vs_whole', '-')} |")
+                     f"{r['peak_rss_mb'] / 1024:.1f} GiB | {ratios[0]} | {r['mean_step_seconds']:.1f} s | {ratios[1]} | "
+                     f"{min(r['step_seconds']):.1f} s | {ratios[2]} |")
     return "\n".join(lines) + "\n"
 
 
@@ -193,7 +194,7 @@ def main() -> None:
         print(json.dumps(result), file=sys.stderr)
         results.append(result)
     args.out.mkdir(parents=True, exist_ok=True)
-    record = {"command": "OMP_NUM_THREADS=1 python scripts/finetune_memory.py " + " ".join(sys.argv[1:]),
+    record = {"command": " ".join(["OMP_NUM_THREADS=1 python scripts/finetune_memory.py", *sys.argv[1:]]),
               "model": {**NLLB_600M, "vocab_size": VOCAB, "shared_embeddings": True},
               "batch": {"sentences": args.batch, "length": args.length}, "steps": args.steps, "warmup": args.warmup,
               "threads": 1, "cpu": cpu_name(), "torch": torch.__version__, "results": with_ratios(results)}
