@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from nmt.checkpoints.files import (MAX_STEP, CheckpointError, check_weights, checkpoint_kind, is_count, is_number,
+from nmt.checkpoints.files import (CheckpointError, check_weights, checkpoint_kind, is_count, is_number,
                                    model_state, read_checkpoint, vocabulary_difference)
 from nmt.data.tokenizer import Tokenizer
 
