@@ -26,7 +26,7 @@ import torch
 from omegaconf import DictConfig
 
 from nmt.cli_io import hydra_command, stop_within_grace
-from nmt.checkpoints.files import (CheckpointError, atomic_save, check_run_config, model_weights, nonfinite,
+from nmt.checkpoints.files import (CheckpointError, atomic_save, check_run_config, merged_weights, nonfinite,
                                   read_checkpoint)
 from nmt.checkpoints.release import release
 from nmt.runs.files import CHECKPOINTS
@@ -78,7 +78,7 @@ def average(checkpoints: list[tuple[Path, dict[str, Any]]], weights: str = "raw"
     for path, c in checkpoints:  # a config from a file is bounded before anything reads it whole
         check_run_config(c, path)
     first_path, first = checkpoints[0]
-    states = [model_weights(c, weights) for _, c in checkpoints]
+    states = [merged_weights(c, weights, path) for path, c in checkpoints]  # a LoRA run's: adapters merged
     for (path, c), state in zip(checkpoints[1:], states[1:]):
         if c["run_config"].get("model") != first["run_config"].get("model") or c["tokenizers"] != first["tokenizers"]:
             raise ValueError(f"{path}: another model config or vocabulary than {first_path}; average checkpoints of one run")

@@ -64,6 +64,8 @@ from nmt.runs.files import CHECKPOINTS, SUMMARY, TEST_TEXT, json_text
 
 log = logging.getLogger(__name__)
 
+MULTILINGUAL = "nmt.data.multilingual.MultilingualSource"
+
 
 def resolve_ckpt_path(cfg: DictConfig) -> str | None:
     """``cfg.ckpt_path``, with ``latest`` replaced by the newest ``last.ckpt`` of this task's runs."""
@@ -102,6 +104,7 @@ def read_init_from(cfg: DictConfig, ckpt_path: str | None) -> dict[str, Any] | N
             cfg.init_from, cfg.model = path, OmegaConf.create(imported_model["model"])
             cfg.data.tokenizer.joint = imported_model["joint"]
             cfg.module.report_name = "marian"  # the system's name in the test report (not the replaced preset's)
+            multilingual(cfg, imported_model["languages"])
     if cfg.data.get("vocab_from") is None:
         with open_dict(cfg):
             cfg.data.vocab_from = path
@@ -123,6 +126,21 @@ def read_init_from(cfg: DictConfig, ckpt_path: str | None) -> dict[str, Any] | N
     log.info("fine-tuning from %s (%s, step %s): a fresh run with its weights%s", path, checkpoint.get("kind", "training"),
              checkpoint.get("global_step"), " and optimizer state" if optimizer == "keep" else "")
     return checkpoint
+
+
+def multilingual(cfg: DictConfig, languages: dict[str, str] | None) -> None:
+    """A run from an imported M2M100, NLLB-200 or mBART-50 model (``languages``: its codes, the
+    source's a tag and the target's the decoder's first token) on a multilingual corpus writes the
+    languages as the model reads them (``data.source.target_language=decoder_prefix``), and its
+    checkpoints translate so (``languages``, which ``nmt.inference.translator`` reads). Other runs
+    are left as they are: a Marian model's ``▁<2xx>`` tags start the source as ours do."""
+    source = cfg.data.get("source")
+    if languages is None or not (OmegaConf.is_dict(source) and source.get("_target_") == MULTILINGUAL):
+        return
+    log.info("init_from=%s: a model that reads the source language's code and writes the target's first; the "
+             "multilingual corpus is written so (data.source.target_language=decoder_prefix)", cfg.init_from)
+    cfg.data.source.target_language = "decoder_prefix"
+    cfg.languages = dict(languages)
 
 
 def start_from(cfg: DictConfig, checkpoint: dict[str, Any], model: torch.nn.Module, module: L.LightningModule,
@@ -173,11 +191,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
                  "final weights on all of them after training", len(datamodule.datasets[datamodule.val_split]),
                  len(datamodule.datasets["valid"]))
     model = build_model(cfg, datamodule.src_vocab.vocab_size, datamodule.tgt_vocab.vocab_size)
+    module = build_module(cfg, model)  # module.freeze and module.lora apply to the model here
     if ckpt_path:
         with stop_within_grace():  # the checkpoint to resume read whole: the same
             check_resume(ckpt_path, model, datamodule.src_vocab, datamodule.tgt_vocab, not weights_only,
                          str(cfg.optimizer.get("_target_", "")))
-    module = build_module(cfg, model)
     batch_probe = fit_batch_to_device(cfg, model, module, datamodule) if probe else None
     accumulate_to_tokens(cfg)
     if init is not None:
@@ -442,6 +460,7 @@ def write_summary(cfg: DictConfig, module, metrics: dict[str, float], seconds: t
         "decoder": cfg.model.decoder._target_,
         "overrides": list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else [],
         "parameters": params,
+        "trained_parameters": module.trainable["trained"],  # less with module.freeze, module.lora (adapters only)
         "fit_seconds": round(fit_seconds, 1),
         "train_wall_seconds": round(train_seconds, 1),
         "steps": trainer.global_step,

@@ -460,3 +460,57 @@ def test_an_mbart_tokenizer_that_puts_the_language_last_is_refused(mbart, tmp_pa
     with pytest.raises(ImportRefused, match=r"tokenizer_config.json: tokenizer_class=MBartTokenizer: nmt reads "
                                             r"mBART-50's MBart50Tokenizer \(the source language first\)"):
         import_folder(copy)
+
+
+@pytest.mark.slow
+def test_multilingual_fine_tuning_writes_the_models_own_codes(folder, tmp_path):
+    """``init_from=<M2M100 folder>`` on a multilingual corpus (de-fr, en-fr) trains as the model
+    reads its languages: each source starts with its own language's code ``▁<2de>``, each target
+    with the target's ``▁<2fr>`` (after BOS: the decoder's first token), both the folder's pieces
+    (nmt's ``<2fr>`` tags are not in its vocabulary); the references are scored without it, and the
+    run's checkpoint translates with ``src_lang`` and ``tgt_lang`` as the imported file does."""
+    from pytorch_lightning import Callback
+
+    import nmt.training.builders
+    from nmt.inference.translator import Translator
+    from nmt.train import train
+    from tests.conftest import TINY, compose_run
+    from tests.test_multilingual import corpus
+
+    class FirstBatch(Callback):
+        batch = None
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            self.batch = self.batch or {k: v.clone() for k, v in batch.items() if torch.is_tensor(v)}
+            self.vocab, self.refs = trainer.datamodule.src_vocab, trainer.datamodule.raw("valid")[1]
+
+    data = corpus(tmp_path / "corpus", {"train": 40, "val": 6, "test": 4})
+    seen = FirstBatch()
+    tiny = [o for o in TINY if not o.startswith(("data=", "model."))]
+    cfg = compose_run("train", tmp_path / "run", [*tiny, "data=multi30k_multilingual", f"data.source.path={data}",
+                                                   "data.source.directions=[de-fr,en-fr]", "data.source.zero_shot=[]",
+                                                   "data.source.splits.test=test", "data.max_tokens=256",
+                                                   f"init_from={folder}", "trainer.max_epochs=-1", "trainer.max_steps=3",
+                                                   "trainer.val_check_interval=3", "trainer.check_val_every_n_epoch=null",
+                                                   "data.val_sample=null", "test=false"], cache_dir=tmp_path / "cache")
+    original = nmt.training.builders.instantiate_group
+    nmt.training.builders.instantiate_group = lambda group: [*original(group), seen] if group is cfg.get("callbacks") \
+        else original(group)
+    try:
+        train(cfg)
+    finally:
+        nmt.training.builders.instantiate_group = original
+    sp = seen.vocab.sp
+    codes = {lang: sp.piece_to_id(f"\u2581{tag(lang)}") for lang in ("de", "en", "fr")}
+    assert sp.unk_id() not in codes.values() and sp.piece_to_id(tag("fr")) == sp.unk_id()  # ▁<2fr>, not <2fr>
+    assert set(seen.batch["src"][:, 0].tolist()) <= {codes["de"], codes["en"]}  # each source's own language
+    assert set(seen.batch["tgt_in"][:, 1].tolist()) == {codes["fr"]}  # BOS, then the target's code
+    assert set(seen.batch["tgt_out"][:, 0].tolist()) == {codes["fr"]}
+    ckpt = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+    translator = Translator.load(ckpt, device="cpu", workers=1)
+    assert translator.decoder_languages and translator.run_config["data"]["source"]["target_language"] == "decoder_prefix"
+    out = translator.translate(["hund katze"], src_lang="de", tgt_lang="fr")[0].hypotheses[0].text
+    assert not out.startswith("<2")  # the forced code is cut from the text
+    assert seen.refs == 2 * (data / "val.fr").read_text().splitlines()  # de-fr, en-fr: scored without the code
+    run = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
+    assert run["validation"]["runs"][-1]["sentences"] == 12 and run["steps"] == 3

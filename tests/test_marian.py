@@ -624,3 +624,47 @@ def test_huggingface_scoring_equals_generate(penalised, seed, length_penalty, ea
     settings = SearchSettings.from_config({"_target_": "nmt.decoding.search.beam_search"}).for_model(
         tested["alpha"], tested["scoring"], tested["early_stopping"])
     assert (settings.scoring, settings.alpha, settings.early_stopping) == ("huggingface", 1.0, False)
+
+
+@pytest.mark.slow
+def test_multilingual_fine_tuning_takes_the_models_own_tags(tmp_path):
+    """``init_from=<multilingual Marian folder>`` on a multilingual corpus (en-fr, en-de): the
+    target-language tags nmt writes on the source (``<2fr>``) are cut into the folder's own pieces
+    (``>>fr<<``, imported as ``▁<2fr>``), which the vocabulary check takes; the run trains and its
+    checkpoint translates with ``tgt_lang``."""
+    from pytorch_lightning import Callback
+
+    import nmt.training.builders
+    from nmt.inference.translator import Translator
+    from nmt.train import train
+    from tests.conftest import TINY, compose_run
+    from tests.test_multilingual import corpus
+
+    class FirstBatch(Callback):
+        src = None
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            self.src = batch["src"].clone() if self.src is None else self.src
+            self.sp = trainer.datamodule.src_vocab.sp
+
+    folder = marian_folder(tmp_path / "hf", languages=("fr", "de"))
+    data = corpus(tmp_path / "corpus", {"train": 40, "val": 6, "test": 4})
+    seen = FirstBatch()
+    tiny = [o for o in TINY if not o.startswith(("data=", "model."))]
+    cfg = compose_run("train", tmp_path / "run", [*tiny, "data=multi30k_multilingual", f"data.source.path={data}",
+                                                   "data.source.directions=[en-fr,en-de]", "data.source.zero_shot=[]",
+                                                   "data.source.splits.test=test", "data.max_tokens=256",
+                                                   f"init_from={folder}", "trainer.max_epochs=-1", "trainer.max_steps=2",
+                                                   "trainer.limit_val_batches=0", "test=false"], cache_dir=tmp_path / "cache")
+    original = nmt.training.builders.instantiate_group
+    nmt.training.builders.instantiate_group = lambda group: [*original(group), seen] if group is cfg.get("callbacks") \
+        else original(group)
+    try:
+        train(cfg)
+    finally:
+        nmt.training.builders.instantiate_group = original
+    tags = {seen.sp.piece_to_id(f"\u2581<2{lang}>") for lang in ("fr", "de")}
+    assert seen.sp.unk_id() not in tags and set(seen.src[:, 0].tolist()) <= tags
+    translator = Translator.load(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt", device="cpu", workers=1)
+    assert translator.target_languages == ["de", "fr"] and not translator.decoder_languages
+    assert len(translator.translate(["dog cat"], tgt_lang="fr")[0].hypotheses) == 1

@@ -384,3 +384,42 @@ def test_a_files_bad_directions_are_refused_naming_the_file_and_a_runs_in_one_li
         train(cfg)
     assert capsys.readouterr().err.strip().splitlines()[-1:] == [
         "error: data.source.directions: a list such as [de-en, en-de], not 'de-en'"]
+
+
+def test_decoder_prefix_tags_the_source_language_and_starts_the_target_with_its_own(tmp_path):
+    """``target_language=decoder_prefix`` (an imported M2M100's convention): the source starts with
+    its own language's tag, the target with the target language's; the references are scored
+    without it; the vocabulary gets every language's tag as a piece."""
+    folder = corpus(tmp_path / "c", {"train": 20, "val": 4, "test": 4})
+    source = MultilingualSource(str(folder), ["de-en", "en-fr"], [], splits={"valid": "val"},
+                                target_language="decoder_prefix")
+    assert source.tags == ["<2de>", "<2en>", "<2fr>"] and source.describe()["tag"] == "<2src> on the source, <2tgt> on the target"
+    src, tgt, origin = next(source.pairs("test"))
+    de, en = ((folder / f"test.{lang}").read_text().splitlines()[0] for lang in ("de", "en"))
+    assert (src[0], tgt[0]) == (f"<2de> {de}", f"<2en> {en}") and origin[0] == 0
+    dm = TranslationDataModule(source, {"vocab_size": 60, "hard_vocab_limit": False}, "mul", "mul", max_tokens=256,
+                               cache_dir=str(tmp_path / "cache"))
+    dm.setup()
+    assert dm.raw("test")[1][0] == en and dm.src_vocab.sp.encode(f"<2en> {en}", out_type=str)[1] == "<2en>"
+    assert dm.text_lengths("test", "tgt")[0] == len(en.split())  # the tag is not a word of the target
+    with pytest.raises(DataError, match=r"^data.source.target_language=first: choose source_tag or decoder_prefix$"):
+        MultilingualSource(str(folder), ["de-en"], [], target_language="first")
+
+
+def test_a_tag_is_found_as_nmts_piece_or_an_imported_models():
+    """``<2fr>`` (nmt's vocabularies) and ``▁<2fr>`` (an imported Marian or M2M100 model's) both
+    hold the tag; a vocabulary with neither does not."""
+    from nmt.languages.tags import tag_in_vocabulary
+
+    class Pieces:
+        def __init__(self, pieces):
+            self.ids = {p: i for i, p in enumerate(["<unk>", *pieces])}
+
+        def piece_to_id(self, piece):
+            return self.ids.get(piece, 0)
+
+        def unk_id(self):
+            return 0
+
+    assert tag_in_vocabulary(Pieces(["<2fr>"]), "<2fr>") and tag_in_vocabulary(Pieces(["\u2581<2fr>"]), "<2fr>")
+    assert not tag_in_vocabulary(Pieces(["\u2581<2de>", "fr"]), "<2fr>")

@@ -40,6 +40,7 @@ import torch
 
 from nmt import pad_to
 from nmt.models.base import seq2seq_config
+from nmt.models.lora import LoRASettings
 
 
 # What a config read from a file may build, by section of the run config: exact qualified names.
@@ -234,6 +235,21 @@ def build_model(config: dict[str, Any], state: Mapping[str, torch.Tensor], sourc
     model = _checked_build(config, "model", source)
     model.load_state_dict(state)
     return model
+
+
+def lora_settings(run_config: Any, source: str) -> LoRASettings | None:
+    """The LoRA settings of a run config read from a file (``module.lora``: rank, alpha, dropout and
+    targets only, each bounded, ``nmt.models.lora.LoRASettings``), None where it has none, or
+    ``ConfigRefused`` naming the file and key."""
+    module = run_config.get("module") if isinstance(run_config, Mapping) else None
+    if module is None:
+        return None
+    if not isinstance(module, Mapping):
+        raise ConfigRefused(f"{source}: module: not a mapping but a {type(module).__name__}")
+    try:
+        return LoRASettings.from_config(module.get("lora"), "module.lora")
+    except ValueError as e:
+        raise ConfigRefused(f"{source}: {e}") from None
 
 
 def build_data(config: dict[str, Any], source: str, **kwargs: Any) -> Any:

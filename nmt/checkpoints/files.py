@@ -41,6 +41,7 @@ import torch
 from nmt.checkpoints import file_config
 from nmt.cli_io import current_umask, write_failure
 from nmt.data.tokenizer import Tokenizer
+from nmt.models import lora
 
 FORMAT = 2  # checkpoint["nmt_format"] this version writes and reads (1: before weights-only loading)
 KINDS = ("training", "release")
@@ -343,7 +344,8 @@ def check_stored(path: str | Path, tensors: Iterable[tuple[str, Any] | tuple[str
 
 def check_run_config(checkpoint: dict[str, Any], source: str | Path) -> None:
     """Refuse (``CheckpointError``) a checkpoint whose model or data config would build anything but
-    nmt's own classes or read the environment (``nmt.checkpoints.file_config.check``)."""
+    nmt's own classes or read the environment (``nmt.checkpoints.file_config.check``), or whose LoRA
+    config is not one nmt writes (``file_config.lora_settings``)."""
     run_config = checkpoint["run_config"]
     if not isinstance(run_config, dict):
         raise CheckpointError(f"{source}: its run config is a {type(run_config).__name__}, not a mapping")
@@ -353,6 +355,10 @@ def check_run_config(checkpoint: dict[str, Any], source: str | Path) -> None:
                 file_config.check(run_config[section], section, str(source))
             except file_config.ConfigRefused as e:
                 raise CheckpointError(str(e)) from None
+    try:
+        file_config.lora_settings(run_config, str(source))  # module.lora: what merging the adapters reads
+    except file_config.ConfigRefused as e:
+        raise CheckpointError(str(e)) from None
 
 
 def checkpoint_kind(checkpoint: dict[str, Any]) -> str:
@@ -394,10 +400,37 @@ def check_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], s
                          + "; ".join(parts) + "; use the config the checkpoint was trained with (it is saved in it)")
 
 
-def model_state(checkpoint: dict[str, Any], weights: str = "stored") -> dict[str, torch.Tensor]:
-    """The Seq2Seq weights of a Lightning checkpoint (``model_weights``, the module's ``model.``
-    prefix removed)."""
-    return {k[len("model."):]: v for k, v in model_weights(checkpoint, weights).items() if k.startswith("model.")}
+def model_state(checkpoint: dict[str, Any], weights: str = "stored", adapters: str = "merged",
+                source: str | Path = "the checkpoint") -> dict[str, torch.Tensor]:
+    """The Seq2Seq weights of a Lightning checkpoint (the module's ``model.`` prefix removed):
+    ``merged_weights`` (a LoRA run's adapters merged, the plain model's weights), or with
+    ``adapters="kept"`` ``model_weights`` as stored (what resuming the run loads)."""
+    state = model_weights(checkpoint, weights) if adapters == "kept" else merged_weights(checkpoint, weights, source)
+    return {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
+
+
+def merged_weights(checkpoint: dict[str, Any], weights: str = "stored",
+                   source: str | Path = "the checkpoint") -> dict[str, torch.Tensor]:
+    """``model_weights``, with the adapters of a run with ``module.lora`` merged into the weights
+    they adapt (W + alpha / rank B A, ``nmt.models.lora.merged_state``): the plain model's weights,
+    which every reader and engine takes as they are. The file's LoRA config is checked
+    (``file_config.lora_settings``) and every adapter's shape with it; a ``CheckpointError`` names
+    the file otherwise."""
+    state = model_weights(checkpoint, weights)
+    if not any(lora.is_adapter(name) for name in state):
+        return state
+    try:
+        settings = file_config.lora_settings(checkpoint["run_config"], str(source))
+        if settings is None:
+            raise CheckpointError(f"{source}: holds LoRA adapters (lora_A, lora_B) but its run config sets no "
+                                  "module.lora rank: it was not written by nmt")
+        return lora.merged_state(state, settings.scale, settings.rank)
+    except file_config.ConfigRefused as e:
+        raise CheckpointError(str(e)) from None
+    except ValueError as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"{source}: {e}") from None
 
 
 def saved_vocabularies(path: str | Path) -> tuple[Tokenizer, Tokenizer]:

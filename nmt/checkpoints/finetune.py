@@ -18,6 +18,7 @@ from nmt.checkpoints.m2m100 import import_folder
 from nmt.checkpoints.marian import is_model_source
 from nmt.checkpoints.resume import ADAMS, Refuse, check_optimizer
 from nmt.data.tokenizer import Tokenizer
+from nmt.models import lora
 from nmt.runs.files import CHECKPOINTS
 
 
@@ -38,8 +39,10 @@ def imported_init(path: str, out_dir: str | Path, allow_pickle: bool = False) ->
     """``init_from`` as a file, and what a run from it trains: a MarianMTModel folder or hub id is
     imported once into ``out_dir/init_from.ckpt``; a release file ``nmt-import`` wrote stays as it
     is. Both give their ``model`` config (the run trains the imported architecture, whatever
-    ``model=`` says) and whether one tokenizer serves both sides (``joint``, for
-    ``data.tokenizer.joint``); any other file gives None (the run's config must match it)."""
+    ``model=`` says), whether one tokenizer serves both sides (``joint``, for
+    ``data.tokenizer.joint``) and, for an M2M100, NLLB-200 or mBART-50 model, how it reads its
+    languages (``languages``: the source language's code a tag, the target's the decoder's first
+    token; else None); any other file gives None (the run's config must match it)."""
     if is_model_source(path):
         out = Path(out_dir) / IMPORTED
         atomic_save(import_folder(path, allow_pickle=allow_pickle), out)
@@ -57,7 +60,10 @@ def imported_init(path: str, out_dir: str | Path, allow_pickle: bool = False) ->
         except file_config.ConfigRefused as e:
             raise CheckpointError(f"init_from={e}") from None
         protos = checkpoint["tokenizers"]  # Marian's two SentencePiece models over one vocabulary: two tokenizers
-        return path, {"model": model, "joint": protos["src"] == protos["tgt"]}
+        languages = checkpoint["run_config"].get("languages")  # M2M100's: the source code a tag, the target's a prefix
+        languages = languages if isinstance(languages, dict) and languages.get("target") == "decoder_prefix" else None
+        return path, {"model": model, "joint": protos["src"] == protos["tgt"],
+                      "languages": None if languages is None else {"source": "tag", "target": "decoder_prefix"}}
     return path, None
 
 
@@ -178,9 +184,12 @@ def check_init_vocabularies(checkpoint: dict[str, Any], src_vocab: Tokenizer, tg
 
 
 def init_weights(model: torch.nn.Module, checkpoint: dict[str, Any], path: str | Path, weights: str = "stored") -> None:
-    """Load the ``init_from`` file's Seq2Seq weights (``model_weights``: ``stored`` or ``raw``) into
-    ``model``, every name and shape checked first (``check_weights``)."""
-    state = model_state(checkpoint, weights)
+    """Load the ``init_from`` file's Seq2Seq weights (``model_weights``: ``stored`` or ``raw``; a LoRA
+    run's adapters merged) into ``model``, every name and shape checked first (``check_weights``).
+    A model with adapters of its own (``module.lora``) keeps them as they were drawn: they start
+    from the file's model."""
+    state = model_state(checkpoint, weights, source=f"init_from={path}")
+    state.update({name: t for name, t in model.state_dict().items() if lora.is_adapter(name)})
     check_weights(model, state, f"init_from={path}")
     model.load_state_dict(state)
 

@@ -42,7 +42,7 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", allow_
         raise CheckpointError(f"{path}: its run config has no model section; give a .ckpt written by nmt")
     try:
         model_cfg = file_config.check(run_config["model"], "model", str(path))
-        model = file_config.build_model(model_cfg, model_state(checkpoint), str(path), check_weights)
+        model = file_config.build_model(model_cfg, model_state(checkpoint, source=path), str(path), check_weights)
     except file_config.ConfigRefused as e:
         raise CheckpointError(str(e)) from None
     if bad := nonfinite(model.state_dict().items()):

@@ -71,7 +71,7 @@ def check_resume(path: str | Path, model: torch.nn.Module, src_vocab: Tokenizer,
                 f"gives {now}; first difference at id {i}): resume with the data config it was trained with, "
                 f"or set data.vocab_from={path} to continue on other data with its vocabulary"
             )
-    check_weights(model, model_state(checkpoint), str(path))
+    check_weights(model, model_state(checkpoint, adapters="kept"), str(path))  # a LoRA run's adapters as trained
     check_training_state(checkpoint, path, model, optimizer)
 
 
@@ -84,7 +84,8 @@ def check_training_state(checkpoint: dict[str, Any], path: str | Path, model: to
     their generators' exact sizes), the counters, the loops' progress and the callbacks' values.
     ``read_checkpoint`` has checked every tensor of the file already (dense, contiguous, stored)."""
     refuse = Refuse(f"ckpt_path={path}")
-    check_optimizer(checkpoint.get("optimizer_states"), list(model.parameters()), refuse, optimizer,
+    trained = [p for p in model.parameters() if p.requires_grad]  # the optimizer's (module.freeze, module.lora)
+    check_optimizer(checkpoint.get("optimizer_states"), trained, refuse, optimizer,
                     checkpoint.get("global_step"))
     schedulers = checkpoint.get("lr_schedulers", [])
     if not isinstance(schedulers, list) or len(schedulers) > 1:
@@ -117,7 +118,7 @@ def check_training_state(checkpoint: dict[str, Any], path: str | Path, model: to
     for name, state in (checkpoint.get("callbacks") or {}).items():
         _check_checkpoint_paths(state, f"callbacks.{name}", refuse)
     if checkpoint.get("current_model_state") is not None:  # an EMA run's raw weights, which a resumed run trains
-        check_weights(model, model_state(checkpoint, "raw"), f"{path} (current_model_state)")
+        check_weights(model, model_state(checkpoint, "raw", adapters="kept"), f"{path} (current_model_state)")
     scaler = checkpoint.get("MixedPrecision")  # 16-mixed: Lightning saves the GradScaler's state under this key
     if scaler is not None:
         if not isinstance(scaler, dict) or not set(scaler) <= set(SCALER_KEYS):

@@ -30,6 +30,7 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
 from nmt.languages import writing
+from nmt.languages.tags import tag_in_vocabulary
 from nmt.data.alignments import AlignedSplit, WordLinks, collate_aligned, prepare_alignments
 from nmt.data.augment import AugmentedSplit, Augmentation
 from nmt.data.batching import TokenBatchSampler, TokenizedSplit, collate
@@ -281,7 +282,7 @@ class TranslationDataModule(L.LightningDataModule):
                 raise ValueError(f"data.vocab_from={self.vocab_from} has separate source and target "
                                  "vocabularies: set data.tokenizer.joint=false")
             self.src_vocab, self.tgt_vocab = vocab
-            missing = [t for t in self.tags if vocab[0].sp.piece_to_id(t) == vocab[0].sp.unk_id()]
+            missing = [t for t in self.tags if not tag_in_vocabulary(vocab[0].sp, t)]  # <2fr>, or an imported ▁<2fr>
             if missing:
                 raise DataError(f"data.vocab_from={self.vocab_from}: its vocabulary has no piece for the "
                                 f"target-language tag(s) {', '.join(missing)} of data.source; a multilingual "
@@ -500,9 +501,15 @@ class TranslationDataModule(L.LightningDataModule):
         if split not in self._raw:
             self.setup()
             index = self.datasets[split].index
-            self._raw[split] = tuple(TextColumn(self.prepared_dir, f"{stored(split)}.{side}").take(index)
-                                     for side in SIDES)  # type: ignore[assignment]
+            sources, targets = (TextColumn(self.prepared_dir, f"{stored(split)}.{side}").take(index) for side in SIDES)
+            self._raw[split] = (sources, self.untagged_targets(targets))
         return self._raw[split]
+
+    def untagged_targets(self, texts: list[str]) -> list[str]:
+        """Target texts as they are scored: a source whose targets start with their language's tag
+        (`MultilingualSource(target_language="decoder_prefix")`) has it cut; the texts otherwise."""
+        untagged = getattr(self.source, "references", None)
+        return untagged(texts) if untagged is not None else texts
 
     def text_lengths(self, split: str, side: str = "src") -> np.ndarray:
         """Lengths of `raw(split)` sentences: source per `src_words` (words | chars), target words."""

@@ -13,6 +13,12 @@ Each pair keeps the direction it came from (its *origin*, an index into `origins
 module samples training pairs by direction with a temperature (`temperature_items`), and
 `nmt-evaluate` reports each direction on its own. `zero_shot` directions are test-only: their
 test pairs are tagged like the others, and no training or validation pair pairs those languages.
+
+`target_language: decoder_prefix` writes the languages as M2M100, NLLB-200 and mBART-50 read them
+(`nmt.checkpoints.m2m100`), for fine-tuning such an imported model with its own codes: the source
+starts with the tag of its own language (`<2de> Ein Hund`) and the target with the tag of the
+target language (`<2fr> Un chien`), whose piece is the decoder's first token. The references and
+hypotheses are scored without it (`target_prefixed`).
 """
 
 from __future__ import annotations
@@ -25,9 +31,12 @@ import numpy as np
 
 from nmt.data.readers import CHUNK, DataError
 from nmt.data.sources import SPLITS, FileSource, plain
-from nmt.languages.tags import tag
+from nmt.languages.tags import split_tag, tag
 
 MAX_DIRECTIONS = 1000  # directions of one source (a config from a file must not ask for millions)
+# Where a pair's target language is written: a tag starting the source (Johnson et al. 2017), or the
+# source language's tag on the source and the target language's starting the target (M2M100's codes).
+TARGET_LANGUAGE = ("source_tag", "decoder_prefix")
 Origins = tuple[list[str], list[str], np.ndarray]  # (sources, targets, origin of each pair) of one chunk
 
 
@@ -54,11 +63,19 @@ class MultilingualSource:
     splits: split -> file stem, as `FileSource` (Multi30k: valid -> val, test -> test_2016_flickr).
     folders: a direction's own folder, {en-fr: /data/europarl-en-fr}, for corpora of several
         sources; the others are read from `path`.
+    target_language: `source_tag` (the target language's tag starts the source) or
+        `decoder_prefix` (the source language's tag starts the source, the target language's the
+        target: an imported M2M100, NLLB-200 or mBART-50 model's convention).
     A direction whose files are missing, or with no pair in a split, is an error naming it.
     """
 
     def __init__(self, path: str, directions: list[str], zero_shot: list[str] | None = None,
-                 splits: Mapping[str, str] | None = None, folders: Mapping[str, str] | None = None) -> None:
+                 splits: Mapping[str, str] | None = None, folders: Mapping[str, str] | None = None,
+                 target_language: str = "source_tag") -> None:
+        if target_language not in TARGET_LANGUAGE:
+            raise DataError(f"data.source.target_language={str(target_language)[:40]}: choose "
+                            f"{' or '.join(TARGET_LANGUAGE)}")
+        self.target_prefixed = target_language == "decoder_prefix"  # targets start with their language's tag
         directions, zero_shot = plain(directions), plain(zero_shot) or []
         for key, value in (("directions", directions), ("zero_shot", zero_shot)):
             if not isinstance(value, list):
@@ -82,7 +99,7 @@ class MultilingualSource:
                                 "zero-shot pairs languages the model learns in other directions")
         self.origins = names  # origin i of a pair: its direction
         self.zero_shot = names[len(trained):]
-        self.tags = sorted({tag(t) for _, t in trained + tested})
+        self.tags = sorted({tag(lang) for pair in trained + tested for lang in (pair if self.target_prefixed else pair[1:])})
         folders = plain(folders) or {}
         if not isinstance(folders, Mapping):
             raise DataError(f"data.source.folders: a mapping such as {{en-fr: /data/en-fr}}, not {str(folders)[:40]!r}")
@@ -114,7 +131,8 @@ class MultilingualSource:
             if found.get("type") != "files":
                 raise DataError(f"{self._where(i)}: no local files in {source.path}")
             files[self.origins[i]] = {s: found["files"][s] for s in self._splits_of(i)}
-        return {"type": "multilingual", "tag": "<2xx> on the source", "origins": self.origins,
+        return {"type": "multilingual", "origins": self.origins,
+                "tag": "<2src> on the source, <2tgt> on the target" if self.target_prefixed else "<2xx> on the source",
                 "zero_shot": self.zero_shot, "files": files}
 
     def pairs(self, split: str, chunk: int = CHUNK) -> Iterator[Origins]:
@@ -122,14 +140,20 @@ class MultilingualSource:
         for i, source in enumerate(self._files):
             if split not in self._splits_of(i):
                 continue
-            marker, found = tag(source.tgt_lang), 0
+            marker, found = tag(source.src_lang if self.target_prefixed else source.tgt_lang), 0
             for src, tgt in source.pairs(split, chunk):
                 found += sum(1 for s, t in zip(src, tgt) if s.strip() and t.strip())
+                if self.target_prefixed:
+                    tgt = [f"{tag(source.tgt_lang)} {t}" if t.strip() else t for t in tgt]
                 yield ([f"{marker} {s}" if s.strip() else s for s in src], tgt,
                        np.full(len(src), i, dtype=np.uint16))
             if not found:
                 raise DataError(f"{self._where(i)}: no sentence pairs in split {split!r} "
                                 f"({', '.join(source._plan[split][1:]) if source._plan else source.path})")
+
+    def references(self, texts: list[str]) -> list[str]:
+        """Target texts as they are scored: without the leading language tag of `decoder_prefix`."""
+        return [split_tag(t)[1] for t in texts] if self.target_prefixed else texts
 
     def load(self) -> Any:
         from nmt.data.sources import in_memory

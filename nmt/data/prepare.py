@@ -230,6 +230,7 @@ def _read_split(source: Any, split: str, out: Path, src_words: str) -> dict[str,
     whose chunks carry a third array, each pair's origin (`nmt.data.multilingual`), also gets
     `<split>.origin.npy` (uint16, one per kept pair)."""
     tags = frozenset(getattr(source, "tags", ()))
+    prefixed = getattr(source, "target_prefixed", False)  # targets start with a language tag, not a word of theirs
     origins: NpyWriter | None = None
     writers = {}
     for side in SIDES:
@@ -254,7 +255,8 @@ def _read_split(source: Any, split: str, out: Path, src_words: str) -> dict[str,
             writers[side, "text"].append(np.frombuffer(b"".join(data), np.uint8))
             writers[side, "text_offsets"].append(ends[side] + np.cumsum(sizes))
             ends[side] += int(sizes.sum())
-            counts = _source_words(texts, src_words == "chars", tags) if side == "src" else (len(t.split()) for t in texts)
+            counts = _source_words(texts, src_words == "chars", tags) if side == "src" else \
+                _source_words(texts, False, tags) if prefixed else (len(t.split()) for t in texts)
             writers[side, "words"].append(np.fromiter(counts, np.uint32, len(texts)))
         if time.perf_counter() - last_log > 30:
             last_log = time.perf_counter()

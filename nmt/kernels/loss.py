@@ -86,12 +86,14 @@ class _OutputCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor, Tensor, None, None, None, None]:
         h, w, grad_logits = ctx.saved_tensors
+        need_hidden, need_weight = ctx.needs_input_grad[:2]  # a frozen output layer (fine-tuning) needs none
         scale = grad_loss / h.size(0)
         if grad_logits.dtype == torch.float16:  # scaled first, so fp16 loss scaling governs the range
             grad_logits = grad_logits * scale.to(grad_logits.dtype)
-            return (grad_logits @ w).to(ctx.dtypes[0]), (grad_logits.t() @ h).to(ctx.dtypes[1]), None, None, None, None
-        grad_hidden = (grad_logits @ w).to(ctx.dtypes[0]).mul_(scale)
-        grad_weight = (grad_logits.t() @ h).to(ctx.dtypes[1]).mul_(scale)
+            return ((grad_logits @ w).to(ctx.dtypes[0]) if need_hidden else None,
+                    (grad_logits.t() @ h).to(ctx.dtypes[1]) if need_weight else None, None, None, None, None)
+        grad_hidden = (grad_logits @ w).to(ctx.dtypes[0]).mul_(scale) if need_hidden else None
+        grad_weight = (grad_logits.t() @ h).to(ctx.dtypes[1]).mul_(scale) if need_weight else None
         return grad_hidden, grad_weight, None, None, None, None
 
 

@@ -39,6 +39,12 @@ def tag_languages(pieces: Iterable[str]) -> list[str]:
     return sorted(found.group(1) for piece in pieces if (found := TAG.fullmatch(piece.removeprefix("\u2581"))))
 
 
+def tag_in_vocabulary(sp: Any, text: str) -> bool:
+    """Whether a SentencePiece processor holds the tag ``text`` (``<2fr>``) as a piece of its own:
+    ``<2fr>`` (nmt's own vocabularies) or ``▁<2fr>`` (an imported model's)."""
+    return any(sp.piece_to_id(piece) != sp.unk_id() for piece in (text, "\u2581" + text))
+
+
 def vocabulary_languages(sp: Any) -> list[str]:
     """``tag_languages`` of a SentencePiece processor's pieces."""
     return tag_languages(sp.id_to_piece(i) for i in range(sp.get_piece_size()))

@@ -25,6 +25,7 @@ import math
 import random
 import time
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -42,6 +43,7 @@ from nmt.data.tokenizer import BOS, PAD
 from nmt.decoding import fixed_beam
 from nmt.evaluation.length_report import length_report, write_report
 from nmt.evaluation.metrics import corpus_scores
+from nmt.training import trainable
 from nmt.training.compiling import checked_loss
 from nmt.training.guided_alignment import GuidedAlignment, guided_alignment_loss
 from nmt.runs.files import TEST_TEXT
@@ -76,6 +78,11 @@ class TranslationModule(L.LightningModule):
     guided_alignment: {weight, layer, head} of the guided-alignment loss on training batches that
         carry word alignments (``data.alignments``; ``nmt.training.guided_alignment``), logged as
         ``train/align_loss`` (``train/loss`` stays the translation loss); weight 0: off.
+    freeze: parts of the model not trained (``embeddings``, ``encoder``, ``decoder``): no gradients,
+        not given to the optimizer (``nmt.training.trainable``).
+    lora: {rank, alpha, dropout, targets} of low-rank adapters on the attention projections
+        (Hu et al. 2021; ``nmt.models.lora``), added to ``model`` here; with them only the adapters
+        train. Rank 0 or null: none.
     """
 
     # Saved in checkpoints and restored when a fit resumes, with best_bleu (not when testing a checkpoint).
@@ -98,9 +105,16 @@ class TranslationModule(L.LightningModule):
         max_nonfinite_steps: int = 10,
         val_len_cap: Sequence[float] | None = (1.5, 5),
         guided_alignment: dict[str, Any] | None = None,
+        freeze: Sequence[str] | None = None,
+        lora: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         guided_alignment = {k: v for k, v in (guided_alignment or {}).items()}  # plain values, not Hydra's DictConfig
+        freeze = None if freeze is None else list(freeze) if isinstance(freeze, Sequence) and not isinstance(freeze, str) \
+            else freeze  # a plain list, not Hydra's ListConfig (checked by trainable.prepare)
+        lora = {k: list(v) if k == "targets" and isinstance(v, Sequence) and not isinstance(v, str) else v
+                for k, v in lora.items()} if isinstance(lora, Mapping) else lora
+        self.trainable = trainable.prepare(model, freeze, lora)  # adapters added, parts frozen
         self.guided = GuidedAlignment.from_config(guided_alignment)
         if self.guided.weight:
             self.guided.check_model(model)
@@ -300,7 +314,8 @@ class TranslationModule(L.LightningModule):
             # fp16 loss scaling: gradients must be unscaled before clipping, outside the optimizer
             log.info("16-mixed precision: the optimizer runs unfused so gradients can be unscaled and clipped")
             kwargs["fused"] = False
-        optimizer = self.optimizer(params=self.parameters(), **kwargs)
+        # frozen parameters (module.freeze, module.lora) are not the optimizer's: no moments for them
+        optimizer = self.optimizer(params=trainable.trained_parameters(self), **kwargs)
         if self.init_optimizer_state is not None:  # init_optimizer=keep: the moments, not the rates, of the file
             load_optimizer_state(optimizer, self.init_optimizer_state, f"init_from={self.init_origin['path']}")
             self.init_optimizer_state = None
@@ -321,8 +336,10 @@ class TranslationModule(L.LightningModule):
             hyps = search(self.model, batch["src"], batch["src_mask"], max_len=(cap[0] * ref_len + cap[1]).long() + 1)
         else:
             hyps = search(self.model, batch["src"], batch["src_mask"])
-        tgt_vocab = self.trainer.datamodule.tgt_vocab
-        texts = tgt_vocab.decode_batch(hyps.tokens)
+        datamodule = self.trainer.datamodule
+        texts = datamodule.tgt_vocab.decode_batch(hyps.tokens)
+        if hasattr(datamodule, "untagged_targets"):  # an output starting with its language's tag is scored without it
+            texts = datamodule.untagged_targets(texts)
         self._outputs[stage].extend(zip(batch["ids"].tolist(), texts))
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
