@@ -145,7 +145,8 @@ FILE_CASES = {
 
 
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
-@pytest.mark.parametrize("case", FILE_CASES)
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c.startswith("400,000") else c
+                                  for c in FILE_CASES])  # 400,000 names: the 40,000 case runs by default
 def test_every_tensor_and_value_of_a_file_is_checked_by_the_one_reader(trained, tmp_path, case):
     edit, message = FILE_CASES[case]
     path = crafted(trained, tmp_path, edit)

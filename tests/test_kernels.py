@@ -181,7 +181,8 @@ def _module(model):
     return TranslationModule(model, optimizer=partial(torch.optim.Adam, lr=1e-3), label_smoothing=0.1)
 
 
-@pytest.mark.parametrize("name", ["lstm", "lstm_bahdanau", "lstm_luong", "transformer"])
+@pytest.mark.parametrize("name", [pytest.param("lstm", marks=pytest.mark.slow), pytest.param("lstm_bahdanau", marks=pytest.mark.slow),
+                                  "lstm_luong", "transformer"])  # a training run each: two by default, all four slow
 def test_a_trained_model_gives_the_same_loss_and_greedy_output_in_both_modes(name):
     """Train a tiny model to reverse sequences (CPU kernels), then: the training loss of the
     module (fused output layer and loss, or ``F.cross_entropy``) agrees to fp tolerance, and

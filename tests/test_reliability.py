@@ -176,7 +176,8 @@ def assert_killed_run_resumes_exactly(reference, tmp_path: Path, overrides: list
         assert metrics[key] == ref_metrics[key], key
 
 
-@pytest.mark.parametrize("stop", ["trainer.max_steps=17", "trainer.max_epochs=3"], ids=["max_steps", "max_epochs"])
+@pytest.mark.parametrize("stop", ["trainer.max_steps=17", pytest.param("trainer.max_epochs=3", marks=pytest.mark.slow)],
+                         ids=["max_steps", "max_epochs"])
 def test_the_final_checkpoint_of_a_run_that_stopped_resumes_exactly(reference, tmp_path, stop):
     """A run that ends by max_steps in the middle of an epoch (or by max_epochs at its end)
     writes last.ckpt with its final weights; resuming from it to step 30 gives the uninterrupted
@@ -255,6 +256,7 @@ def test_sigterm_saves_a_checkpoint_and_latest_resumes_it(tmp_path):
     assert summary["steps"] == step + 3 and summary["stopped_by"] is None
 
 
+@pytest.mark.slow  # a run stopped and resumed, in processes: the slow tier (the signal during validation runs by default)
 def test_slurm_signal_at_an_epoch_end_saves_a_checkpoint_that_resumes_exactly(reference, tmp_path):
     """SIGUSR1 (no SLURM environment here) is handled as SIGTERM; step 7 ends epoch 1 (4 batches)."""
     with pytest.raises(SystemExit) as stop:
