@@ -100,7 +100,7 @@ EXPERIMENTS = {
                           "model.decoder.num_layers": 1, "data.source.num_pairs": 20000, "trainer.max_steps": 2400,
                           "test_ckpt": "last"},
     "rnnsearch": {"model": "lstm_bahdanau", "model.emb_size": 620, "model.hidden_size": 2000, "model.dropout": 0.0,
-                  "model.decoder.output": "maxout", "model.decoder.init": "tanh",
+                  "model.decoder.output": "maxout", "model.decoder.initial_state": "tanh",
                   "optimizer.lr": 0.0005, "scheduler._target_": "nmt.training.schedules.inverse_sqrt", "trainer.max_epochs": 20,
                   "trainer.max_steps": -1},
     "sutskever_2014": {"model": "lstm", "model.hidden_size": 1000, "model.encoder.num_layers": 4,

@@ -298,6 +298,11 @@ def test_a_file_from_before_head_counts_fine_tunes_and_a_pruned_one_keeps_its_he
     assert architecture_difference(older, today) is None
     pruned = {"encoder": {"num_heads": 4, "self_heads": [4, 2]}, "decoder": {"num_heads": 4}}
     assert architecture_difference(pruned, today) == ("model.encoder.self_heads", "[4, 2]", "null")
+    # keys added later still (embedding_norm; an LSTM decoder's output and initial_state) read as what older files trained
+    assert architecture_difference(older, {**today, "decoder": {**today["decoder"], "embedding_norm": False}}) is None
+    lstm = {"decoder": {"hidden_size": 8}}
+    assert architecture_difference(lstm, {"decoder": {"hidden_size": 8, "output": "tanh", "initial_state": "final"}}) is None
+    assert architecture_difference(lstm, {"decoder": {"hidden_size": 8, "output": "maxout"}}) == ("model.decoder.output", "absent", "maxout")
 
 
 def test_a_pruned_file_gives_its_heads_to_a_run_that_leaves_them_null(tmp_path):

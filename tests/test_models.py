@@ -23,9 +23,9 @@ VARIANTS = {
     "lstm_reversed": ("lstm", ["model.encoder.reverse=true", "model.encoder.bidirectional=false"]),
     "lstm_initial_state": ("lstm", ["model.decoder.input_feeding=none"]),  # Sutskever et al.: no fixed context at each step
     "lstm_bahdanau_reversed": ("lstm_bahdanau", ["model.encoder.reverse=true"]),
-    "lstm_bahdanau_paper": ("lstm_bahdanau", ["model.decoder.output=maxout", "model.decoder.init=tanh"]),
+    "lstm_bahdanau_paper": ("lstm_bahdanau", ["model.decoder.output=maxout", "model.decoder.initial_state=tanh"]),
     "lstm_fixed_context_maxout": ("lstm", ["model.decoder.input_feeding=context", "model.decoder.output=maxout",
-                                           "model.decoder.init=tanh"]),  # Cho et al.'s fixed context, the deep output
+                                           "model.decoder.initial_state=tanh"]),  # Cho et al.'s fixed context, the deep output
     "lstm_luong": ("lstm_luong", []),
     "lstm_luong_dot_nofeed": ("lstm_luong", ["model.decoder.attention.score=dot", "model.decoder.input_feeding=none"]),
     "lstm_luong_concat": ("lstm_luong", ["model.decoder.attention.score=concat"]),
@@ -307,7 +307,7 @@ def test_rnn_decoder_step_equals_nn_lstm(name):
 
 
 def test_bahdanau_paper_decoder_computes_appendix_a22():
-    """``output: maxout`` and ``init: tanh`` as Bahdanau et al. (2015), appendix A.2.2, write
+    """``output: maxout`` and ``initial_state: tanh`` as Bahdanau et al. (2015), appendix A.2.2, write
     them, computed here by hand from the weights: s_0 = tanh(W_s h<-_1) (the backward encoder's
     state at the first word, which for a padded sentence is its own first position), c_i from
     s_(i-1), t~_i = U_o s_(i-1) + V_o E y_(i-1) + C_o c_i, t_i the max of adjacent pairs, logits W_o t_i."""
@@ -336,10 +336,10 @@ def test_the_paper_decoders_options_refuse_what_they_cannot_read():
     with pytest.raises(Exception, match=r"model.decoder.output=maxout is Bahdanau et al.'s deep output over s_\(i-1\), "
                                          r"y_\(i-1\) and the context c_i: it needs input_feeding: context, got 'attentional'"):
         composed_build("lstm_luong", ["model.decoder.output=maxout"])
-    with pytest.raises(Exception, match=r"model.decoder.init=tanh starts the decoder from tanh\(W_s h<-_1\), the backward "
+    with pytest.raises(Exception, match=r"model.decoder.initial_state=tanh starts the decoder from tanh\(W_s h<-_1\), the backward "
                                          r"encoder's state at the first word \(Bahdanau et al. 2015\): it needs the "
                                          r"bidirectional LSTM encoder"):
-        composed_build("transformer", ["model/decoder=lstm_bahdanau", "model.decoder.init=tanh"])
+        composed_build("transformer", ["model/decoder=lstm_bahdanau", "model.decoder.initial_state=tanh"])
     with pytest.raises(Exception, match=r"model.decoder.output must be one of \('tanh', 'maxout'\), got 'relu'"):
         composed_build("lstm_bahdanau", ["model.decoder.output=relu"])
 

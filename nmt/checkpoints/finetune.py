@@ -28,7 +28,8 @@ from nmt.runs.files import CHECKPOINTS
 # trained model computes. Every other model key must be the file's.
 MAY_DIFFER = ("dropout", "attention_dropout", "activation_dropout", "gradient_checkpointing", "position_shift", "init")
 # Model keys added since files were first written, with the value a file without them was trained with.
-ADDED = {"activation": "relu", "logits_bias": False, "self_heads": None, "cross_heads": None}
+ADDED = {"activation": "relu", "logits_bias": False, "self_heads": None, "cross_heads": None, "embedding_norm": False,
+         "output": "tanh", "initial_state": "final"}
 INIT_OPTIMIZER = ("fresh", "keep")  # init_optimizer: a new optimizer state, or the file's per-parameter state
 
 

@@ -120,13 +120,13 @@ class Seq2Seq(nn.Module):
         dec_layers = getattr(decoder, "needs_init_state", 0)
         if dec_layers and enc_layers != dec_layers:
             self.bridge = MeanPoolBridge(hidden_size, dec_layers)
-        if getattr(decoder, "init", None) == "tanh" and (
+        if getattr(decoder, "initial_state", None) == "tanh" and (
             getattr(encoder, "num_directions", 1) != 2 or getattr(encoder, "reverse", False)
         ):
             raise ValueError(
-                "model.decoder.init=tanh starts the decoder from tanh(W_s h<-_1), the backward encoder's "
+                "model.decoder.initial_state=tanh starts the decoder from tanh(W_s h<-_1), the backward encoder's "
                 "state at the first word (Bahdanau et al. 2015): it needs the bidirectional LSTM encoder "
-                "(model/encoder=lstm with bidirectional: true and reverse: false); use init: final"
+                "(model/encoder=lstm with bidirectional: true and reverse: false); use initial_state: final"
             )
         if tie_embeddings:
             if decoder.embed.weight.shape != decoder.out.weight.shape:

@@ -21,7 +21,7 @@ from nmt.specials import PAD
 
 FEEDS = ("none", "context", "attentional")
 OUTPUTS = ("tanh", "maxout")
-INITS = ("final", "tanh")
+INITIAL_STATES = ("final", "tanh")
 
 
 def reverse_words(x: Tensor, mask: Tensor) -> Tensor:
@@ -117,7 +117,7 @@ class RNNDecoder(UsesKernels, nn.Module):
       the state before the step, the previous word and the context, as the appendix writes it.
       It needs ``input_feeding: context`` (the context that the previous state attends to).
 
-    Where the decoder starts (``init``):
+    Where the decoder starts (``initial_state``):
 
     - ``final`` (every preset): the encoder's final states, layer by layer (``h`` and ``c``).
     - ``tanh``: Bahdanau et al.'s ``s_0 = tanh(W_s h<-_1)`` (appendix A.2.2), ``h<-_1`` the
@@ -145,7 +145,7 @@ class RNNDecoder(UsesKernels, nn.Module):
         input_feeding: str = "none",
         memory_size: int | None = None,
         output: str = "tanh",
-        init: str = "final",
+        initial_state: str = "final",
     ) -> None:
         super().__init__()
         if input_feeding not in FEEDS:
@@ -154,8 +154,8 @@ class RNNDecoder(UsesKernels, nn.Module):
             raise ValueError("input_feeding='attentional' needs an attention; set input_feeding: none or context")
         if output not in OUTPUTS:
             raise ValueError(f"model.decoder.output must be one of {OUTPUTS}, got {output!r}")
-        if init not in INITS:
-            raise ValueError(f"model.decoder.init must be one of {INITS}, got {init!r}")
+        if initial_state not in INITIAL_STATES:
+            raise ValueError(f"model.decoder.initial_state must be one of {INITIAL_STATES}, got {initial_state!r}")
         if output == "maxout" and input_feeding != "context":
             raise ValueError(
                 f"model.decoder.output=maxout is Bahdanau et al.'s deep output over s_(i-1), y_(i-1) and "
@@ -165,11 +165,11 @@ class RNNDecoder(UsesKernels, nn.Module):
         self.memory_size = memory_size
         self.input_feeding = input_feeding
         self.output = output
-        self.init = init
-        # The encoder's final states (a bridge makes them for an encoder without); ``init: tanh``
+        self.initial_state = initial_state
+        # The encoder's final states (a bridge makes them for an encoder without); ``initial_state: tanh``
         # reads the backward encoder's state instead (``Seq2Seq`` checks the encoder has one).
-        self.needs_init_state = num_layers if init == "final" else 0
-        self.init_proj = nn.Linear(memory_size // 2, num_layers * hidden_size, bias=False) if init == "tanh" else None  # W_s
+        self.needs_init_state = num_layers if initial_state == "final" else 0
+        self.init_proj = nn.Linear(memory_size // 2, num_layers * hidden_size, bias=False) if initial_state == "tanh" else None  # W_s
         self.embed = nn.Embedding(vocab_size, emb_size, padding_idx=PAD)
         self.dropout = Dropout(dropout)
         feed_size = {"none": 0, "context": memory_size, "attentional": hidden_size}[input_feeding]
@@ -215,7 +215,7 @@ class RNNDecoder(UsesKernels, nn.Module):
     def init_state(self, memory: dict[str, Tensor], capacity: int | None = None) -> dict[str, Any]:
         # (B, L, H); the cell in at least fp32 at every step, also where the encoder (cuDNN's LSTM
         # under autocast) or a bridge gave it in bf16/fp16: it sums every step's update
-        if self.init == "tanh":  # s_0 = tanh(W_s h<-_1): the top layer's backward half of the final states
+        if self.initial_state == "tanh":  # s_0 = tanh(W_s h<-_1): the top layer's backward half of the final states
             final = memory["final_h"]
             x = self.init_proj(final[:, -1, final.size(-1) // 2:])
             h = self.kernels.ops(x).tanh(x).view(final.size(0), self.rnn.num_layers, -1)
