@@ -3,7 +3,8 @@
 config and tokenizer classes saved with ``save_pretrained``, SentencePiece models trained on the tiny
 corpus, fairseq's dictionary order, the language codes after it) import into release files whose
 token ids, logits, greedy and beam outputs equal ``transformers``' for a source and a target
-language; translate.py, evaluate.py and nmt-serve take src_lang and tgt_lang; what a folder must not hold is
+language; nmt-export format=huggingface writes the folder back; translate.py, evaluate.py and nmt-serve
+take src_lang and tgt_lang; what a folder must not hold is
 refused in one line."""
 
 from __future__ import annotations
@@ -233,6 +234,35 @@ def test_greedy_and_beam_equal_generate(pair, search):
         total += len(lines)
     print(f"{search}: {same}/{total} outputs equal, {ended} ended before the cap")
     assert same == total and ended >= 5
+
+
+def test_export_gives_the_folder_back_and_generate_our_outputs(pair, tmp_path):
+    """``nmt-export format=huggingface`` of the imported file writes the family's own class and
+    tokenizer (M2M100Tokenizer, NllbTokenizer, MBart50Tokenizer): imported again, it gives the same
+    weights bit for bit, the same vocabulary and the same config; ``generate()`` on it, with the
+    length penalty and beam it wrote, gives our beam outputs (``scoring=huggingface``) on 20 sentences."""
+    from nmt.exporters.huggingface import to_huggingface
+
+    hf, tokenizer, loaded, folder, family = pair
+    out = to_huggingface(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, tmp_path / "out")
+    first, again = import_folder(folder), import_folder(out)
+    assert first["state_dict"].keys() == again["state_dict"].keys()
+    assert all(torch.equal(first["state_dict"][k], again["state_dict"][k]) for k in first["state_dict"])
+    assert first["tokenizers"] == again["tokenizers"] and first["run_config"] == again["run_config"]
+    exported, their_tokenizer = load_hf(out, family)
+    assert type(exported) is type(hf) and type(their_tokenizer).__name__ == type(tokenizer).__name__
+    order = order_of(their_tokenizer, family, out, loaded)
+    lengths = []
+    for src_lang, tgt_lang, lines in halves(family):
+        src, src_mask = our_ids(loaded, lines, src_lang)
+        code = loaded.tgt_vocab.sp.piece_to_id(f"\u2581{tag(tgt_lang)}")
+        ours = beam_search(loaded.model, src, src_mask, beam_size=4, alpha=1.0, max_len_a=0, max_len_b=12,
+                           prefix=torch.full((len(lines), 1), code), scoring="huggingface").tokens
+        theirs = their_outputs(exported, their_tokenizer, family, lines, src_lang, tgt_lang, order, max_new_tokens=12)
+        assert ours == theirs
+        lengths += [len(o) for o in ours]
+    print(f"{family}: outputs of {sorted(set(lengths))} tokens")
+    assert len(set(lengths)) > 1
 
 
 @pytest.fixture(scope="module")
