@@ -1,5 +1,5 @@
-"""Export an M2M100, NLLB-200 or mBART-50 model (imported by ``nmt.checkpoints.m2m100``, or fine-tuned
-from one) back to the ``transformers`` class it came from (``nmt-export format=huggingface``):
+"""Export an M2M100, NLLB-200 or mBART-50 model imported by ``nmt.checkpoints.m2m100`` back to the
+``transformers`` class it came from (``nmt-export format=huggingface``):
 
 - ``positions: fairseq`` without an embedding layer norm: ``M2M100ForConditionalGeneration``, with
   ``M2M100Tokenizer`` (the 100 codes ``__fr__`` of M2M100, or WMT21's 8) or ``NllbTokenizer`` (the
@@ -15,7 +15,8 @@ second copy of ``</s>`` kept out of the softmax, is dropped, and the decoder sta
 theirs does. M2M100 has no logits bias, so a model whose bias is not zero (but on BOS) is refused;
 mBART's is its ``final_logits_bias``. The tokenizer is built by ``transformers`` from a SentencePiece
 model in that order, and every id it gives is checked against ours before the folder is written, so
-``nmt-import`` reads the folder back to the same weights and vocabulary.
+``nmt-import`` reads the folder back to the same weights and vocabulary. A run fine-tuned from such a
+model is refused: training moves its BOS row away from ``</s>``'s (and M2M100's bias from zero).
 """
 
 from __future__ import annotations
