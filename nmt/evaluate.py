@@ -101,6 +101,21 @@ def load_comet_model(cfg: DictConfig) -> Any:
                       device=decoding_device(str(settings.get("device", "auto")), "32"))
 
 
+def request_languages(cfg: DictConfig, translators: dict[str, Any], sources: list[str],
+                      datamodule: Any) -> dict[str, dict[str, str]]:
+    """Each system's ``src_lang`` and ``tgt_lang`` (``cfg``'s, for the models that read both
+    languages; {} for the others, ``nmt.evaluation.directions.request_languages``); a one-line
+    ValueError where they are given and no system reads them."""
+    src_lang, tgt_lang = cfg.get("src_lang"), cfg.get("tgt_lang")
+    given = [f"{key}={value}" for key, value in (("src_lang", src_lang), ("tgt_lang", tgt_lang)) if value is not None]
+    if given and not any(t.decoder_languages for t in translators.values()):
+        raise ValueError(f"{', '.join(given)}: read only by a model that writes the target language as its first "
+                         "output token (an imported M2M100, NLLB-200 or mBART-50); these systems take the test "
+                         "split's languages: leave src_lang and tgt_lang unset")
+    return {name: directions.request_languages(t, name, sources, datamodule, src_lang, tgt_lang)
+            for name, t in translators.items()}
+
+
 def evaluate(cfg: DictConfig) -> None:
     """Translate the test split with each of ``cfg.ckpts``, read ``cfg.hyps``, and write each
     system's BLEU-by-length report and the comparison of all (with significance) to ``paths.output_dir``."""
@@ -153,6 +168,7 @@ def evaluate(cfg: DictConfig) -> None:
     unit, tokenize, edges = options["unit"], options["tokenize"], length_buckets(cfg.length_buckets, options["unit"])
     sources = directions.untagged(tagged)  # what the reports count and show; multilingual models read the tags
     inputs = {name: directions.model_inputs(t, name, tagged, sources, datamodule) for name, t in zip(names, loaded)}
+    languages = request_languages(cfg, dict(zip(names, loaded)), sources, datamodule)
     split = directions.plan(datamodule)  # before any translation: the language identifier
     frequency = training_counts(datamodule, tokenize) if word_frequency else None
     hyps: dict[str, list[str]] = {}
@@ -160,7 +176,8 @@ def evaluate(cfg: DictConfig) -> None:
     seconds: dict[str, float] = {}
     for name, translator in zip(names, loaded):
         start = time.perf_counter()
-        texts, entropy = translate_with_entropy(translator, inputs[name], bool(cfg.get("reordering", True)))
+        texts, entropy = translate_with_entropy(translator, inputs[name], bool(cfg.get("reordering", True)),
+                                                languages[name])
         seconds[name] = time.perf_counter() - start
         hyps[name] = texts
         if any(e is not None for e in entropy):
@@ -205,7 +222,7 @@ def evaluate(cfg: DictConfig) -> None:
         log.info("%s: BLEU %.2f, chrF %.2f%s (%d sentences)", name, report["bleu"], report["chrf"], comet, report["count"])
     log.info("comparison -> %s\n%s", paths["md"], paths["md"].read_text())
     if variants:
-        robust = robustness(cfg, dict(zip(names, loaded)), variants, test, inputs, reports, out_dir)
+        robust = robustness(cfg, dict(zip(names, loaded)), variants, test, inputs, reports, out_dir, languages)
         log.info("clean and augmented test sets -> %s\n%s", robust, robust.read_text())
 
 

@@ -143,6 +143,48 @@ def test_without_constraints_it_finds_what_beam_search_finds_or_better(name):
     assert all(a >= b - 1e-4 for a, b in zip(ours.scores.tolist(), free.scores.tolist()))
 
 
+@pytest.mark.parametrize("name", ["lstm_bahdanau", "transformer"])
+def test_huggingface_scoring_without_constraints_is_beam_search(name):
+    """``scoring=huggingface`` and no constraints: beam search's hypotheses, scores and n-best lists
+    (transformers' rules: |Y| ** alpha, the EOS forced at the cap scoring 0, only an EOS among the K
+    best candidates ending, its stopping rule) over length penalties, beams and early stopping."""
+    model = build(name)
+    for seed in range(3):
+        src, src_mask, _ = batch((9, 4, 7, 2, 6), seed=seed)
+        for alpha, early, k, nbest, cap in [(1.0, False, 4, 1, 8), (0.6, True, 3, 2, 10), (2.0, "never", 5, 3, 6),
+                                            (0.0, False, 2, 2, 12)]:
+            options = dict(beam_size=k, alpha=alpha, max_len_b=cap, nbest=nbest, scoring="huggingface",
+                           early_stopping=early)
+            free = beam_search(model, src, src_mask, engine="loop", **options)
+            ours = constrained_beam_search(model, src, src_mask, [[]] * 5, **options)
+            assert ours.tokens == free.tokens, (seed, alpha, early)
+            torch.testing.assert_close(ours.scores, free.scores, atol=1e-5, rtol=1e-5)
+            if nbest > 1:
+                assert [[t for t, _ in r] for r in ours.nbest] == [[t for t, _ in r] for r in free.nbest]
+
+
+def test_huggingface_scoring_holds_the_constraints_and_ranks_by_length_to_alpha():
+    """With constraints and ``scoring=huggingface``: every phrase appears, and an output ended
+    before its cap scores its log-prob over (its tokens + EOS) ** alpha."""
+    model = build("transformer")
+    src, src_mask, _ = batch()
+    constraints = [[(5, 6)], [(7,), (9,)], [(11,)]]
+    for alpha in (0.5, 1.5):
+        hyps = constrained_beam_search(model, src, src_mask, constraints, beam_size=4, alpha=alpha, max_len_b=12,
+                                       scoring="huggingface")
+        tgt = torch.zeros(src.size(0), max(len(t) for t in hyps.tokens) + 1, dtype=torch.long)
+        for i, t in enumerate(hyps.tokens):
+            tgt[i, : len(t) + 1] = torch.tensor([*t, 3])
+        logprob = score_pairs(model, src, src_mask, tgt).sum(1)
+        caps = (1.5 * src_mask.sum(1) + 12).long().tolist()
+        for i, (tokens, cons) in enumerate(zip(hyps.tokens, constraints)):
+            assert holds_all(tokens, cons), (tokens, cons)
+            if len(tokens) + 1 < caps[i]:
+                assert float(hyps.scores[i]) == pytest.approx(float(logprob[i]) / (len(tokens) + 1) ** alpha, abs=1e-4)
+    with pytest.raises(ValueError, match=r"^decoding.scoring='fairseq': choose one of gnmt, huggingface$"):
+        constrained_beam_search(model, src, src_mask, constraints, scoring="fairseq")
+
+
 def kept(banks: list[int], k: int, valid: list[bool] | None = None) -> list[int]:
     valid = [True] * len(banks) if valid is None else valid
     mask = allocate(torch.tensor([banks]), torch.tensor([valid]), k, max(banks) + 1)[0]

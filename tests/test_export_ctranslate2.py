@@ -76,7 +76,10 @@ def encode(vocab, lines: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
      "model.encoder.hidden_size=24", "+model.decoder.memory_size=24", "model.tie_embeddings=false",
      "model.share_src_tgt_embeddings=false"],
     ["model.encoder.norm=post", "model.decoder.num_heads=8", "model.encoder.num_layers=1", "model.share_src_tgt_embeddings=true"],
-], ids=["pre_sinusoidal_tied", "post_learned_untied", "mixed_sizes", "mixed_shared"])
+    ["model.encoder.positions=fairseq", "model.decoder.positions=fairseq"],  # M2M100's sinusoids
+    [*POST_LEARNED, "model.encoder.embedding_norm=true", "model.decoder.embedding_norm=true"],  # mBART's layer norm
+], ids=["pre_sinusoidal_tied", "post_learned_untied", "mixed_sizes", "mixed_shared", "fairseq_positions",
+        "embedding_norm"])
 def test_log_probs_equal_ours(vocab, tmp_path, overrides):
     """Teacher-forced log-probs of CTranslate2's ``score_batch`` equal ours (PAD and BOS never
     generated, so renormalised without them), for a model with every weight perturbed so that
@@ -253,6 +256,17 @@ def test_refuses_what_ctranslate2_cannot_express(vocab, tmp_path, preset, overri
     with pytest.raises(ValueError, match=message) as err:
         to_ctranslate2(model, vocab, vocab, run_config, tmp_path / "ct2")
     assert "\n" not in str(err.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_model_that_writes_its_target_language_first_is_refused(vocab, tmp_path):
+    """A model whose decoder starts with the target-language code (an imported M2M100, NLLB-200 or
+    mBART-50) would translate without it on nmt's CTranslate2 backend: refused in one line."""
+    model, run_config = build(["model.encoder.positions=fairseq", "model.decoder.positions=fairseq"], vocab.vocab_size)
+    run_config["languages"] = {"source": "tag", "target": "decoder_prefix"}
+    with pytest.raises(ValueError, match=r"^languages\.target=decoder_prefix: the model writes the target language "
+                                         r"as its first output token .* export format=huggingface$"):
+        to_ctranslate2(model, vocab, vocab, run_config, tmp_path / "ct2")
     assert list(tmp_path.iterdir()) == []
 
 

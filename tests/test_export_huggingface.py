@@ -205,6 +205,28 @@ def test_what_no_class_expresses_is_refused_in_one_line(vocabs, tmp_path, overri
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["model.encoder.positions=fairseq", "model.decoder.positions=fairseq"],
+     "model.decoder.positions=fairseq: exported only as the M2M100ForConditionalGeneration it was imported from"),
+    (["model.encoder.positions=learned", "model.decoder.positions=learned", "model.encoder.embedding_norm=true",
+      "model.decoder.embedding_norm=true"],
+     "model.decoder.positions=learned: exported only as the MBartForConditionalGeneration it was imported from"),
+    (["model.encoder.positions=fairseq"], "model.decoder.positions=sinusoidal, model.decoder.embedding_norm=false: "
+                                          "M2M100 has fairseq positions without an embedding layer norm"),
+    (["model.encoder.embedding_norm=true"], "model.encoder.positions=sinusoidal, model.encoder.embedding_norm=true"),
+], ids=["fairseq", "mbart_like", "mixed_positions", "norm_alone"])
+def test_what_is_not_an_imported_m2m100_or_mbart_is_refused_in_one_line(vocabs, tmp_path, overrides, message):
+    """fairseq positions or an embedding norm export as the M2M100 or mBART model they were imported
+    from (``tests/test_m2m100.py``); an nmt model trained with them has no such layout."""
+    joint = vocabs[0]
+    model, run_config = build(overrides, joint.vocab_size)
+    with pytest.raises(ValueError) as refused:
+        to_huggingface(model, joint, joint, run_config, tmp_path / "hf")
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value), str(refused.value)
+    assert str(refused.value).endswith("; the model does not export to Hugging Face")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_existing_folder_is_never_overwritten(tmp_path):
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "mine.txt").write_text("keep")

@@ -3,7 +3,8 @@
 config and tokenizer classes saved with ``save_pretrained``, SentencePiece models trained on the tiny
 corpus, fairseq's dictionary order, the language codes after it) import into release files whose
 token ids, logits, greedy and beam outputs equal ``transformers``' for a source and a target
-language; translate.py and nmt-serve take src_lang and tgt_lang; what a folder must not hold is
+language; nmt-export format=huggingface writes the folder back; translate.py, evaluate.py and nmt-serve
+take src_lang and tgt_lang; what a folder must not hold is
 refused in one line."""
 
 from __future__ import annotations
@@ -235,6 +236,35 @@ def test_greedy_and_beam_equal_generate(pair, search):
     assert same == total and ended >= 5
 
 
+def test_export_gives_the_folder_back_and_generate_our_outputs(pair, tmp_path):
+    """``nmt-export format=huggingface`` of the imported file writes the family's own class and
+    tokenizer (M2M100Tokenizer, NllbTokenizer, MBart50Tokenizer): imported again, it gives the same
+    weights bit for bit, the same vocabulary and the same config; ``generate()`` on it, with the
+    length penalty and beam it wrote, gives our beam outputs (``scoring=huggingface``) on 20 sentences."""
+    from nmt.exporters.huggingface import to_huggingface
+
+    hf, tokenizer, loaded, folder, family = pair
+    out = to_huggingface(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, tmp_path / "out")
+    first, again = import_folder(folder), import_folder(out)
+    assert first["state_dict"].keys() == again["state_dict"].keys()
+    assert all(torch.equal(first["state_dict"][k], again["state_dict"][k]) for k in first["state_dict"])
+    assert first["tokenizers"] == again["tokenizers"] and first["run_config"] == again["run_config"]
+    exported, their_tokenizer = load_hf(out, family)
+    assert type(exported) is type(hf) and type(their_tokenizer).__name__ == type(tokenizer).__name__
+    order = order_of(their_tokenizer, family, out, loaded)
+    lengths = []
+    for src_lang, tgt_lang, lines in halves(family):
+        src, src_mask = our_ids(loaded, lines, src_lang)
+        code = loaded.tgt_vocab.sp.piece_to_id(f"\u2581{tag(tgt_lang)}")
+        ours = beam_search(loaded.model, src, src_mask, beam_size=4, alpha=1.0, max_len_a=0, max_len_b=12,
+                           prefix=torch.full((len(lines), 1), code), scoring="huggingface").tokens
+        theirs = their_outputs(exported, their_tokenizer, family, lines, src_lang, tgt_lang, order, max_new_tokens=12)
+        assert ours == theirs
+        lengths += [len(o) for o in ours]
+    print(f"{family}: outputs of {sorted(set(lengths))} tokens")
+    assert len(set(lengths)) > 1
+
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     return m2m100_folder(tmp_path_factory.mktemp("refusals") / "hf")
@@ -400,6 +430,35 @@ def test_translate_py_takes_src_lang_and_tgt_lang(pair, tmp_path, capsys):
     refused = translate_here(capsys, *common, f"tgt_lang={tgt_lang}")
     assert refused.returncode != 0 and refused.stdout == "" and "src_lang: this model reads the source language first" \
         in refused.stderr
+
+
+def test_evaluate_takes_src_lang_and_tgt_lang(folder, tmp_path, capsys):
+    """``evaluate.py ckpts=[<imported>] data=tiny src_lang=de tgt_lang=fr`` writes translate.py's
+    hypotheses with the same languages; without them, or given to a model that does not read
+    them (a hypothesis file alone), the run stops in one line before any output."""
+    from tests.conftest import ROOT, evaluate_here, translate_here
+
+    ckpt = tmp_path / "model.ckpt"
+    atomic_save(import_folder(folder), ckpt)
+    decoding = ["decoding.max_len_a=0", "decoding.max_len_b=12", "device=cpu", "kernels=reference", "precision=32"]
+    quick = ["data=tiny", "reordering=false", "word_frequency=false", "n_bootstrap=0", "significance.bootstrap=0",
+             "significance.randomization=0", *decoding]
+    done = evaluate_here(capsys, tmp_path / "eval", f"ckpts={{m2m: {ckpt}}}", "src_lang=de", "tgt_lang=fr", *quick)
+    assert done.returncode == 0, done.stderr[-2000:]
+    hyps = (tmp_path / "eval" / "m2m.hyp.txt").read_text().splitlines()
+    translated = translate_here(capsys, f"ckpt={ckpt}", f"input={ROOT / 'tests/data/tiny/test.src'}", "src_lang=de",
+                                "tgt_lang=fr", "workers=1", *decoding)
+    assert translated.returncode == 0, translated.stderr[-2000:]
+    assert hyps == translated.stdout.splitlines() and len(hyps) == 20 and len(set(hyps)) > 1
+    missing = evaluate_here(capsys, tmp_path / "eval2", f"ckpts={{m2m: {ckpt}}}", "tgt_lang=fr", *quick)
+    assert missing.returncode == 2 and missing.stdout == "", missing.stderr
+    assert missing.stderr.strip().splitlines()[-1].startswith("error: ckpts: m2m: src_lang: this model reads the "
+                                                               "source language first")
+    hyp_file = ROOT / "tests/data/tiny/test.tgt"
+    unread = evaluate_here(capsys, tmp_path / "eval3", f"hyps={{a: {hyp_file}}}", "src_lang=de", "tgt_lang=fr", *quick)
+    assert unread.returncode == 2 and unread.stdout == "", unread.stderr
+    assert unread.stderr.strip().splitlines()[-1].startswith("error: src_lang=de, tgt_lang=fr: read only by a model "
+                                                             "that writes the target language")
 
 
 def test_nmt_serve_takes_src_lang_and_tgt_lang(pair, tmp_path):

@@ -17,7 +17,10 @@ must leave room for them (``check_constraints``). A sentence stops once K hypoth
 or once none of its live ones can still beat its n-th best (as beam search; no result changes).
 Phrases are met as whole words: the token after one must start a word, unless the word goes on
 into a longer phrase (then the shorter one is not met there). Scores are the model's log-probs
-over the GNMT length penalty, as beam search's.
+over the GNMT length penalty, as beam search's; with ``scoring="huggingface"``, over ``|Y| ** alpha``
+with transformers' rules, as ``nmt.decoding.search.beam_search`` applies them (a forced EOS at the
+cap scores 0, only an EOS among a step's K best candidates ends a hypothesis, K ended ones are
+kept, transformers' stopping rule), so that without constraints it is that beam search.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ import torch
 from torch import Tensor
 
 from nmt.decoding.constraint_automaton import ConstraintAutomata, Phrase
-from nmt.decoding.scoring import Hypotheses, best_possible, length_penalty, log_probs, max_lengths, to_lists
+from nmt.decoding.scoring import (Hypotheses, best_possible, hf_penalty, hf_stops, length_penalty, log_probs,
+                                  max_lengths, to_lists)
+from nmt.decoding.settings import SCORINGS
 from nmt.models.base import select
 from nmt.specials import BOS, EOS, PAD
 
@@ -64,12 +69,18 @@ def allocate(banks: Tensor, valid: Tensor, k: int, levels: int) -> Tensor:
 @torch.no_grad()
 def constrained_beam_search(model, src: Tensor, src_mask: Tensor, constraints: list[list[Phrase]], beam_size: int = 5,
                             alpha: float = 0.6, max_len_a: float = 1.5, max_len_b: int = 10,
-                            need_attn: bool = False, nbest: int = 1, continuation: Tensor | None = None) -> Hypotheses:
+                            need_attn: bool = False, nbest: int = 1, continuation: Tensor | None = None,
+                            scoring: str = "gnmt", early_stopping: bool | str = False) -> Hypotheses:
     """Beam search in which sentence i's output holds every phrase of ``constraints[i]`` (a
     phrase given twice, twice). src, src_mask: (B, S). ``continuation`` (vocabulary,) bools: the
     pieces that continue a word (no "▁"); a constraint is then met only as whole words: the token
-    after it must start a word (or be EOS). Attention weights are not returned."""
-    batch, k = src.size(0), beam_size
+    after it must start a word (or be EOS). Attention weights are not returned. ``scoring``
+    (``SCORINGS``) and ``early_stopping``: how ended hypotheses rank and when a sentence stops, as
+    ``nmt.decoding.search.beam_search``'s."""
+    if scoring not in SCORINGS:
+        raise ValueError(f"decoding.scoring={scoring!r}: choose one of {', '.join(SCORINGS)}")
+    hf = scoring == "huggingface"
+    batch, k, n_best = src.size(0), beam_size, (beam_size if hf else nbest)  # transformers keeps K ended
     device = src.device
     caps = max_lengths(src_mask, max_len_a, max_len_b)
     phrases = [[tuple(int(t) for t in p) for p in cons] for cons in constraints]
@@ -87,8 +98,8 @@ def constrained_beam_search(model, src: Tensor, src_mask: Tensor, constraints: l
     just_met = torch.zeros(batch, k, dtype=torch.bool, device=device)
     before = count  # the counts before the last token, (B, K, C)
     history = src.new_zeros(batch * k, 0)  # (B*K, t)
-    best_scores = torch.full((batch, nbest), float("-inf"), device=device)  # ended hypotheses, best first
-    best_tokens = src.new_full((batch, nbest, steps + 1), PAD)
+    best_scores = torch.full((batch, n_best), float("-inf"), device=device)  # ended hypotheses, best first
+    best_tokens = src.new_full((batch, n_best, steps + 1), PAD)
     num_ended = torch.zeros(batch, dtype=torch.long, device=device)
     fell_back = torch.zeros(batch, dtype=torch.bool, device=device)
     active = torch.arange(batch, device=device)  # the sentences still searching
@@ -108,9 +119,13 @@ def constrained_beam_search(model, src: Tensor, src_mask: Tensor, constraints: l
         if t >= min(cap_list) - 1:  # only EOS may follow at the cap
             at_cap = (t >= caps[active] - 1).repeat_interleave(k).unsqueeze(1)
             x = x.masked_fill(at_cap & (torch.arange(width, device=device) != EOS), float("-inf"))
+            if hf:  # transformers' forced EOS: log-prob 0 (where the constraints let it end)
+                x[:, EOS] = torch.where(at_cap.squeeze(1) & (x[:, EOS] > float("-inf")), 0.0, x[:, EOS])
         total = (beam_scores.unsqueeze(-1) + x.view(n, k, width)).view(n, k * width)
-        # candidates, as flat indices beam * W + token (n, M): the K best, each beam's best, the tokens that advance
-        flat = torch.cat([total.topk(k, dim=1).indices,
+        # candidates, as flat indices beam * W + token (n, M): the K best (huggingface: 2K, transformers'
+        # candidates, so the K best that do not end are among them), each beam's best, the tokens that advance
+        best_k = total.topk(2 * k if hf else k, dim=1).indices
+        flat = torch.cat([best_k,
                           total.view(n, k, width).argmax(-1) + beam_index * width,
                           torch.where(real, beam_index.unsqueeze(1) * width + wanted, -1).view(n, -1)], 1)
         m = flat.size(1)
@@ -123,14 +138,17 @@ def constrained_beam_search(model, src: Tensor, src_mask: Tensor, constraints: l
         beam, token = flat // width, flat % width
         ending = valid & (token == EOS)
         going = valid & ~ending
+        if hf:  # transformers ends only the EOS among the K best candidates; the others are dropped
+            ending &= (flat.unsqueeze(-1) == best_k[:, :k].unsqueeze(1)).any(-1)
         # the candidates that end: into each sentence's n-best (a beam ends at most once a step)
-        norm = (score / length_penalty(torch.tensor(t + 1, device=device), alpha)).masked_fill(~ending, float("-inf"))
+        penalty = (hf_penalty if hf else length_penalty)(torch.tensor(t + 1, device=device), alpha)
+        norm = (score / penalty).masked_fill(~ending, float("-inf"))
         by_beam = norm.new_full((n, k), float("-inf")).scatter_reduce(1, beam, norm, "amax")  # (n, K)
-        merged, pick = torch.cat([best_scores[active], by_beam], 1).topk(nbest, dim=1)
+        merged, pick = torch.cat([best_scores[active], by_beam], 1).topk(n_best, dim=1)
         ended_tokens = src.new_full((n, k, steps + 1), PAD)
         ended_tokens[:, :, :t] = history.view(n, k, t)
-        pool = torch.cat([best_tokens[active], ended_tokens], 1)  # (n, nbest + K, steps + 1)
-        best_tokens[active] = pool.gather(1, pick.unsqueeze(-1).expand(n, nbest, steps + 1))
+        pool = torch.cat([best_tokens[active], ended_tokens], 1)  # (n, n_best + K, steps + 1)
+        best_tokens[active] = pool.gather(1, pick.unsqueeze(-1).expand(n, n_best, steps + 1))
         best_scores[active] = merged
         num_ended[active] += ending.sum(1)
         # the candidates that go on: their constraint state, their banks, then the K kept
@@ -144,7 +162,12 @@ def constrained_beam_search(model, src: Tensor, src_mask: Tensor, constraints: l
         # a sentence searches on until K hypotheses have ended, or until none that goes on can still
         # beat the last of its n best (which changes no result), or none goes on
         best_going = score.masked_fill(~going, float("-inf")).amax(1)
-        searching = (num_ended[active] < k) & (best_scores[active, -1] < best_possible(best_going, t, caps[active], alpha))
+        if hf:
+            searching = ~hf_stops(best_scores[active, -1], best_going, t, caps[active], alpha, early_stopping,
+                                  num_ended[active], k)
+        else:
+            searching = (num_ended[active] < k) & (best_scores[active, -1] < best_possible(best_going, t, caps[active],
+                                                                                           alpha))
         # a sentence that stops without an ended hypothesis (rare: check_constraints leaves room) keeps its best beam
         fallback = ~searching & (best_scores[active, 0] == float("-inf"))
         raw, top_beam = beam_scores.max(1)
@@ -179,8 +202,8 @@ def constrained_beam_search(model, src: Tensor, src_mask: Tensor, constraints: l
                     "tokens; returning the best one", i, len(phrases[i]), cap_list[i])
     nbest_out = None
     if nbest > 1:
-        ranked = to_lists(best_tokens.view(batch * nbest, -1))
+        ranked = to_lists(best_tokens.view(batch * n_best, -1))
         scores = best_scores.tolist()
-        nbest_out = [[(ranked[i * nbest + r], scores[i][r]) for r in range(nbest) if scores[i][r] > float("-inf")]
+        nbest_out = [[(ranked[i * n_best + r], scores[i][r]) for r in range(nbest) if scores[i][r] > float("-inf")]
                      for i in range(batch)]
     return Hypotheses(to_lists(best_tokens[:, 0]), best_scores[:, 0], None, nbest_out)

@@ -62,12 +62,14 @@ def training_counts(datamodule: Any, tokenize: str | None = None, chunk: int = 5
     return total
 
 
-def translate_with_entropy(translator: Any, sources: list[str], attention: bool) -> tuple[list[str], list[float | None]]:
+def translate_with_entropy(translator: Any, sources: list[str], attention: bool,
+                           languages: dict[str, str] | None = None) -> tuple[list[str], list[float | None]]:
     """Each source's translation and, with ``attention``, the entropy of its attention
     (``nmt.evaluation.reordering.sentence_entropy``; None without attention), a batch's weights dropped
-    once read, so memory does not grow with the test set."""
+    once read, so memory does not grow with the test set. ``languages``: ``src_lang`` and ``tgt_lang``
+    of a model that reads both (``nmt.evaluation.directions.request_languages``)."""
     texts, entropy = [""] * len(sources), [None] * len(sources)
-    for batch in translator.batches(sources, attention=attention):
+    for batch in translator.batches(sources, attention=attention, **(languages or {})):
         for i, translation in batch:
             texts[i] = translation.text
             if translation.attention is not None:
@@ -155,11 +157,13 @@ def by_reordering(cfg: DictConfig, test: Scored, aligned: tuple[str, list[Any], 
 
 
 def robustness(cfg: DictConfig, translators: dict[str, Any], variants: list[str], test: Scored,
-               inputs: dict[str, list[str]], reports: dict[str, dict[str, Any]], out_dir: Path) -> Path:
+               inputs: dict[str, list[str]], reports: dict[str, dict[str, Any]], out_dir: Path,
+               languages: dict[str, dict[str, str]] | None = None) -> Path:
     """Each checkpoint on augmented copies of the test set (``nmt.data.augment.augmented_copy``:
     ``upper`` in capitals, both sides; ``noise``: typing errors in the sources): a report per
     system and copy (``<name>.<variant>/``) and ``robustness.{json,md}``, BLEU beside the clean set's.
-    ``inputs``: each system's sources as it reads them (with its language tags)."""
+    ``inputs``: each system's sources as it reads them (with its language tags); ``languages``: the
+    ``src_lang`` and ``tgt_lang`` of a system that reads both."""
     from nmt.data.augment import augmented_copy
 
     sources, refs = test.sources, test.refs
@@ -170,7 +174,8 @@ def robustness(cfg: DictConfig, translators: dict[str, Any], variants: list[str]
         copy_sources, copy_refs = augmented_copy(variant, sources, refs, seed=int(cfg.seed))
         for name, translator in translators.items():
             hyps = [t.text for t in translator.translate([s if lang is None else f"{tag(lang)} {s}"
-                                                          for lang, s in zip(langs[name], copy_sources)])]
+                                                          for lang, s in zip(langs[name], copy_sources)],
+                                                         **(languages or {}).get(name, {}))]
             (out_dir / f"{name}.{variant}.hyp.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
             report = length_report(copy_sources, hyps, copy_refs, test.edges, unit=test.unit,
                                    tokenize=test.tokenize, n_bootstrap=cfg.n_bootstrap)

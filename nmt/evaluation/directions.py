@@ -71,9 +71,10 @@ def model_inputs(translator: Any, name: str, tagged: list[str], sources: list[st
     """The test sources as ``translator`` reads them (its ``prepare``): untagged for a model of one
     direction; for a multilingual model the split's own tags (each checked against the model's
     languages), or, on data of one direction, the tag of the data's target language; a
-    ``RequestError`` naming ``name`` when the model does not translate into it."""
+    ``RequestError`` naming ``name`` when the model does not translate into it. A model that reads
+    both languages reads the untagged sources, with ``request_languages``."""
     languages = translator.target_languages
-    if not languages:
+    if not languages or translator.decoder_languages:  # the latter's languages: request_languages
         return sources
     naming = Naming(item="test pair", tgt_lang=f"ckpts: {name}")
     if datamodule.origins.get("test") is not None:
@@ -82,6 +83,25 @@ def model_inputs(translator: Any, name: str, tagged: list[str], sources: list[st
         raise RequestError(f"ckpts: {name} is multilingual (into {', '.join(languages)}), but its test data are "
                            f"{datamodule.src_lang}-{datamodule.tgt_lang}: evaluate it on data in its languages")
     return translator.prepare(Request(sources, datamodule.tgt_lang), naming).sources
+
+
+def request_languages(translator: Any, name: str, sources: list[str], datamodule: Any, src_lang: str | None,
+                      tgt_lang: str | None) -> dict[str, str]:
+    """What a model that reads both languages (``decoder_languages``: an imported M2M100, NLLB-200 or
+    mBART-50, or a checkpoint fine-tuned from one) is asked with: ``src_lang`` and ``tgt_lang``, checked
+    against its codes on the untagged ``sources``; {} for any other model. A ``RequestError`` naming
+    ``name``: either missing, or a test split of several directions (translated in one)."""
+    if not translator.decoder_languages:
+        return {}
+    if datamodule.origins.get("test") is not None:
+        raise RequestError(f"ckpts: {name} reads its languages as src_lang and tgt_lang, one pair per run, but the "
+                           f"test split has several directions ({', '.join(datamodule.origin_names)}): evaluate it "
+                           "on one direction's data")
+    try:
+        translator.prepare(Request(sources, tgt_lang, src_lang=src_lang), Naming(item="test pair"))
+    except RequestError as e:
+        raise RequestError(f"ckpts: {name}: {e}") from None
+    return {"src_lang": str(src_lang), "tgt_lang": str(tgt_lang)}
 
 
 def wrong_language(texts: Sequence[str], expected: str, languages: Sequence[str]) -> dict[str, Any]:

@@ -10,8 +10,9 @@ and saved through its ``Converter``, which also quantizes the weights. The layou
 - layer norms: ``norms[0]`` self-attention, ``norms[1]`` cross-attention (decoder) or feed-forward
   (encoder), ``norms[2]`` the decoder's feed-forward; pre-norm adds the final norm of each stack,
   post-norm has none, as in CTranslate2;
-- embeddings are scaled by sqrt(H) on both sides; positions are our own table (sinusoidal or
-  learned), so CTranslate2 adds exactly what we add; its own sinusoids are laid out differently;
+- embeddings are scaled by sqrt(H) on both sides; positions are our own table (sinusoidal,
+  learned or fairseq's), so CTranslate2 adds exactly what we add; its own sinusoids are laid out
+  differently; ``embedding_norm`` is its ``layernorm_embedding``, after the positions as ours;
 - the vocabulary rows past the SentencePiece sizes (``vocab_multiple`` padding) are dropped, and
   the output layer gets a bias of -inf on PAD and BOS, which ``nmt.decoding.search`` never generates;
 - the source gets EOS appended (``add_source_eos``) and the decoder starts from BOS, as ours.
@@ -58,15 +59,16 @@ def check_exportable(model: nn.Module, run_config: dict) -> None:
             kind = "a hybrid model's " if isinstance(other[0], other[1]) else "an "
             raise ValueError(f"model.{part}._target_={target}: CTranslate2 cannot express {kind}LSTM {part}; "
                              "only Transformer encoder-decoder models export")
+    languages = run_config.get("languages")
+    if isinstance(languages, dict) and languages.get("target") == "decoder_prefix":
+        raise ValueError("languages.target=decoder_prefix: the model writes the target language as its first output "
+                         "token (an imported M2M100, NLLB-200 or mBART-50, or a run fine-tuned from one), and nmt's "
+                         "CTranslate2 backend does not force it (src_lang, tgt_lang); export format=huggingface")
     for part, (module, _) in parts.items():
         positions = module.embed_tokens.positions
-        if positions not in ("sinusoidal", "learned"):
-            what = "rotary positions" if positions == "rope" else f"{positions} positions (not yet exported)"
-            raise ValueError(f"model.{part}.positions={positions}: CTranslate2 cannot express {what} "
-                             "in an encoder-decoder Transformer; export sinusoidal or learned positions")
-        if module.embed_tokens.norm is not None:
-            raise ValueError(f"model.{part}.embedding_norm=true: not exported to CTranslate2 yet; export a model "
-                             "without it")
+        if positions not in ("sinusoidal", "learned", "fairseq"):
+            raise ValueError(f"model.{part}.positions={positions}: CTranslate2 cannot express rotary positions "
+                             "in an encoder-decoder Transformer; export sinusoidal, learned or fairseq positions")
         if module.attention != "full":
             raise ValueError(f"model.{part}.attention={module.attention}: CTranslate2 computes full attention "
                              "only (its sliding_window trims the decoder's cache, not what a query reads); export attention=full")
@@ -106,8 +108,10 @@ def _ffn(spec, ff: nn.Sequential, norm: nn.LayerNorm) -> None:
 
 def _inputs(spec, module: nn.Module, vocab_size: int) -> None:
     emb = module.embed_tokens
-    table = emb.pos.weight if emb.positions == "learned" else emb.pos_table
+    table = emb.pos.weight if emb.positions == "learned" else emb.pos_table  # sinusoidal or fairseq: our table
     spec.position_encodings.encodings = _w(table)  # (max_len, H)
+    if emb.norm is not None:  # embedding_norm: after the scaled embeddings and positions, as ours
+        _norm(spec.layernorm_embedding, emb.norm)
     spec.scale_embeddings = True  # x * sqrt(H), as _Embedding.scale
     embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
     embeddings.weight = _w(emb.embed.weight[:vocab_size])  # the vocab_multiple padding rows dropped
@@ -130,11 +134,11 @@ def build_spec(model: nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer):
                          f"from the tokenizers' ({src_size}, {tgt_size})")
     spec = TransformerSpec(
         TransformerEncoderSpec(len(enc.layers), enc.layers[0].self_attn.num_heads, pre_norm=enc.layers[0].pre_norm,
-                               activation=act(enc)),
+                               activation=act(enc), layernorm_embedding=enc.embed_tokens.norm is not None),
         # attention returned (heat maps, alignments): the last layer's, averaged over all heads, as nmt's
         TransformerDecoderSpec(len(dec.layers), dec.layers[0].self_attn.num_heads, pre_norm=dec.layers[0].pre_norm,
                                alignment_layer=-1, alignment_heads=dec.layers[0].cross_attn.num_heads,
-                               activation=act(dec)),
+                               activation=act(dec), layernorm_embedding=dec.embed_tokens.norm is not None),
     )
     _inputs(spec.encoder, enc, src_size)
     for layer_spec, layer in zip(spec.encoder.layer, enc.layers):

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 from nmt.decoding.limits import model_max_src_len
 from nmt.exporters.folder import new_folder
+from nmt.exporters.huggingface_m2m100 import FAMILIES, check_tokenizer, family, generation, their_rows
 from nmt.models.head_mask import pruned_keys
 from nmt.models.transformer import TransformerDecoder, TransformerEncoder
 
@@ -56,20 +57,22 @@ def _refuse(key: str, what: str) -> None:
 
 
 def model_class(model: nn.Module, run_config: dict) -> str:
-    """``marian`` (post-norm) or ``pegasus`` (pre-norm); a one-line ValueError naming the first
-    config key that no ``transformers`` class can express."""
+    """``marian`` (post-norm), ``pegasus`` (pre-norm), or for fairseq positions or an embedding norm
+    ``m2m100`` or ``mbart`` (``nmt.exporters.huggingface_m2m100``); a one-line ValueError naming the
+    first config key that no ``transformers`` class can express."""
     parts = {"encoder": (model.encoder, TransformerEncoder), "decoder": (model.decoder, TransformerDecoder)}
     for part, (module, cls) in parts.items():
         if not isinstance(module, cls):
             target = (run_config.get("model", {}).get(part) or {}).get("_target_", type(module).__name__)
             _refuse(f"model.{part}._target_={target}", f"an LSTM {part}")
+    imported = family(model)  # M2M100 (fairseq positions) or mBART (an embedding norm), else None
     for part, (module, _) in parts.items():
-        if module.embed_tokens.positions != "sinusoidal":
+        if module.embed_tokens.positions != "sinusoidal" and imported is None:
             _refuse(f"model.{part}.positions={module.embed_tokens.positions}",
                     "positions other than sinusoidal (the classes recompute their sinusoids when loading)")
         if module.attention != "full":
             _refuse(f"model.{part}.attention={module.attention}", "attention patterns other than full")
-        if module.embed_tokens.norm is not None:
+        if module.embed_tokens.norm is not None and imported is None:
             _refuse(f"model.{part}.embedding_norm=true", "a layer norm after the embeddings")
     for key in pruned_keys(model):
         _refuse(key, "attention heads pruned (fewer in some layers than others)")
@@ -91,7 +94,7 @@ def model_class(model: nn.Module, run_config: dict) -> str:
     if norms == {True} and enc.embed.weight is not dec.embed.weight:
         _refuse("model.share_src_tgt_embeddings=false", "a pre-norm model with separate source and target "
                 "embeddings (Pegasus has one embedding for both sides; MarianMT, which has two, is post-norm)")
-    return "pegasus" if norms == {True} else "marian"
+    return imported or ("pegasus" if norms == {True} else "marian")
 
 
 ACTIVATIONS = {nn.ReLU: "relu", nn.GELU: "gelu", nn.SiLU: "swish"}  # ours -> transformers' activation_function
@@ -264,8 +267,10 @@ def to_huggingface(model: nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer,
     ``config.json``, ``generation_config.json``, ``model.safetensors``, the tokenizer files and
     ``nmt_export.json``. Raises a ValueError naming what no class expresses, FileExistsError for a
     non-empty ``out_dir``; nothing is left behind on error."""
-    model_class(model, run_config)  # before anything is written
+    kind = model_class(model, run_config)  # before anything is written
     out_dir = Path(out_dir)
+    if kind in FAMILIES:
+        return _to_m2m100(model, src_vocab, tgt_vocab, run_config, out_dir, kind)
     with new_folder(out_dir) as tmp:
         with torch.no_grad():
             hf = build_hf_model(model, src_vocab, tgt_vocab, run_config)
@@ -280,4 +285,30 @@ def to_huggingface(model: nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer,
             "tested_with": TESTED, "note": "the length penalty of nmt's beam search (GNMT) is not transformers' "
             "length_penalty; greedy search and beam search without a penalty give nmt's outputs"}, indent=2) + "\n")
     log.info("exported to %s (%s)", out_dir, type(hf).__name__)
+    return out_dir
+
+
+def _to_m2m100(model: nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer, run_config: dict, out_dir: Path,
+               kind: str) -> Path:
+    """``to_huggingface`` for an M2M100, NLLB-200 or mBART-50 model (``nmt.exporters.huggingface_m2m100``)."""
+    from nmt.exporters import huggingface_m2m100 as m2m100
+
+    rows = their_rows(model, src_vocab, tgt_vocab, kind)
+    with new_folder(out_dir) as tmp:
+        spm_files = Path(tempfile.mkdtemp(dir=tmp))
+        made, expected = m2m100.tokenizer(spm_files, tgt_vocab, rows, kind)
+        check_tokenizer(made, expected)
+        with torch.no_grad():
+            hf = m2m100.build_model(model, rows, kind, activation(model))
+        generation(hf, run_config)
+        hf.save_pretrained(tmp)
+        made.save_pretrained(tmp)
+        if not (tmp / "sentencepiece.bpe.model").exists():  # NLLB's and mBART's folders keep it beside tokenizer.json
+            shutil.copy(spm_files / "sentencepiece.bpe.model", tmp / "sentencepiece.bpe.model")
+        shutil.rmtree(spm_files)
+        (tmp / METADATA).write_text(json.dumps({
+            "class": type(hf).__name__, "tokenizer": type(made).__name__, "tested_with": TESTED,
+            "languages": "src_lang and tgt_lang: the source code starts the source, the target code is forced as "
+            "the decoder's first token (forced_bos_token_id)"}, indent=2) + "\n")
+    log.info("exported to %s (%s, %s)", out_dir, type(hf).__name__, type(made).__name__)
     return out_dir

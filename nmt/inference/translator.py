@@ -226,8 +226,9 @@ class Translator(RequestMeaning):
             search = functools.partial(constrained_beam_search, beam_size=int(beam_size or self.settings.beam_size),
                                        alpha=self.settings.alpha, nbest=int(nbest or self.settings.nbest),
                                        max_len_a=self.settings.max_len_a, max_len_b=self.settings.max_len_b,
-                                       continuation=self._continuation())
-            alpha = self.settings.alpha
+                                       continuation=self._continuation(), scoring=self.settings.scoring or "gnmt",
+                                       early_stopping=self.settings.early_stopping)
+            alpha, hf = self.settings.alpha, self.settings.scoring == "huggingface"
         forced = None if prepared.prefixes is None else [prepared.prefixes[i] for i in todo]
         if lead:
             forced = [lead + (forced[k] if forced else []) for k in range(len(todo))]
