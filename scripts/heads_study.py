@@ -73,20 +73,31 @@ def heads_of(folder: Path) -> list[dict]:
     return json.loads(path.read_text())["heads"]
 
 
+def scored(report: dict | None) -> dict | None:
+    """A system of the comparison: BLEU, its interval, chrF, BLEU per length bucket and the paired
+    difference from the full model over all sentences (None for the full model itself)."""
+    if report is None:
+        return None
+    rows = (report.get("significance") or {}).get("rows", [])
+    paired = next((r for r in rows if r["bucket"] == "all"), None)
+    return {"bleu": round(report["bleu"], 2), "bleu_ci": [round(v, 2) for v in report["bleu_ci"]],
+            "chrf": round(report["chrf"], 2), "by_length": {b["label"]: b["bleu"] for b in report["buckets"]},
+            "delta_vs_full": None if paired is None else {k: paired[k] for k in ("delta", "delta_ci_low", "delta_ci_high",
+                                                                                  "p_bootstrap", "p_randomization")}}
+
+
 def collect(runs: Path, levels: list[int]) -> dict:
+    """Head roles per model (the tables stay in each ``table_*`` folder) and each level before and after fine-tuning."""
     study: dict = {"roles": {}, "levels": []}
     for name in ("multi30k", "synthetic"):
         if (runs / f"table_{name}" / ".done").is_file():
-            rows = heads_of(runs / f"table_{name}")
-            study["roles"][name] = roles(rows)
-            study.setdefault("tables", {})[name] = rows
+            study["roles"][name] = roles(heads_of(runs / f"table_{name}"))
     pruning = json.loads((runs / "prune" / "pruning.json").read_text())
     systems = json.loads((runs / "compare" / "comparison.json").read_text())  # {system: its report}
     for row, pct in zip(pruning["levels"], levels):
-        before, after = systems[f"pruned_{pct:02d}"], systems.get(f"finetuned_{pct:02d}")
-        entry = {"pruned": pct, "heads": row["heads"], "of": row["of"], "parameters": row["parameters"],
-                 "speed_vs_full": row["speed_vs_full"], "before": before, "after": after}
-        study["levels"].append(entry)
+        study["levels"].append({"pruned": pct, "heads": row["heads"], "of": row["of"], "parameters": row["parameters"],
+                                "speed_vs_full": row["speed_vs_full"], "before": scored(systems[f"pruned_{pct:02d}"]),
+                                "after": scored(systems.get(f"finetuned_{pct:02d}"))})
     return study
 
 
@@ -107,8 +118,7 @@ def markdown(study: dict) -> str:
         if system is None:
             return "", ""
         low, high = system["bleu_ci"]
-        rows = (system.get("significance") or {}).get("rows", [])
-        row = next((r for r in rows if r["bucket"] == "all"), None)  # paired against the full model, all sentences
+        row = system["delta_vs_full"]  # paired against the full model, all sentences
         delta = "" if row is None else f"{row['delta']:+.2f}" + (
             "" if row["delta_ci_low"] is None else f" [{row['delta_ci_low']:+.2f}, {row['delta_ci_high']:+.2f}]")
         return f"{system['bleu']:.1f} [{low:.1f}, {high:.1f}]", delta
