@@ -173,7 +173,8 @@ def stopped_slow_loads(tmp_path_factory) -> dict[str, tuple[int, float, str, boo
     return stop_each_load(tmp_path_factory.mktemp("slow_loads"), {c: v for c, v in LOADS.items() if c in SLOW_LOADS})
 
 
-@pytest.mark.parametrize("command", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_LOADS else c for c in LOADS])
+@pytest.mark.slow  # a process per command, each held 3 s: the slow tier (translate.py's grace runs by default)
+@pytest.mark.parametrize("command", LOADS)
 def test_a_first_signal_during_a_commands_load_stops_it_within_the_grace(request, command):
     """The commands start at once (a fixture per tier), so the tier waits one grace, not one each."""
     from nmt.cli_io import STOP_GRACE

@@ -81,6 +81,7 @@ def test_a_safetensors_header_over_the_limit_or_the_file_is_refused_before_it_is
     assert str(refused.value) == f"{path}: a safetensors header of 1,000 bytes in a file of 10: truncated or not safetensors"
 
 
+@pytest.mark.slow  # builds pickles of millions of objects: the slow tier (check_structure's own tests run by default)
 def test_pickled_weights_are_bounded_as_every_checkpoint(tmp_path):
     """pytorch_model.bin (allow_pickle=true) and COMET's model.ckpt: 300,000 empty lists cost 15 s
     and 0.8 GB at 3 million before; now ``check_structure`` counts them first."""

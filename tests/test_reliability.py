@@ -268,6 +268,7 @@ def test_slurm_signal_at_an_epoch_end_saves_a_checkpoint_that_resumes_exactly(re
     assert_same_weights(reference[1], tmp_path / "run" / "checkpoints" / "last.ckpt")
 
 
+@pytest.mark.slow  # a run stopped and resumed, in processes: the slow tier
 def test_signal_during_validation_saves_a_checkpoint_that_resumes_exactly(tmp_path):
     class DuringValidation(Callback):
         def on_validation_batch_end(self, *args) -> None:  # the first of the 2 validation batches

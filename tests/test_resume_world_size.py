@@ -197,6 +197,7 @@ def test_one_rank_resumes_on_two(tmp_path):
     assert "resuming a checkpoint of 1 process(es) on 2: weights, optimizer, learning-rate schedule and step 5" in text
 
 
+@pytest.mark.slow  # two training runs: the slow tier
 def test_one_rank_resumed_on_one_ends_with_the_uninterrupted_weights(tmp_path):
     """The same number of processes: bitwise the weights, optimizer and schedule of a run that was
     not stopped (the batches after a resume are the ones each rank had left)."""

@@ -151,6 +151,7 @@ def test_optuna_sweep_of_two_trials_writes_its_table(tmp_path):
         assert record["state"] == "complete" and record["curve"] and record["pruned_at"] is None
 
 
+@pytest.mark.slow  # a training run: the slow tier
 def test_wandb_offline_run_writes_its_files(cfg_train, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
