@@ -308,12 +308,14 @@ def read_all(s: socket.socket) -> bytes:
     return data
 
 
+@pytest.mark.slow  # a real server process: the slow tier
 def test_real_server_closes_a_connection_whose_headers_stall(server):
     with connect(server) as s:
         s.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and no more
         assert read_all(s) == b""
 
 
+@pytest.mark.slow  # a real server process: the slow tier
 def test_real_server_answers_408_to_a_stalled_body(server):
     with connect(server) as s:
         s.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -321,6 +323,7 @@ def test_real_server_answers_408_to_a_stalled_body(server):
         assert read_all(s).startswith(b"HTTP/1.1 408 ")
 
 
+@pytest.mark.slow  # a real server process: the slow tier
 def test_real_server_refuses_an_endless_chunked_body_with_413(server):
     """A chunked body that never ends: a 413 while it streams (the old server read it whole first);
     the server then drops what still comes for header_timeout_s and closes."""
@@ -342,6 +345,7 @@ def test_real_server_refuses_an_endless_chunked_body_with_413(server):
     assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
 
 
+@pytest.mark.slow  # a real server process: the slow tier
 def test_real_server_closes_a_connection_whose_request_has_both_body_lengths(server):
     """Content-Length and Transfer-Encoding together (request smuggling's tool): the body is read
     as chunked, and the connection closes after the answer, so a pipelined second request is not
