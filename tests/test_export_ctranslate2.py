@@ -259,15 +259,25 @@ def test_refuses_what_ctranslate2_cannot_express(vocab, tmp_path, preset, overri
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_model_that_writes_its_target_language_first_is_refused(vocab, tmp_path):
+def test_a_model_that_writes_its_target_language_first_records_it(vocab, tmp_path):
     """A model whose decoder starts with the target-language code (an imported M2M100, NLLB-200 or
-    mBART-50) would translate without it on nmt's CTranslate2 backend: refused in one line."""
+    mBART-50, or a run fine-tuned from one) exports with its languages in nmt_export.json, and
+    the backend then asks for src_lang and tgt_lang (tests/test_m2m100.py translates with them);
+    a folder whose record says something else is refused in one line."""
     model, run_config = build(["model.encoder.positions=fairseq", "model.decoder.positions=fairseq"], vocab.vocab_size)
-    run_config["languages"] = {"source": "tag", "target": "decoder_prefix"}
-    with pytest.raises(ValueError, match=r"^languages\.target=decoder_prefix: the model writes the target language "
-                                         r"as its first output token .* export format=huggingface$"):
-        to_ctranslate2(model, vocab, vocab, run_config, tmp_path / "ct2")
-    assert list(tmp_path.iterdir()) == []
+    run_config["languages"] = {"source": "tag", "target": "decoder_prefix", "codes": ["de", "fr"]}
+    out = to_ctranslate2(model, vocab, vocab, run_config, tmp_path / "ct2")
+    meta = json.loads((out / "nmt_export.json").read_text())
+    assert meta["languages"] == {"source": "tag", "target": "decoder_prefix"}
+    assert CTranslate2Translator(out, GREEDY, workers=1, intra_threads=1).decoder_languages
+    plain = to_ctranslate2(model, vocab, vocab, {"model": run_config["model"]}, tmp_path / "plain")
+    assert not CTranslate2Translator(plain, GREEDY, workers=1, intra_threads=1).decoder_languages
+    (out / "nmt_export.json").write_text(json.dumps({**meta, "languages": {"target": "source_tag"}}))
+    with pytest.raises(ValueError) as refused:
+        CTranslate2Translator(out, GREEDY, workers=1, intra_threads=1)
+    assert str(refused.value) == (f"{out}/nmt_export.json: languages={{'target': 'source_tag'}}: this backend reads "
+                                  "{'source': 'tag', 'target': 'decoder_prefix'} or none; export the model again with "
+                                  "nmt-export format=ctranslate2")
 
 
 def test_error_during_export_leaves_nothing(vocab, tmp_path, monkeypatch):

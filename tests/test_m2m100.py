@@ -381,6 +381,159 @@ def test_translator_takes_src_lang_and_tgt_lang(pair):
 
 
 @pytest.fixture(scope="module")
+def exported(pair, tmp_path_factory):
+    """The imported file of ``pair`` exported with ``nmt-export format=ctranslate2`` (fp32)."""
+    pytest.importorskip("ctranslate2")
+    from nmt.exporters.ctranslate2 import to_ctranslate2
+
+    hf, tokenizer, loaded, folder, family = pair
+    return to_ctranslate2(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config,
+                          tmp_path_factory.mktemp(f"{family}_ct2") / "ct2")
+
+
+def both_backends(loaded, exported, decoding: dict):
+    """The torch Translator on ``loaded`` and the CTranslate2 backend on its export, one decoding."""
+    from nmt.inference.ctranslate2 import CTranslate2Translator
+    from nmt.inference.translator import Translator
+
+    return (Translator(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config, decoding, workers=1),
+            CTranslate2Translator(exported, decoding, device="cpu", workers=1, intra_threads=1))
+
+
+PER_TOKEN = 0.015  # CTranslate2's log-probs renormalised without PAD: up to 0.0126 higher a token (mBART's folder)
+
+
+@pytest.mark.parametrize("search, early_stopping, floor", [("greedy", None, 39), ("beam", True, 35), ("beam", False, 20)],
+                         ids=["greedy", "beam", "beam_early_stopping_false"])
+def test_ctranslate2_export_translates_as_the_torch_translator(pair, exported, search, early_stopping, floor):
+    """``nmt-export format=ctranslate2`` of the imported file: the CTranslate2 backend takes
+    ``src_lang`` and ``tgt_lang`` as the torch Translator does (the source code a tag, the target
+    code CTranslate2's ``target_prefix``, cut from the text) and gives its greedy translations of
+    the 40 sentences in two directions, cap 12, with its log-probs (the code's and, at the cap,
+    the forced EOS's read back with ``score_batch``) within ``PER_TOKEN`` a token. Beam 4,
+    ``scoring=huggingface`` (score / length ** 1.0, CTranslate2's own length penalty) with
+    ``early_stopping=true``, CTranslate2's stopping rule: at least 35 of 40 equal (measured 35, 35,
+    39; every M2M100 and NLLB difference a sentence where EOS is the 2nd to 4th token after the
+    code, which CTranslate2 lets end only from the best candidate), scores within 1e-2. With the
+    folder's ``early_stopping=false`` (transformers' default: a sentence searches on while its best
+    live hypothesis could still win) CTranslate2 still stops once 4 hypotheses have ended: at least
+    20 of 40 (measured 30, 21, 32)."""
+    hf, tokenizer, loaded, folder, family = pair
+    decoding = {"_target_": f"nmt.decoding.search.{search}_search", "max_len_a": 0, "max_len_b": 12}
+    if search == "beam":
+        decoding.update(beam_size=4, alpha=1.0, scoring="huggingface", early_stopping=early_stopping)
+    ours, theirs = both_backends(pair[2], exported, decoding)
+    assert theirs.decoder_languages and theirs.target_languages == ours.target_languages
+    same, total, largest = 0, 0, 0.0
+    for src_lang, tgt_lang, lines in halves(family):
+        mine = ours.translate(lines, src_lang=src_lang, tgt_lang=tgt_lang)
+        got = theirs.translate(lines, src_lang=src_lang, tgt_lang=tgt_lang)
+        for a, b in zip(mine, got):
+            total += 1
+            if a.text != b.text:
+                continue
+            same += 1
+            tokens = len(loaded.tgt_vocab.encode(a.text)) + 2  # the code and EOS
+            limit = PER_TOKEN * tokens if search == "greedy" else 1e-2
+            assert b.hypotheses[0].score == pytest.approx(a.hypotheses[0].score, abs=limit)
+            largest = max(largest, abs(b.hypotheses[0].score - a.hypotheses[0].score))
+    print(f"{family} {search} (early_stopping={early_stopping}): {same}/{total} equal, max score difference "
+          f"{largest:.2e}")
+    assert same >= floor
+
+
+def test_ctranslate2_export_of_a_fine_tuned_run_starts_from_its_bos_row(pair, tmp_path):
+    """A run fine-tuned from the folder has its BOS row trained apart from ``</s>``'s (here: moved
+    at random) and the run's own decoding: its export starts CTranslate2's decoder from that row, as
+    ours, and gives our greedy translations; the move changes some of them."""
+    import copy
+    import dataclasses
+
+    from nmt.exporters.ctranslate2 import to_ctranslate2
+
+    hf, tokenizer, loaded, folder, family = pair
+    model = copy.deepcopy(loaded.model)
+    row = model.decoder.embed_tokens.embed.weight[BOS]
+    with torch.no_grad():
+        row.add_(torch.randn(row.shape, generator=torch.Generator().manual_seed(0)))
+    run_config = {**loaded.run_config, "languages": {"source": "tag", "target": "decoder_prefix"}}
+    run_config.pop("test_decoding")
+    out = to_ctranslate2(model, loaded.src_vocab, loaded.tgt_vocab, run_config, tmp_path / "ct2")
+    greedy = {"_target_": "nmt.decoding.search.greedy_search", "max_len_a": 0, "max_len_b": 12}
+    ours, theirs = both_backends(dataclasses.replace(loaded, model=model, run_config=run_config), out, greedy)
+    before = both_backends(loaded, out, greedy)[0]
+    same, moved = 0, 0
+    for src_lang, tgt_lang, lines in halves(family):
+        mine = [t.text for t in ours.translate(lines, src_lang=src_lang, tgt_lang=tgt_lang)]
+        got = [t.text for t in theirs.translate(lines, src_lang=src_lang, tgt_lang=tgt_lang)]
+        same += sum(a == b for a, b in zip(mine, got))
+        moved += sum(a != t.text for a, t in zip(mine, before.translate(lines, src_lang=src_lang, tgt_lang=tgt_lang)))
+    print(f"{family}: {same}/40 equal, {moved} changed by the BOS row")
+    assert same >= 39 and moved >= 3
+
+
+def test_ctranslate2_export_scores_and_refuses_as_the_torch_translator(pair, exported):
+    """``mode=score`` on the folder reads the target code unscored, as the torch Translator: the
+    per-token log-probs of the greedy translations agree within ``PER_TOKEN``; a missing or
+    unknown language is the torch backend's one-line ``RequestError``; int8 weights translate."""
+    from nmt.exporters.ctranslate2 import to_ctranslate2
+    from nmt.inference.ctranslate2 import CTranslate2Translator
+    from nmt.inference.requests import Request, RequestError
+
+    hf, tokenizer, loaded, folder, family = pair
+    greedy = {"_target_": "nmt.decoding.search.greedy_search", "max_len_a": 0, "max_len_b": 12}
+    ours, theirs = both_backends(pair[2], exported, greedy)
+    src_lang, tgt_lang, lines = halves(family)[1]
+    texts = [t.text for t in ours.translate(lines, src_lang=src_lang, tgt_lang=tgt_lang)]
+    prepared = ours.prepare(Request(lines, tgt_lang, src_lang=src_lang))
+    assert theirs.prepare(Request(lines, tgt_lang, src_lang=src_lang)) == prepared
+    for a, b in zip(ours.score(prepared.sources, texts, lead=prepared.lead),
+                    theirs.score(prepared.sources, texts, lead=prepared.lead)):
+        assert len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b)) < PER_TOKEN
+    for options in ({"tgt_lang": tgt_lang}, {"src_lang": src_lang}, {"src_lang": src_lang, "tgt_lang": "xx"}):
+        with pytest.raises(RequestError) as torch_refused:
+            ours.translate(lines[:2], **options)
+        with pytest.raises(RequestError) as refused:
+            theirs.translate(lines[:2], **options)
+        assert str(refused.value) == str(torch_refused.value) and "\n" not in str(refused.value)
+    int8 = to_ctranslate2(loaded.model, loaded.src_vocab, loaded.tgt_vocab, loaded.run_config,
+                          exported.parent / "int8", quantization="int8")
+    quantized = CTranslate2Translator(int8, greedy, device="cpu", workers=1, intra_threads=1)
+    got = quantized.translate(lines, src_lang=src_lang, tgt_lang=tgt_lang)
+    assert (int8 / "model.bin").stat().st_size < 0.75 * (exported / "model.bin").stat().st_size
+    assert len(got) == len(lines) and all(len(t.hypotheses) == 1 for t in got)
+    print(f"{family} int8: {sum(a == t.text for a, t in zip(texts, got))}/{len(lines)} greedy outputs as fp32's")
+
+
+def test_nmt_serve_takes_the_languages_on_the_ctranslate2_folder(pair, exported):
+    """``nmt-serve ckpt=<folder>``: ``/info`` lists the codes and ``reads_src_lang`` as for the
+    release file; a request's ``"src_lang"`` and ``"tgt_lang"`` give the backend's text; one
+    without ``"src_lang"`` is a 400 naming it."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from nmt.serve.app import create_app, load
+    from tests.conftest import serve_cfg
+
+    hf, tokenizer, loaded, folder, family = pair
+    src_lang, tgt_lang, lines = halves(family)[0]
+    greedy = {"_target_": "nmt.decoding.search.greedy_search", "max_len_a": 0, "max_len_b": 12}
+    expected = [t.text for t in both_backends(pair[2], exported, greedy)[1].translate(lines[:4], src_lang=src_lang,
+                                                                                   tgt_lang=tgt_lang)]
+    cfg = serve_cfg(exported, "decoding=greedy", "decoding.max_len_a=0", "decoding.max_len_b=12",
+                    "batching.process=false", "device=cpu", "workers=1", f"tgt_lang={tgt_lang}")
+    with TestClient(create_app(load(cfg), cfg)) as client:
+        info = client.get("/info").json()
+        assert info["backend"] == "ctranslate2" and info["reads_src_lang"]
+        assert src_lang in info["target_languages"] and len(info["target_languages"]) == CODES[family]
+        reply = client.post("/translate", json={"text": lines[:4], "src_lang": src_lang})
+        assert reply.status_code == 200, reply.text
+        assert [t["text"] if "text" in t else t["hypotheses"][0]["text"] for t in reply.json()["translations"]] == expected
+        refused = client.post("/translate", json={"text": lines[:1]})
+        assert refused.status_code == 400 and "src_lang: this model reads the source language first" in refused.text
+
+
+@pytest.fixture(scope="module")
 def nllb(tmp_path_factory):
     return m2m100_folder(tmp_path_factory.mktemp("nllb_refusals") / "hf", family="nllb")
 

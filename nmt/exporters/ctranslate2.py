@@ -15,11 +15,19 @@ and saved through its ``Converter``, which also quantizes the weights. The layou
   differently; ``embedding_norm`` is its ``layernorm_embedding``, after the positions as ours;
 - the vocabulary rows past the SentencePiece sizes (``vocab_multiple`` padding) are dropped, and
   the output layer gets a bias of -inf on PAD and BOS, which ``nmt.decoding.search`` never generates;
-- the source gets EOS appended (``add_source_eos``) and the decoder starts from BOS, as ours.
+- the source gets EOS appended (``add_source_eos``) and the decoder starts from BOS, as ours. An
+  imported M2M100, NLLB-200 or mBART-50 starts from ``</s>``: its BOS row is a copy of ``</s>``'s
+  (``nmt.checkpoints.m2m100``), so CTranslate2 reads what transformers reads, and its BOS logit,
+  kept out of the softmax by a bias of -1e4, gets -inf here, the same probabilities; a run
+  fine-tuned from one starts from its trained BOS row, as ours;
+- a model that writes the target language as its first token (``run_config.languages``:
+  ``DECODER_LANGUAGES``) is recorded so in ``nmt_export.json``: the backend then takes
+  ``src_lang`` and ``tgt_lang`` and forces the target code as CTranslate2's ``target_prefix``.
 
 Folder contents: CTranslate2's ``model.bin``, ``config.json`` and vocabularies, the SentencePiece
 models ``source.model`` / ``target.model``, and ``nmt_export.json`` (languages, the longest source,
-the decoding defaults). The folder is built beside ``out_dir`` and renamed into place at the end.
+the decoding defaults: ``scoring=huggingface`` and its ``early_stopping`` where the run tested so).
+The folder is built beside ``out_dir`` and renamed into place at the end.
 """
 
 from __future__ import annotations
@@ -43,6 +51,16 @@ log = logging.getLogger(__name__)
 METADATA = "nmt_export.json"
 # What a translator needs when the run config has no test decoding (conf/decoding/beam.yaml).
 DEFAULT_DECODING = {"beam_size": 5, "alpha": 0.6, "max_len_a": 1.5, "max_len_b": 10}
+# A model that reads the source language as a tag and writes the target language as the decoder's first
+# token (``run_config.languages`` of an imported M2M100, NLLB-200 or mBART-50, and of runs fine-tuned from one)
+DECODER_LANGUAGES = {"source": "tag", "target": "decoder_prefix"}
+
+
+def reads_languages(run_config: dict) -> bool:
+    """Whether the model reads ``src_lang`` as a source tag and writes ``tgt_lang`` as its first token
+    (``nmt.inference.translator.Translator.decoder_languages``)."""
+    languages = run_config.get("languages")
+    return isinstance(languages, dict) and languages.get("target") == "decoder_prefix"
 
 
 def _part_config(run_config: dict, part: str) -> dict:
@@ -59,11 +77,6 @@ def check_exportable(model: nn.Module, run_config: dict) -> None:
             kind = "a hybrid model's " if isinstance(other[0], other[1]) else "an "
             raise ValueError(f"model.{part}._target_={target}: CTranslate2 cannot express {kind}LSTM {part}; "
                              "only Transformer encoder-decoder models export")
-    languages = run_config.get("languages")
-    if isinstance(languages, dict) and languages.get("target") == "decoder_prefix":
-        raise ValueError("languages.target=decoder_prefix: the model writes the target language as its first output "
-                         "token (an imported M2M100, NLLB-200 or mBART-50, or a run fine-tuned from one), and nmt's "
-                         "CTranslate2 backend does not force it (src_lang, tgt_lang); export format=huggingface")
     for part, (module, _) in parts.items():
         positions = module.embed_tokens.positions
         if positions not in ("sinusoidal", "learned", "fairseq"):
@@ -180,11 +193,14 @@ def build_spec(model: nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer):
 
 def _metadata(model: nn.Module, run_config: dict, quantization: str | None) -> dict[str, Any]:
     data = run_config.get("data", {})
-    decoding = {**DEFAULT_DECODING, **{k: v for k, v in (run_config.get("test_decoding") or {}).items()
-                                       if k in DEFAULT_DECODING and v is not None}}
+    tested = run_config.get("test_decoding") or {}
+    decoding = {**DEFAULT_DECODING, **{k: v for k, v in tested.items() if k in DEFAULT_DECODING and v is not None}}
+    if tested.get("scoring") == "huggingface":  # an imported folder's ranking: score / length ** alpha
+        decoding.update(scoring="huggingface", early_stopping=tested.get("early_stopping", False))
     return {
         "src_lang": data.get("src_lang"),
         "tgt_lang": data.get("tgt_lang"),
+        "languages": DECODER_LANGUAGES if reads_languages(run_config) else None,  # src_lang and tgt_lang, both
         "max_src_len": model_max_src_len(run_config),  # source pieces + EOS
         "max_tgt_len": model.decoder.embed_tokens.max_len,  # the decoder's position table
         "decoding": decoding,  # nmt.decoding.search: GNMT length penalty alpha, max_len_a * src_len + max_len_b

@@ -17,11 +17,27 @@ How it maps our decoding (``conf/decoding/*.yaml``) onto CTranslate2's ``transla
   chunk: the two penalties then grow alike around that length. Beam outputs can still differ
   (CTranslate2 also stops a sentence once ``beam_size`` hypotheses ended); greedy search gives
   the same tokens (tests/test_export_ctranslate2.py).
+- ``scoring=huggingface`` (an imported folder's, kept by the export): transformers' ``|Y| ** alpha``
+  is CTranslate2's own penalty, ``p = alpha``, with |Y| counting the forced tokens and EOS in both.
+  CTranslate2 stops a sentence once ``beam_size`` hypotheses have ended: transformers'
+  ``early_stopping=true``; with ``false`` or ``never`` transformers searches on while a live
+  hypothesis could still win, which this backend does not (logged once). Right after a forced
+  prefix CTranslate2 lets a hypothesis end only from the best candidate.
 - Scores: CTranslate2 returns a hypothesis' summed log-probability (EOS included) divided by
   ``length ** p`` (length with EOS); ``logprob`` is that sum again, and ``score`` (beam search)
-  the sum over GNMT's penalty, as ours. Its log-probabilities are renormalised over the
-  vocabulary without PAD and BOS (the export gives them a -inf bias). A hypothesis stopped at
-  its length cap has no EOS, so its ``logprob`` lacks the forced EOS's that ours adds.
+  the sum over GNMT's penalty (or ``|Y| ** alpha``), as ours. Its log-probabilities are renormalised
+  over the vocabulary without PAD and BOS (the export gives them a -inf bias); ours and
+  transformers' are a softmax over the whole vocabulary, so each of its log-probs is higher by
+  ``-log(1 - p(PAD))``. A hypothesis stopped at its length cap has no EOS: the forced EOS's
+  log-prob, which ours adds (0 with ``scoring=huggingface``), is read with ``score_batch``.
+- Languages (a model that writes the target language as its first token: an imported M2M100,
+  NLLB-200 or mBART-50, or a run fine-tuned from one; ``languages`` in ``nmt_export.json``):
+  ``src_lang`` and ``tgt_lang`` are both required and checked as the torch backend checks them
+  (``nmt.inference.requests``); the source code is a tag on the source (``<2de>``, cut into the
+  model's ``▁<2de>``), the target code ``▁<2fr>`` CTranslate2's ``target_prefix``, cut from the
+  output. CTranslate2 scores a forced token 0, as transformers' ``forced_bos_token_id``: where
+  ours keeps its log-prob (every search but ``scoring=huggingface``'s beam search) it is read
+  with ``score_batch`` and added.
 - Sampling: ``temperature``, ``top_k`` (0: all), ``top_p``; ``seed`` seeds CTranslate2's generator
   once per call, so a run is repeatable on the same batching.
 - Attention: CTranslate2's alignment head (the export's last decoder layer, first head), not the
@@ -34,22 +50,26 @@ import json
 import logging
 import math
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nmt.inference.alignments import pharaoh
 from nmt.data.tokenizer import LINE_BREAKING, check_vocabulary
-from nmt.languages.tags import tag_words, vocabulary_languages
+from nmt.languages.tags import tag, tag_words, vocabulary_languages
 from nmt.decoding.limits import tokens
 from nmt.machine import usable_cores
-from nmt.inference.requests import Naming, Request, RequestMeaning
-from nmt.decoding.settings import SearchSettings
+from nmt.inference.requests import Naming, Request, RequestError, RequestMeaning
+from nmt.decoding.settings import SCORINGS, SearchSettings
 from nmt.inference.translations import Attention, Hypothesis, Translation, in_line_order
 
 log = logging.getLogger(__name__)
 
 METADATA = "nmt_export.json"  # written by nmt.exporters.ctranslate2
 MAX_METADATA_BYTES = 1 << 20
+# nmt.exporters.ctranslate2.DECODER_LANGUAGES: the source language a tag, the target one the decoder's first token
+DECODER_LANGUAGES = {"source": "tag", "target": "decoder_prefix"}
+EARLY_STOPPING = (False, True, "never")  # nmt.decoding.settings: scoring=huggingface's stopping rules
 COMPUTE_TYPES = ("default", "auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
                  "bfloat16", "float32")
 
@@ -79,6 +99,12 @@ def read_metadata(folder: Path) -> dict[str, Any]:
         value = decoding.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ValueError(f"{path}: decoding.{key}={str(value)[:40]} is not a number >= 0")
+    if decoding.get("scoring", "gnmt") not in SCORINGS or decoding.get("early_stopping", False) not in EARLY_STOPPING:
+        raise ValueError(f"{path}: decoding.scoring={str(decoding.get('scoring'))[:40]}, early_stopping="
+                         f"{str(decoding.get('early_stopping'))[:40]}: not one of {SCORINGS} and {EARLY_STOPPING}")
+    if meta.get("languages") not in (None, DECODER_LANGUAGES):
+        raise ValueError(f"{path}: languages={str(meta.get('languages'))[:80]}: this backend reads {DECODER_LANGUAGES} "
+                         "or none; export the model again with nmt-export format=ctranslate2")
     return meta
 
 
@@ -93,6 +119,33 @@ def gnmt_slope(alpha: float, sources: list[list[str]]) -> float:
     output length."""
     n = sum(len(s) + 1 for s in sources) / max(len(sources), 1)
     return alpha * n / (5 + n)
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """How one call searched and how the torch backend scores its hypotheses: ``alpha`` the torch
+    backend's length penalty (0: none, greedy search and sampling), ``slope`` the exponent p of
+    CTranslate2's ``length ** p`` it searched with, ``hf`` the penalty ``length ** alpha``
+    (``scoring=huggingface``: then ``slope`` is ``alpha``) rather than GNMT's, ``lead`` the forced
+    first target tokens (a target-language code)."""
+
+    alpha: float
+    slope: float
+    hf: bool = False
+    lead: int = 0
+
+    def logprob(self, score: float, pieces: int, cap: int) -> float:
+        """The summed log-prob of a hypothesis CTranslate2 scored ``score`` (its sum over
+        ``length ** slope``; the length counts the forced tokens and EOS, and a hypothesis of
+        ``pieces >= cap`` pieces stopped at its cap without EOS)."""
+        counted = pieces if pieces >= cap else pieces + 1
+        return score * counted**self.slope if self.slope else score
+
+    def score(self, logprob: float, length: int) -> float:
+        """The torch backend's score of a hypothesis of ``length`` tokens (forced ones and EOS included)."""
+        if not self.alpha:
+            return logprob
+        return logprob / (length**self.alpha if self.hf else gnmt_penalty(length, self.alpha))
 
 
 def decoding_cap(num_pieces: int, max_len_a: float, max_len_b: int, max_tgt_len: int) -> int:
@@ -130,12 +183,18 @@ class CTranslate2Translator(RequestMeaning):
         if decoding is None:
             decoding = {"_target_": "nmt.decoding.search.beam_search", **defaults}
         settings = decoding if isinstance(decoding, SearchSettings) else SearchSettings.from_config(decoding)
-        self.settings = settings.for_model(defaults.get("alpha"))
+        self.settings = settings.for_model(defaults.get("alpha"), defaults.get("scoring"),
+                                           defaults.get("early_stopping", False))
         self.src_sp = spm.SentencePieceProcessor(model_file=str(self.folder / "source.model"))
         self.tgt_sp = spm.SentencePieceProcessor(model_file=str(self.folder / "target.model"))
         for sp, name in ((self.src_sp, "source.model"), (self.tgt_sp, "target.model")):
             check_vocabulary(sp, str(self.folder / name))
         self.target_languages = vocabulary_languages(self.src_sp)  # a multilingual model's <2xx> tags
+        # an imported M2M100/NLLB-200/mBART-50's: src_lang a tag, tgt_lang the forced first target token
+        self.decoder_languages = self.meta.get("languages") == DECODER_LANGUAGES
+        if self.settings.scoring == "huggingface" and self.settings.early_stopping is not True:
+            log.info("decoding.scoring=huggingface, early_stopping=%s: CTranslate2 stops a sentence once beam_size "
+                     "hypotheses have ended, as transformers with early_stopping=true", self.settings.early_stopping)
         if device == "auto":
             device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
         self.device, self.compute_type = device, compute_type
@@ -157,13 +216,26 @@ class CTranslate2Translator(RequestMeaning):
             log.warning("truncated %d %s(s) longer than %d tokens: %s", len(cut), what, limit, cut[:20])
         return [p[:limit] for p in pieces]
 
+    def lead_ids(self, lang: str) -> list[int]:
+        """The target ids an output in ``lang`` starts with: its language code (``▁<2xx>``), as the
+        torch ``Translator.lead_ids``."""
+        piece = f"\u2581{tag(lang)}"
+        code = self.tgt_sp.piece_to_id(piece)
+        if self.tgt_sp.id_to_piece(code) != piece:
+            raise RequestError(f"tgt_lang={lang}: the target vocabulary has no {piece} piece")
+        return [code]
+
     def batches(self, lines: list[str], beam_size: int | None = None, nbest: int | None = None,
                 attention: Iterable[int] | bool = (), first_line: int = 1,
-                alignments: bool | None = None, tgt_lang: str | None = None) -> Iterator[list[tuple[int, Translation]]]:
+                alignments: bool | None = None, tgt_lang: str | None = None,
+                src_lang: str | None = None) -> Iterator[list[tuple[int, Translation]]]:
         """As ``nmt.inference.translator.Translator.batches`` (no prefixes or constraints): the (index,
         ``Translation``) pairs of each group of sentences with one length cap, as soon as
-        CTranslate2 has decoded it."""
-        lines = self.prepare(Request(lines, tgt_lang), Naming(numbers=range(first_line, first_line + len(lines)))).sources
+        CTranslate2 has decoded it. A model that reads ``src_lang`` and ``tgt_lang`` gets the
+        target code as CTranslate2's ``target_prefix``, cut from the output."""
+        prepared = self.prepare(Request(lines, tgt_lang, src_lang=src_lang),
+                                Naming(numbers=range(first_line, first_line + len(lines))))
+        lines, lead = prepared.sources, [self.tgt_sp.id_to_piece(i) for i in prepared.lead]
         s = self.settings
         align = s.alignments if alignments is None else alignments
         if align and not self.can_align:
@@ -178,8 +250,10 @@ class CTranslate2Translator(RequestMeaning):
         groups: dict[int, list[int]] = {}
         for j, source in enumerate(sources):
             groups.setdefault(decoding_cap(len(source), s.max_len_a, s.max_len_b, self.max_tgt_len), []).append(j)
-        alpha = s.alpha if beam_size > 1 or nbest > 1 else 0.0
-        slope = gnmt_slope(alpha, sources) if alpha else 0.0
+        beam = (beam_size > 1 or nbest > 1) and not sampling
+        alpha = s.alpha if beam else 0.0
+        hf = beam and s.scoring == "huggingface"  # score / length ** alpha: CTranslate2's own length penalty
+        slope = alpha if hf else gnmt_slope(alpha, sources) if alpha else 0.0
         options: dict[str, Any] = {"beam_size": beam_size, "num_hypotheses": nbest, "return_scores": True,
                                    "length_penalty": slope}
         if sampling:
@@ -191,76 +265,104 @@ class CTranslate2Translator(RequestMeaning):
             if float(s.sampling.get("temperature", 1.0)) <= 0:  # temperature 0: greedy, as sample_search
                 options["sampling_topk"] = 1
             self._ctranslate2.set_random_seed(int(s.sampling.get("seed", 0)))
+        scoring = Scoring(alpha, slope, hf, len(lead))
         pending = []
         for cap, rows in groups.items():
-            if cap <= 0:  # only the forced EOS fits: an empty translation
-                pending.append((rows, None, False, cap))
+            if cap <= len(lead):  # only the forced tokens and EOS fit: an empty translation
+                pending.append((rows, None, None, False, cap))
                 continue
             with_attention = align or any(todo[j] in wanted for j in rows)
+            batch = [sources[j] for j in rows]
+            prefix = {"target_prefix": [lead] * len(rows)} if lead else {}
             results = self.translator.translate_batch(
-                [sources[j] for j in rows], max_decoding_length=cap, min_decoding_length=0, max_input_length=0,
+                batch, max_decoding_length=cap, min_decoding_length=0, max_input_length=0,
                 max_batch_size=self.max_tokens, batch_type="tokens", asynchronous=True,
-                return_attention=with_attention, **options)
-            pending.append((rows, results, with_attention, cap))
-        for rows, results, with_attention, cap in pending:
+                return_attention=with_attention, **prefix, **options)
+            # CTranslate2 scores a forced prefix token 0; the torch backend's searches keep its log-prob
+            # (all but scoring=huggingface's beam search, which scores it 0 as transformers does)
+            leads = self.translator.score_batch(batch, [lead] * len(rows), max_batch_size=self.max_tokens,
+                                                batch_type="tokens", max_input_length=0,
+                                                asynchronous=True) if lead and not hf else None
+            pending.append((rows, results, leads, with_attention, cap))
+        for rows, results, leads, with_attention, cap in pending:
+            done = [results[k].result() if results is not None else None for k in range(len(rows))]
+            # at its cap CTranslate2 stops without EOS; the torch backend forces EOS there at its
+            # log-prob (at 0 with scoring=huggingface, as transformers)
+            last = {} if hf else self._eos_logprobs(done, [sources[j] for j in rows], cap)
             out = []
             for k, j in enumerate(rows):
-                result = results[k].result() if results is not None else None
-                out.append((todo[j], self._translation(result, sources[j], alpha, slope, cap,
+                lead_logprob = sum(leads[k].result().log_probs[: len(lead)]) if leads is not None else 0.0
+                eos = [last.get((k, h), 0.0) for h in range(len(done[k].hypotheses))] if done[k] is not None else []
+                out.append((todo[j], self._translation(done[k], sources[j], scoring, cap, lead_logprob, eos,
                                                        with_attention and todo[j] in wanted, align)))
             yield out
 
-    def _translation(self, result: Any, source: list[str], alpha: float, slope: float, cap: int,
-                     with_attention: bool, align: bool = False) -> Translation:
-        """One sentence's result; ``slope`` the length penalty CTranslate2 searched with, ``cap``
-        its ``max_decoding_length`` (a hypothesis of that many pieces stopped there, without EOS)."""
+    def _eos_logprobs(self, results: list[Any], sources: list[list[str]], cap: int) -> dict[tuple[int, int], float]:
+        """The log-prob of EOS after each hypothesis CTranslate2 stopped at its cap (``cap`` pieces),
+        by (sentence, hypothesis), read with ``score_batch``: few, as outputs seldom reach the cap."""
+        where = [(k, h) for k, result in enumerate(results) if result is not None
+                 for h, pieces in enumerate(result.hypotheses) if len(pieces) >= cap]
+        if not where:
+            return {}
+        scored = self.translator.score_batch([sources[k] for k, _ in where],
+                                             [results[k].hypotheses[h] for k, h in where],
+                                             max_batch_size=self.max_tokens, batch_type="tokens", max_input_length=0)
+        return {key: float(r.log_probs[-1]) for key, r in zip(where, scored)}
+
+    def _translation(self, result: Any, source: list[str], scoring: Scoring, cap: int, lead_logprob: float,
+                     eos: list[float], with_attention: bool, align: bool = False) -> Translation:
+        """One sentence's result; ``scoring`` how CTranslate2 searched and how the torch backend scores,
+        ``cap`` its ``max_decoding_length`` (a hypothesis of that many pieces, forced ones included,
+        stopped there without EOS); ``lead_logprob`` the forced tokens' log-prob and ``eos`` each
+        hypothesis' forced EOS's, which the torch backend counts and CTranslate2 does not."""
         if result is None:
             return Translation([Hypothesis("", 0.0, 0.0)])
-        hypotheses = []
-        for pieces, score in zip(result.hypotheses, result.scores):
-            n = len(pieces) + 1  # with EOS
-            counted = len(pieces) if len(pieces) >= cap else n
-            logprob = float(score) * counted ** slope if slope else float(score)
-            text = LINE_BREAKING.sub(" ", self.tgt_sp.decode([self.tgt_sp.piece_to_id(p) for p in pieces]))
-            hypotheses.append(Hypothesis(text,
-                                         logprob / gnmt_penalty(n, alpha) if alpha else logprob, logprob))
+        hypotheses, lead = [], scoring.lead
+        for pieces, score, last in zip(result.hypotheses, result.scores, eos):
+            logprob = scoring.logprob(float(score), len(pieces), cap) + lead_logprob + last
+            text = LINE_BREAKING.sub(" ", self.tgt_sp.decode([self.tgt_sp.piece_to_id(p) for p in pieces[lead:]]))
+            hypotheses.append(Hypothesis(text, scoring.score(logprob, len(pieces) + 1), logprob))
+        outputs = [pieces[lead:] for pieces in result.hypotheses]
+        weights = [rows[lead:] for rows in result.attention or []]
         if align:  # each hypothesis' attention, as the torch backend's teacher-forced pass reads it
-            for hypothesis, pieces, weights in zip(hypotheses, result.hypotheses, result.attention or []):
-                hypothesis.alignment = pharaoh(source, pieces, [row[: len(source)] for row in weights[: len(pieces)]],
+            for hypothesis, pieces, rows in zip(hypotheses, outputs, weights):
+                hypothesis.alignment = pharaoh(source, pieces, [row[: len(source)] for row in rows[: len(pieces)]],
                                                skip=tag_words(source) if self.target_languages else 0)
         attention = None
-        if with_attention and result.attention:
-            attention = Attention(source + ["</s>"], result.hypotheses[0] + ["</s>"],
-                                  [list(map(float, row)) for row in result.attention[0]])
+        if with_attention and weights:
+            attention = Attention(source + ["</s>"], outputs[0] + ["</s>"], [list(map(float, row)) for row in weights[0]])
         return Translation(hypotheses, attention)
 
     def translate(self, lines: list[str], beam_size: int | None = None, nbest: int | None = None,
                   attention: Iterable[int] | bool = (), alignments: bool | None = None,
-                  tgt_lang: str | None = None) -> list[Translation]:
-        return in_line_order(self.batches(lines, beam_size, nbest, attention, alignments=alignments, tgt_lang=tgt_lang), len(lines),
-                             Translation)
+                  tgt_lang: str | None = None, src_lang: str | None = None) -> list[Translation]:
+        return in_line_order(self.batches(lines, beam_size, nbest, attention, alignments=alignments, tgt_lang=tgt_lang,
+                                          src_lang=src_lang), len(lines), Translation)
 
     # --- scoring ------------------------------------------------------------------------------
-    def score_batches(self, sources: list[str], targets: list[str],
-                      first_line: int = 1) -> Iterator[list[tuple[int, list[float]]]]:
+    def score_batches(self, sources: list[str], targets: list[str], first_line: int = 1,
+                      lead: list[int] | None = None) -> Iterator[list[tuple[int, list[float]]]]:
         """Per-token log-probabilities (EOS last) of each target given its source, through
-        CTranslate2's ``score_batch``."""
+        CTranslate2's ``score_batch``; ``lead``: target ids every target starts with
+        (``Prepared.lead``: a target-language code), read but not scored."""
         todo = [i for i, s in enumerate(sources) if s.strip()]
         numbers = [first_line + i for i in todo]
         src = self._pieces([sources[i] for i in todo], self.max_src_len - 1, numbers)
+        first = [self.tgt_sp.id_to_piece(i) for i in lead or []]
         tgt = [[self.tgt_sp.id_to_piece(i) for i in ids] for ids in self.tgt_sp.encode([targets[i] for i in todo])]
-        cut = [n for n, t in zip(numbers, tgt) if len(t) > self.max_tgt_len - 1]
+        limit = self.max_tgt_len - 1 - len(first)
+        cut = [n for n, t in zip(numbers, tgt) if len(t) > limit]
         if cut:
-            log.warning("truncated %d line(s) longer than %d tokens: %s", len(cut), self.max_tgt_len - 1, cut[:20])
-        tgt = [t[: self.max_tgt_len - 1] for t in tgt]
+            log.warning("truncated %d line(s) longer than %d tokens: %s", len(cut), limit, cut[:20])
+        tgt = [first + t[:limit] for t in tgt]
         if not todo:
             return
         results = self.translator.score_batch(src, tgt, max_batch_size=self.max_tokens, batch_type="tokens",
                                               max_input_length=0)
-        yield [(i, [float(v) for v in r.log_probs]) for i, r in zip(todo, results)]
+        yield [(i, [float(v) for v in r.log_probs[len(first):]]) for i, r in zip(todo, results)]
 
-    def score(self, sources: list[str], targets: list[str]) -> list[list[float] | None]:
-        return in_line_order(self.score_batches(sources, targets), len(sources), lambda: None)
+    def score(self, sources: list[str], targets: list[str], lead: list[int] | None = None) -> list[list[float] | None]:
+        return in_line_order(self.score_batches(sources, targets, lead=lead), len(sources), lambda: None)
 
     # --- describing ---------------------------------------------------------------------------
     has_attention = True
@@ -276,6 +378,7 @@ class CTranslate2Translator(RequestMeaning):
             "hidden_size": run.get("hidden_size"), "parameters": run.get("parameters"),
             "src_lang": self.meta.get("src_lang"), "tgt_lang": self.meta.get("tgt_lang"),
             "target_languages": self.target_languages,
+            "reads_src_lang": self.decoder_languages,  # an imported M2M100/NLLB-200/mBART-50: requests name both
             "src_vocab_size": self.src_sp.get_piece_size(), "tgt_vocab_size": self.tgt_sp.get_piece_size(),
             "max_src_len": self.max_src_len, "attention": self.has_attention,
             "decoding": self.settings.as_config(), "precision": self.compute_type,
