@@ -25,6 +25,7 @@ from nmt.checkpoints.marian import ImportRefused  # noqa: E402
 from nmt.checkpoints.m2m100 import import_folder  # noqa: E402
 from nmt.data.tokenizer import BOS, EOS, PAD  # noqa: E402
 from nmt.decoding.search import beam_search, greedy_search  # noqa: E402
+from nmt.inference.requests import Request  # noqa: E402
 from nmt.languages.tags import tag  # noqa: E402
 from tests.test_export_ctranslate2 import lines_of  # noqa: E402
 
@@ -503,6 +504,38 @@ def test_ctranslate2_export_scores_and_refuses_as_the_torch_translator(pair, exp
     assert (int8 / "model.bin").stat().st_size < 0.75 * (exported / "model.bin").stat().st_size
     assert len(got) == len(lines) and all(len(t.hypotheses) == 1 for t in got)
     print(f"{family} int8: {sum(a == t.text for a, t in zip(texts, got))}/{len(lines)} greedy outputs as fp32's")
+
+
+def test_translate_py_takes_the_languages_on_the_ctranslate2_folder(pair, exported, tmp_path, capsys):
+    """``translate.py ckpt=<folder> src_lang=... tgt_lang=...`` writes the backend's greedy text
+    (the CTranslate2 backend, chosen by the folder), ``mode=score`` its per-token log-probs of given
+    translations (the code read, not scored); without ``src_lang`` the run stops in one line."""
+    from tests.conftest import translate_here
+
+    hf, tokenizer, loaded, folder, family = pair
+    src_lang, tgt_lang, lines = halves(family)[1]
+    source, target = tmp_path / "in.txt", tmp_path / "tgt.txt"
+    source.write_text("\n".join(lines[:6]) + "\n")
+    common = [f"ckpt={exported}", f"input={source}", "decoding=greedy", "decoding.max_len_a=0", "decoding.max_len_b=12",
+              "workers=1", "ctranslate2.intra_threads=1"]
+    done = translate_here(capsys, *common, f"src_lang={src_lang}", f"tgt_lang={tgt_lang}")
+    assert done.returncode == 0 and "ctranslate2 backend" in done.stderr, done.stderr[-2000:]
+    greedy = {"_target_": "nmt.decoding.search.greedy_search", "max_len_a": 0, "max_len_b": 12}
+    backend = both_backends(loaded, exported, greedy)[1]
+    texts = [t.text for t in backend.translate(lines[:6], src_lang=src_lang, tgt_lang=tgt_lang)]
+    assert done.stdout.splitlines() == texts
+    target.write_text("\n".join(texts) + "\n")
+    scored = translate_here(capsys, *common, f"src_lang={src_lang}", f"tgt_lang={tgt_lang}", "mode=score",
+                            f"target={target}", "format=jsonl", "score_tokens=true")
+    assert scored.returncode == 0, scored.stderr[-2000:]
+    prepared = backend.prepare(Request(lines[:6], tgt_lang, src_lang=src_lang))
+    expected = backend.score(prepared.sources, texts, lead=prepared.lead)
+    rows = [json.loads(line) for line in scored.stdout.splitlines()]
+    assert [row["token_logprobs"] for row in rows] == [[pytest.approx(x, abs=1e-4) for x in v] for v in expected]
+    assert [row["tokens"] for row in rows] == [len(loaded.tgt_vocab.encode(t)) + 1 for t in texts]  # + EOS, no code
+    refused = translate_here(capsys, *common, f"tgt_lang={tgt_lang}")
+    assert refused.returncode != 0 and refused.stdout == "" and "src_lang: this model reads the source language first" \
+        in refused.stderr
 
 
 def test_nmt_serve_takes_the_languages_on_the_ctranslate2_folder(pair, exported):
