@@ -35,9 +35,10 @@ How it maps our decoding (``conf/decoding/*.yaml``) onto CTranslate2's ``transla
   ``src_lang`` and ``tgt_lang`` are both required and checked as the torch backend checks them
   (``nmt.inference.requests``); the source code is a tag on the source (``<2de>``, cut into the
   model's ``▁<2de>``), the target code ``▁<2fr>`` CTranslate2's ``target_prefix``, cut from the
-  output. CTranslate2 scores a forced token 0, as transformers' ``forced_bos_token_id``: where
-  ours keeps its log-prob (every search but ``scoring=huggingface``'s beam search) it is read
-  with ``score_batch`` and added.
+  output. CTranslate2 scores a forced token 0, as transformers' ``forced_bos_token_id`` and our
+  ``scoring=huggingface`` beam search; ours keeps its log-prob in greedy search, sampling and
+  ``scoring=gnmt``, where this backend's ``logprob`` is higher by it (reading it with
+  ``score_batch`` would cost a second encoder pass per sentence).
 - Sampling: ``temperature``, ``top_k`` (0: all), ``top_p``; ``seed`` seeds CTranslate2's generator
   once per call, so a run is repeatable on the same batching.
 - Attention: CTranslate2's alignment head (the export's last decoder layer, first head), not the
@@ -269,31 +270,25 @@ class CTranslate2Translator(RequestMeaning):
         pending = []
         for cap, rows in groups.items():
             if cap <= len(lead):  # only the forced tokens and EOS fit: an empty translation
-                pending.append((rows, None, None, False, cap))
+                pending.append((rows, None, False, cap))
                 continue
             with_attention = align or any(todo[j] in wanted for j in rows)
             batch = [sources[j] for j in rows]
-            prefix = {"target_prefix": [lead] * len(rows)} if lead else {}
+            prefix = {"target_prefix": [lead] * len(rows)} if lead else {}  # scored 0, as transformers' forced code
             results = self.translator.translate_batch(
                 batch, max_decoding_length=cap, min_decoding_length=0, max_input_length=0,
                 max_batch_size=self.max_tokens, batch_type="tokens", asynchronous=True,
                 return_attention=with_attention, **prefix, **options)
-            # CTranslate2 scores a forced prefix token 0; the torch backend's searches keep its log-prob
-            # (all but scoring=huggingface's beam search, which scores it 0 as transformers does)
-            leads = self.translator.score_batch(batch, [lead] * len(rows), max_batch_size=self.max_tokens,
-                                                batch_type="tokens", max_input_length=0,
-                                                asynchronous=True) if lead and not hf else None
-            pending.append((rows, results, leads, with_attention, cap))
-        for rows, results, leads, with_attention, cap in pending:
+            pending.append((rows, results, with_attention, cap))
+        for rows, results, with_attention, cap in pending:
             done = [results[k].result() if results is not None else None for k in range(len(rows))]
             # at its cap CTranslate2 stops without EOS; the torch backend forces EOS there at its
             # log-prob (at 0 with scoring=huggingface, as transformers)
             last = {} if hf else self._eos_logprobs(done, [sources[j] for j in rows], cap)
             out = []
             for k, j in enumerate(rows):
-                lead_logprob = sum(leads[k].result().log_probs[: len(lead)]) if leads is not None else 0.0
                 eos = [last.get((k, h), 0.0) for h in range(len(done[k].hypotheses))] if done[k] is not None else []
-                out.append((todo[j], self._translation(done[k], sources[j], scoring, cap, lead_logprob, eos,
+                out.append((todo[j], self._translation(done[k], sources[j], scoring, cap, eos,
                                                        with_attention and todo[j] in wanted, align)))
             yield out
 
@@ -309,17 +304,17 @@ class CTranslate2Translator(RequestMeaning):
                                              max_batch_size=self.max_tokens, batch_type="tokens", max_input_length=0)
         return {key: float(r.log_probs[-1]) for key, r in zip(where, scored)}
 
-    def _translation(self, result: Any, source: list[str], scoring: Scoring, cap: int, lead_logprob: float,
-                     eos: list[float], with_attention: bool, align: bool = False) -> Translation:
+    def _translation(self, result: Any, source: list[str], scoring: Scoring, cap: int, eos: list[float],
+                     with_attention: bool, align: bool = False) -> Translation:
         """One sentence's result; ``scoring`` how CTranslate2 searched and how the torch backend scores,
         ``cap`` its ``max_decoding_length`` (a hypothesis of that many pieces, forced ones included,
-        stopped there without EOS); ``lead_logprob`` the forced tokens' log-prob and ``eos`` each
-        hypothesis' forced EOS's, which the torch backend counts and CTranslate2 does not."""
+        stopped there without EOS); ``eos`` each hypothesis' forced EOS's log-prob, which the torch
+        backend counts and CTranslate2 does not."""
         if result is None:
             return Translation([Hypothesis("", 0.0, 0.0)])
         hypotheses, lead = [], scoring.lead
         for pieces, score, last in zip(result.hypotheses, result.scores, eos):
-            logprob = scoring.logprob(float(score), len(pieces), cap) + lead_logprob + last
+            logprob = scoring.logprob(float(score), len(pieces), cap) + last
             text = LINE_BREAKING.sub(" ", self.tgt_sp.decode([self.tgt_sp.piece_to_id(p) for p in pieces[lead:]]))
             hypotheses.append(Hypothesis(text, scoring.score(logprob, len(pieces) + 1), logprob))
         outputs = [pieces[lead:] for pieces in result.hypotheses]
