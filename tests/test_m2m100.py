@@ -3,9 +3,9 @@
 config and tokenizer classes saved with ``save_pretrained``, SentencePiece models trained on the tiny
 corpus, fairseq's dictionary order, the language codes after it) import into release files whose
 token ids, logits, greedy and beam outputs equal ``transformers``' for a source and a target
-language; nmt-export format=huggingface writes the folder back; translate.py, evaluate.py and nmt-serve
-take src_lang and tgt_lang; what a folder must not hold is
-refused in one line."""
+language; nmt-export format=huggingface writes the folder back; format=ctranslate2 writes a CTranslate2
+folder whose backend translates as the torch Translator; translate.py, evaluate.py and nmt-serve take
+src_lang and tgt_lang; what a folder must not hold is refused in one line."""
 
 from __future__ import annotations
 
