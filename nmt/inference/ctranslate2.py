@@ -28,8 +28,10 @@ How it maps our decoding (``conf/decoding/*.yaml``) onto CTranslate2's ``transla
   the sum over GNMT's penalty (or ``|Y| ** alpha``), as ours. Its log-probabilities are renormalised
   over the vocabulary without PAD and BOS (the export gives them a -inf bias); ours and
   transformers' are a softmax over the whole vocabulary, so each of its log-probs is higher by
-  ``-log(1 - p(PAD))``. A hypothesis stopped at its length cap has no EOS: the forced EOS's
-  log-prob, which ours adds (0 with ``scoring=huggingface``), is read with ``score_batch``.
+  ``-log(1 - p(PAD))``. A hypothesis stopped at its length cap has no EOS, so its ``logprob``
+  lacks the forced EOS's that ours adds (except with ``scoring=huggingface``, where that EOS
+  scores 0 and counts in the length as ours). Reading those log-probs back with ``score_batch``
+  would cost a second pass over each sentence.
 - Languages (a model that writes the target language as its first token: an imported M2M100,
   NLLB-200 or mBART-50, or a run fine-tuned from one; ``languages`` in ``nmt_export.json``):
   ``src_lang`` and ``tgt_lang`` are both required and checked as the torch backend checks them
@@ -37,8 +39,7 @@ How it maps our decoding (``conf/decoding/*.yaml``) onto CTranslate2's ``transla
   model's ``▁<2de>``), the target code ``▁<2fr>`` CTranslate2's ``target_prefix``, cut from the
   output. CTranslate2 scores a forced token 0, as transformers' ``forced_bos_token_id`` and our
   ``scoring=huggingface`` beam search; ours keeps its log-prob in greedy search, sampling and
-  ``scoring=gnmt``, where this backend's ``logprob`` is higher by it (reading it with
-  ``score_batch`` would cost a second encoder pass per sentence).
+  ``scoring=gnmt``, where this backend's ``logprob`` is higher by it.
 - Sampling: ``temperature``, ``top_k`` (0: all), ``top_p``; ``seed`` seeds CTranslate2's generator
   once per call, so a run is repeatable on the same batching.
 - Attention: CTranslate2's alignment head (the export's last decoder layer, first head), not the
@@ -281,40 +282,23 @@ class CTranslate2Translator(RequestMeaning):
                 return_attention=with_attention, **prefix, **options)
             pending.append((rows, results, with_attention, cap))
         for rows, results, with_attention, cap in pending:
-            done = [results[k].result() if results is not None else None for k in range(len(rows))]
-            # at its cap CTranslate2 stops without EOS; the torch backend forces EOS there at its
-            # log-prob (at 0 with scoring=huggingface, as transformers)
-            last = {} if hf else self._eos_logprobs(done, [sources[j] for j in rows], cap)
             out = []
             for k, j in enumerate(rows):
-                eos = [last.get((k, h), 0.0) for h in range(len(done[k].hypotheses))] if done[k] is not None else []
-                out.append((todo[j], self._translation(done[k], sources[j], scoring, cap, eos,
+                result = results[k].result() if results is not None else None
+                out.append((todo[j], self._translation(result, sources[j], scoring, cap,
                                                        with_attention and todo[j] in wanted, align)))
             yield out
 
-    def _eos_logprobs(self, results: list[Any], sources: list[list[str]], cap: int) -> dict[tuple[int, int], float]:
-        """The log-prob of EOS after each hypothesis CTranslate2 stopped at its cap (``cap`` pieces),
-        by (sentence, hypothesis), read with ``score_batch``: few, as outputs seldom reach the cap."""
-        where = [(k, h) for k, result in enumerate(results) if result is not None
-                 for h, pieces in enumerate(result.hypotheses) if len(pieces) >= cap]
-        if not where:
-            return {}
-        scored = self.translator.score_batch([sources[k] for k, _ in where],
-                                             [results[k].hypotheses[h] for k, h in where],
-                                             max_batch_size=self.max_tokens, batch_type="tokens", max_input_length=0)
-        return {key: float(r.log_probs[-1]) for key, r in zip(where, scored)}
-
-    def _translation(self, result: Any, source: list[str], scoring: Scoring, cap: int, eos: list[float],
-                     with_attention: bool, align: bool = False) -> Translation:
+    def _translation(self, result: Any, source: list[str], scoring: Scoring, cap: int, with_attention: bool,
+                     align: bool = False) -> Translation:
         """One sentence's result; ``scoring`` how CTranslate2 searched and how the torch backend scores,
         ``cap`` its ``max_decoding_length`` (a hypothesis of that many pieces, forced ones included,
-        stopped there without EOS); ``eos`` each hypothesis' forced EOS's log-prob, which the torch
-        backend counts and CTranslate2 does not."""
+        stopped there without EOS)."""
         if result is None:
             return Translation([Hypothesis("", 0.0, 0.0)])
         hypotheses, lead = [], scoring.lead
-        for pieces, score, last in zip(result.hypotheses, result.scores, eos):
-            logprob = scoring.logprob(float(score), len(pieces), cap) + last
+        for pieces, score in zip(result.hypotheses, result.scores):
+            logprob = scoring.logprob(float(score), len(pieces), cap)
             text = LINE_BREAKING.sub(" ", self.tgt_sp.decode([self.tgt_sp.piece_to_id(p) for p in pieces[lead:]]))
             hypotheses.append(Hypothesis(text, scoring.score(logprob, len(pieces) + 1), logprob))
         outputs = [pieces[lead:] for pieces in result.hypotheses]
