@@ -180,11 +180,10 @@ class TranslationModule(L.LightningModule):
         # Rows of the output layer past the vocabulary (padded to a multiple of 8) are never targets.
         weight = self.model.decoder.out.weight[: self.model.tgt_vocab_size]
         bias = getattr(self.model.decoder.out, "bias", None)
-        if bias is not None:  # logits h W^T + b as [h, 1] [W, b]^T: the kernel's one matrix product
-            hidden = torch.cat([hidden, hidden.new_ones(hidden.size(0), 1)], dim=1)
-            weight = torch.cat([weight, bias[: self.model.tgt_vocab_size, None].to(weight.dtype)], dim=1)
+        bias = None if bias is None else bias[: self.model.tgt_vocab_size]
         eps = self.hparams.label_smoothing  # spread over the entries a target can be: not PAD, not BOS
-        return (*self.model.kernels.ops(hidden).output_cross_entropy(hidden, weight, target, eps, NOT_TARGETS), align)
+        ops = self.model.kernels.ops(hidden)
+        return (*ops.output_cross_entropy(hidden, weight, target, eps, NOT_TARGETS, bias=bias), align)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         if self._check_compiled and getattr(self.model, "compiled", False):  # the first batch, compiled: checked
