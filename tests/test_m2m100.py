@@ -573,3 +573,145 @@ def test_multilingual_fine_tuning_writes_the_models_own_codes(folder, tmp_path):
     assert seen.refs == 2 * (data / "val.fr").read_text().splitlines()  # de-fr, en-fr: scored without the code
     run = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
     assert run["validation"]["runs"][-1]["sentences"] == 12 and run["steps"] == 3
+
+
+def fine_tuned(folder: Path, tmp_path: Path, *overrides: str):
+    """The last checkpoint of ``train.py init_from=<folder>``: four AdamW steps (weight decay 0.01,
+    label smoothing 0.1) at a high learning rate on the tiny corpus, loaded."""
+    from nmt.train import train
+    from tests.conftest import compose_train
+
+    cfg = compose_train(tmp_path / "run", [f"init_from={folder}", "trainer.max_epochs=-1", "trainer.max_steps=4",
+                                           "trainer.limit_val_batches=0", "test=false", "optimizer=adamw",
+                                           "optimizer.lr=0.003", "scheduler.warmup_steps=1", *overrides],
+                        model="transformer")
+    train(cfg)
+    return load_checkpoint(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt")
+
+
+@pytest.mark.parametrize("family", ["m2m100", "mbart"])
+def test_a_fine_tuned_model_exports_to_the_class_it_came_from(family, tmp_path):
+    """``train.py init_from=<folder>`` trains the imported model as the class computes it (its
+    decoder starts from ``</s>``'s row, BOS never an output: ``start_from_eos``; M2M100 without a
+    logits bias, mBART's trained), so ``nmt-export format=huggingface`` writes the tuned model
+    back: its logits equal ours within 1e-4 on the 40 sentences teacher-forced, ``generate()``
+    gives our greedy and beam outputs, and importing the folder again gives the tuned weights bit
+    for bit (the BOS row, never read, aside)."""
+    from nmt.exporters.huggingface import to_huggingface
+
+    folder = m2m100_folder(tmp_path / "hf", family=family)
+    imported = import_folder(folder)["state_dict"]
+    base = load_checkpoint_of(imported, folder, tmp_path)
+    decoder = base.run_config["model"]["decoder"]
+    assert decoder["start_from_eos"] and decoder["logits_bias"] == (family == "mbart")
+    tuned = fine_tuned(folder, tmp_path)
+    table = tuned.model.decoder.embed.weight.detach()
+    eos_moved = (table[EOS] - imported["model.decoder.embed.weight"][EOS]).abs().max().item()
+    assert eos_moved > 1e-3 and not torch.equal(table[BOS], table[EOS])  # what an export from a BOS row refused
+    if family == "mbart":
+        assert not torch.equal(tuned.model.decoder.out.bias[EOS:], imported["model.decoder.out.bias"][EOS:])
+    out = to_huggingface(tuned.model, tuned.src_vocab, tuned.tgt_vocab, tuned.run_config, tmp_path / "out")
+    hf, tokenizer = load_hf(out, family)
+    order = order_of(tokenizer, family, out, tuned)
+    largest, same, total, changed = 0.0, {"greedy": 0, "beam": 0}, 0, 0
+    for src_lang, tgt_lang, lines in halves(family):
+        tokenizer.src_lang = src_lang
+        batch = tokenizer(lines, return_tensors="pt", padding=True)
+        src, src_mask = our_ids(tuned, lines, src_lang)
+        assert order[src].masked_fill(~src_mask, 1).tolist() == batch["input_ids"].tolist()
+        code = tuned.tgt_vocab.sp.piece_to_id(f"\u2581{tag(tgt_lang)}")
+        targets = [[BOS, code, *tuned.tgt_vocab.encode(line)[:8]] for line in lines_of("test.tgt")[: len(lines)]]
+        tgt_in = torch.tensor([t[: min(map(len, targets))] for t in targets])
+        with torch.no_grad():
+            ours = tuned.model(src, src_mask, tgt_in)
+            theirs = hf(**batch, decoder_input_ids=order[tgt_in]).logits[..., order]
+        kept = torch.arange(ours.size(-1)) != BOS
+        largest = max(largest, (ours - theirs)[..., kept].abs().max().item())
+        prefix = torch.full((len(lines), 1), code)
+        greedy = greedy_search(tuned.model, src, src_mask, max_len_a=0, max_len_b=12, prefix=prefix).tokens
+        beam = beam_search(tuned.model, src, src_mask, beam_size=4, alpha=1.0, max_len_a=0, max_len_b=12,
+                           prefix=prefix, scoring="huggingface").tokens
+        before = beam_search(base.model, src, src_mask, beam_size=4, alpha=1.0, max_len_a=0, max_len_b=12,
+                             prefix=prefix, scoring="huggingface").tokens
+        changed += sum(b != o for b, o in zip(before, beam))
+        for search, ours_out, generate in (("greedy", greedy, {"num_beams": 1}), ("beam", beam, {
+                "num_beams": 4, "length_penalty": 1.0, "early_stopping": False})):  # the run's own beam is 5
+            theirs_out = their_outputs(hf, tokenizer, family, lines, src_lang, tgt_lang, order, max_new_tokens=12,
+                                       **generate)
+            same[search] += sum(o == t for o, t in zip(ours_out, theirs_out))
+        total += len(lines)
+    print(f"{family}: greedy {same['greedy']}/{total}, beam {same['beam']}/{total} equal to generate(); max logit "
+          f"difference {largest:.2e}; the </s> row moved {eos_moved:.3f}; {changed} beam outputs changed by the tuning")
+    assert largest < 1e-4 and same == {"greedy": total, "beam": total} and changed >= 5
+    again = import_folder(out)["state_dict"]
+    mine = {f"model.{k}": v for k, v in tuned.model.state_dict().items()}
+    assert again.keys() == mine.keys()
+    for name, value in mine.items():
+        if name.endswith("embed.weight") or name == "model.decoder.out.weight":  # one tied table: BOS's row aside
+            assert torch.equal(again[name][EOS], again[name][BOS]) and torch.equal(again[name][kept], value[kept]), name
+        elif name == "model.decoder.out.bias":  # mBART: the BOS entry, never read, is the import's NEVER
+            assert torch.equal(again[name][kept], value[kept]), name
+        else:
+            assert torch.equal(again[name], value), name
+
+
+def load_checkpoint_of(state: dict, folder: Path, tmp_path: Path):
+    """``import_folder(folder)`` saved and loaded (``state``: its weights, for the caller's checks)."""
+    release = import_folder(folder)
+    assert release["state_dict"].keys() == state.keys()
+    atomic_save(release, tmp_path / "imported.ckpt")
+    return load_checkpoint(tmp_path / "imported.ckpt")
+
+
+def previous_layout(release: dict) -> dict:
+    """The release file the import wrote before ``start_from_eos``: a BOS row copying ``</s>``'s
+    (as ``release``'s) and a logits bias (M2M100: zeros) of ``NEVER`` at BOS keeping it out of the
+    softmax."""
+    from nmt.specials import NEVER
+
+    model = json.loads(json.dumps(release["run_config"]["model"]))
+    del model["decoder"]["start_from_eos"]
+    model["decoder"]["logits_bias"] = True
+    state = dict(release["state_dict"])
+    table = state["model.decoder.embed.weight"]
+    assert torch.equal(table[BOS], table[EOS])
+    if "model.decoder.out.bias" not in state:
+        state["model.decoder.out.bias"] = torch.zeros(table.size(0)).index_fill_(0, torch.tensor([BOS]), NEVER)
+    return {**release, "state_dict": state, "run_config": {**release["run_config"], "model": model}}
+
+
+def test_a_file_imported_before_start_from_eos_translates_and_tunes_as_before(folder, tmp_path):
+    """A release file of the previous import (BOS a copy of the </s> row, a logits bias of NEVER
+    at BOS, no ``start_from_eos``) loads and gives the logits (all but BOS's) and greedy outputs of
+    today's import; it exports as it did; ``init_from`` fine-tunes it, and its tuned run, whose BOS
+    row training moved apart from ``</s>``'s, is refused by the export in one line."""
+    from nmt.exporters.huggingface import to_huggingface
+
+    release = import_folder(folder)
+    atomic_save(release, tmp_path / "new.ckpt")
+    atomic_save(previous_layout(release), tmp_path / "old.ckpt")
+    new, old = load_checkpoint(tmp_path / "new.ckpt"), load_checkpoint(tmp_path / "old.ckpt")
+    assert old.model.decoder.out.bias is not None and not old.model.decoder.start_from_eos
+    for src_lang, tgt_lang, lines in halves("m2m100"):
+        src, src_mask = our_ids(new, lines, src_lang)
+        prefix = torch.full((len(lines), 1), new.tgt_vocab.sp.piece_to_id(f"\u2581{tag(tgt_lang)}"))
+        tgt_in = torch.cat([torch.full_like(prefix, BOS), prefix], dim=1)
+        with torch.no_grad():
+            logits = [loaded.model(src, src_mask, tgt_in)[..., torch.arange(len(new.tgt_vocab.sp)) != BOS]
+                      for loaded in (new, old)]
+        torch.testing.assert_close(*logits, atol=1e-5, rtol=0)
+        outputs = [greedy_search(loaded.model, src, src_mask, max_len_a=0, max_len_b=12, prefix=prefix).tokens
+                   for loaded in (new, old)]
+        assert outputs[0] == outputs[1]
+    exported = import_folder(to_huggingface(old.model, old.src_vocab, old.tgt_vocab, old.run_config, tmp_path / "out"))
+    assert all(torch.equal(exported["state_dict"][k], release["state_dict"][k]) for k in release["state_dict"])
+    tuned = fine_tuned(tmp_path / "old.ckpt", tmp_path)
+    table = tuned.model.decoder.embed.weight
+    assert not tuned.model.decoder.start_from_eos and not torch.equal(table[BOS], table[EOS])
+    with pytest.raises(ValueError) as refused:
+        to_huggingface(tuned.model, tuned.src_vocab, tuned.tgt_vocab, tuned.run_config, tmp_path / "tuned")
+    assert str(refused.value) == (
+        "model.decoder.start_from_eos=false: exported only as the M2M100ForConditionalGeneration it was imported from "
+        "(its <s> piece, a decoder starting from </s>), and this model is not one (a run fine-tuned from a file "
+        "imported before start_from_eos existed trains its BOS apart from </s>: fine-tune from the folder itself); "
+        "the model does not export to Hugging Face")

@@ -40,6 +40,7 @@ from nmt.evaluation import directions
 from nmt.checkpoints.files import FORMAT, nonfinite
 from nmt.checkpoints.finetune import load_optimizer_state
 from nmt.data.tokenizer import BOS, PAD
+from nmt.specials import NEVER
 from nmt.decoding import fixed_beam
 from nmt.evaluation.length_report import length_report, write_report
 from nmt.evaluation.metrics import corpus_scores
@@ -178,11 +179,17 @@ class TranslationModule(L.LightningModule):
         real = batch["tgt_out"] != PAD
         hidden, target = hidden[real], batch["tgt_out"][real]
         # Rows of the output layer past the vocabulary (padded to a multiple of 8) are never targets.
-        weight = self.model.decoder.out.weight[: self.model.tgt_vocab_size]
+        size = self.model.tgt_vocab_size
+        weight = self.model.decoder.out.weight[:size]
         bias = getattr(self.model.decoder.out, "bias", None)
-        if bias is not None:  # logits h W^T + b as [h, 1] [W, b]^T: the kernel's one matrix product
+        fixed = getattr(self.model.decoder, "fixed_logits", None)  # (V,) True where the logit is NEVER
+        if bias is not None or fixed is not None:  # logits h W^T + b as [h, 1] [W, b]^T: the kernel's one matrix product
+            bias = weight.new_zeros(size) if bias is None else bias[:size].to(weight.dtype)
             hidden = torch.cat([hidden, hidden.new_ones(hidden.size(0), 1)], dim=1)
-            weight = torch.cat([weight, bias[: self.model.tgt_vocab_size, None].to(weight.dtype)], dim=1)
+            weight = torch.cat([weight, bias[:, None]], dim=1)
+        if fixed is not None:  # those rows [0, NEVER]: the logit a constant, no weight read (nor trained) for it
+            never = torch.cat([weight.new_zeros(weight.size(1) - 1), weight.new_full((1,), NEVER)])
+            weight = torch.where(fixed[:size, None], never, weight)
         eps = self.hparams.label_smoothing  # spread over the entries a target can be: not PAD, not BOS
         return (*self.model.kernels.ops(hidden).output_cross_entropy(hidden, weight, target, eps, NOT_TARGETS), align)
 
