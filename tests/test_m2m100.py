@@ -715,3 +715,43 @@ def test_a_file_imported_before_start_from_eos_translates_and_tunes_as_before(fo
         "(its <s> piece, a decoder starting from </s>), and this model is not one (a run fine-tuned from a file "
         "imported before start_from_eos existed trains its BOS apart from </s>: fine-tune from the folder itself); "
         "the model does not export to Hugging Face")
+
+
+def test_the_training_loss_keeps_bos_out_as_the_model_does(pair):
+    """The training loss of an imported model (the output layer applied in the loss kernel) is the
+    label-smoothed cross-entropy of the model's own logits, BOS's the constant NEVER and outside the
+    smoothing, and no gradient reaches the BOS row (nor, for mBART, the BOS entry of the bias)."""
+    import functools
+
+    import torch.nn.functional as F
+
+    from nmt.training.lit_module import TranslationModule
+
+    hf, tokenizer, loaded, folder, family = pair
+    model = loaded.model  # in eval mode: no dropout, the same logits in both passes
+    try:
+        module = TranslationModule(model, optimizer=functools.partial(torch.optim.Adam), label_smoothing=0.1)
+        src_lang, tgt_lang, lines = halves(family)[0]
+        src, src_mask = our_ids(loaded, lines[:6], src_lang)
+        code = loaded.tgt_vocab.sp.piece_to_id(f"\u2581{tag(tgt_lang)}")
+        targets = [[code, *loaded.tgt_vocab.encode(line)[:6], EOS] for line in lines_of("test.tgt")[:6]]
+        tgt = torch.full((6, max(map(len, targets)) + 1), PAD)
+        for i, t in enumerate(targets):
+            tgt[i, : len(t) + 1] = torch.tensor([BOS, *t])
+        batch = {"src": src, "src_mask": src_mask, "tgt_in": tgt[:, :-1].masked_fill(tgt[:, :-1] == EOS, PAD),
+                 "tgt_out": tgt[:, 1:]}
+        loss, nll, _ = module.losses(batch)
+        logits = model(src, src_mask, batch["tgt_in"])[batch["tgt_out"] != PAD]
+        log_probs, target = logits.log_softmax(-1), batch["tgt_out"][batch["tgt_out"] != PAD]
+        smoothed = torch.ones(logits.size(-1)).index_fill_(0, torch.tensor([PAD, BOS]), 0)
+        want = 0.9 * F.nll_loss(log_probs, target) - 0.1 * (log_probs @ (smoothed / smoothed.sum())).mean()
+        torch.testing.assert_close(loss, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(nll, F.nll_loss(log_probs, target).detach(), atol=1e-5, rtol=1e-5)
+        loss.backward()
+        grad = model.decoder.embed.weight.grad
+        assert grad[EOS].abs().max() > 0 and torch.count_nonzero(grad[BOS]) == 0
+        if model.decoder.out.bias is not None:
+            assert torch.count_nonzero(model.decoder.out.bias.grad[BOS]) == 0
+    finally:
+        for p in model.parameters():
+            p.grad = None
