@@ -589,7 +589,7 @@ def fine_tuned(folder: Path, tmp_path: Path, *overrides: str):
     return load_checkpoint(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt")
 
 
-@pytest.mark.parametrize("family", ["m2m100", "mbart"])
+@pytest.mark.parametrize("family", ["m2m100", pytest.param("nllb", marks=pytest.mark.slow), "mbart"])
 def test_a_fine_tuned_model_exports_to_the_class_it_came_from(family, tmp_path):
     """``train.py init_from=<folder>`` trains the imported model as the class computes it (its
     decoder starts from ``</s>``'s row, BOS never an output: ``start_from_eos``; M2M100 without a

@@ -25,8 +25,8 @@ depends on the source only, e.g. projected attention keys), ``init_state``, ``de
 ``features``, ``forward`` and the
 output layer ``out`` (a bias-free Linear, which the training loss applies to the real target
 positions only; a decoder whose output layer gives some ids a constant logit applies it in its
-``logits`` and says which in ``fixed_logits``: a Transformer decoder with ``start_from_eos``), and say through ``needs_init_state`` whether they
-start from a source summary.
+``logits`` and says which in ``fixed_logits``: a Transformer decoder with ``start_from_eos``), and
+say through ``needs_init_state`` whether they start from a source summary.
 """
 
 from __future__ import annotations
