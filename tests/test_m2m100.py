@@ -575,45 +575,40 @@ def test_multilingual_fine_tuning_writes_the_models_own_codes(folder, tmp_path):
     assert run["validation"]["runs"][-1]["sentences"] == 12 and run["steps"] == 3
 
 
-def fine_tuned(folder: Path, tmp_path: Path, *overrides: str):
+def fine_tuned(folder: Path, tmp_path: Path, *overrides: str, lr: float = 0.003) -> Path:
     """The last checkpoint of ``train.py init_from=<folder>``: four AdamW steps (weight decay 0.01,
-    label smoothing 0.1) at a high learning rate on the tiny corpus, loaded."""
+    label smoothing 0.1) at a high learning rate on the tiny corpus."""
     from nmt.train import train
     from tests.conftest import compose_train
 
     cfg = compose_train(tmp_path / "run", [f"init_from={folder}", "trainer.max_epochs=-1", "trainer.max_steps=4",
                                            "trainer.limit_val_batches=0", "test=false", "optimizer=adamw",
-                                           "optimizer.lr=0.003", "scheduler.warmup_steps=1", *overrides],
+                                           f"optimizer.lr={lr}", "scheduler.warmup_steps=1", *overrides],
                         model="transformer")
     train(cfg)
-    return load_checkpoint(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt")
+    return Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
 
 
-@pytest.mark.parametrize("family", ["m2m100", pytest.param("nllb", marks=pytest.mark.slow), "mbart"])
-def test_a_fine_tuned_model_exports_to_the_class_it_came_from(family, tmp_path):
-    """``train.py init_from=<folder>`` trains the imported model as the class computes it (its
-    decoder starts from ``</s>``'s row, BOS never an output: ``start_from_eos``; M2M100 without a
-    logits bias, mBART's trained), so ``nmt-export format=huggingface`` writes the tuned model
-    back: its logits equal ours within 1e-4 on the 40 sentences teacher-forced, ``generate()``
-    gives our greedy and beam outputs, and importing the folder again gives the tuned weights bit
-    for bit (the BOS row, never read, aside)."""
-    from nmt.exporters.huggingface import to_huggingface
+def nmt_export(ckpt: Path, out: Path) -> Path:
+    """``nmt-export ckpt=<ckpt> format=huggingface out=<out>``'s body."""
+    from omegaconf import OmegaConf
 
-    folder = m2m100_folder(tmp_path / "hf", family=family)
-    imported = import_folder(folder)["state_dict"]
-    base = load_checkpoint_of(imported, folder, tmp_path)
-    decoder = base.run_config["model"]["decoder"]
-    assert decoder["start_from_eos"] and decoder["logits_bias"] == (family == "mbart")
-    tuned = fine_tuned(folder, tmp_path)
-    table = tuned.model.decoder.embed.weight.detach()
-    eos_moved = (table[EOS] - imported["model.decoder.embed.weight"][EOS]).abs().max().item()
-    assert eos_moved > 1e-3 and not torch.equal(table[BOS], table[EOS])  # what an export from a BOS row refused
-    if family == "mbart":
-        assert not torch.equal(tuned.model.decoder.out.bias[EOS:], imported["model.decoder.out.bias"][EOS:])
-    out = to_huggingface(tuned.model, tuned.src_vocab, tuned.tgt_vocab, tuned.run_config, tmp_path / "out")
+    from nmt.export import export
+
+    export(OmegaConf.create({"ckpt": str(ckpt), "format": "huggingface", "out": str(out), "weights": "stored",
+                             "allow_pickle": False}))
+    return out
+
+
+def exported_as_ours(tuned, base, out: Path, family: str) -> dict:
+    """The exported folder against the fine-tuned checkpoint ``tuned`` on the 40 sentences: the
+    largest teacher-forced logit difference (every entry but BOS), how many greedy and beam outputs
+    (beam 4, length penalty 1.0, cap 12) ``generate()`` gives as ours, and how many beam outputs the
+    tuning changed from ``base``'s; importing the folder again gives ``tuned``'s weights bit for
+    bit (the BOS row, never read, a copy of ``</s>``'s)."""
     hf, tokenizer = load_hf(out, family)
     order = order_of(tokenizer, family, out, tuned)
-    largest, same, total, changed = 0.0, {"greedy": 0, "beam": 0}, 0, 0
+    found = {"largest": 0.0, "greedy": 0, "beam": 0, "total": 0, "changed": 0}
     for src_lang, tgt_lang, lines in halves(family):
         tokenizer.src_lang = src_lang
         batch = tokenizer(lines, return_tensors="pt", padding=True)
@@ -626,23 +621,20 @@ def test_a_fine_tuned_model_exports_to_the_class_it_came_from(family, tmp_path):
             ours = tuned.model(src, src_mask, tgt_in)
             theirs = hf(**batch, decoder_input_ids=order[tgt_in]).logits[..., order]
         kept = torch.arange(ours.size(-1)) != BOS
-        largest = max(largest, (ours - theirs)[..., kept].abs().max().item())
+        found["largest"] = max(found["largest"], (ours - theirs)[..., kept].abs().max().item())
         prefix = torch.full((len(lines), 1), code)
         greedy = greedy_search(tuned.model, src, src_mask, max_len_a=0, max_len_b=12, prefix=prefix).tokens
         beam = beam_search(tuned.model, src, src_mask, beam_size=4, alpha=1.0, max_len_a=0, max_len_b=12,
                            prefix=prefix, scoring="huggingface").tokens
         before = beam_search(base.model, src, src_mask, beam_size=4, alpha=1.0, max_len_a=0, max_len_b=12,
                              prefix=prefix, scoring="huggingface").tokens
-        changed += sum(b != o for b, o in zip(before, beam))
+        found["changed"] += sum(b != o for b, o in zip(before, beam))
         for search, ours_out, generate in (("greedy", greedy, {"num_beams": 1}), ("beam", beam, {
                 "num_beams": 4, "length_penalty": 1.0, "early_stopping": False})):  # the run's own beam is 5
             theirs_out = their_outputs(hf, tokenizer, family, lines, src_lang, tgt_lang, order, max_new_tokens=12,
                                        **generate)
-            same[search] += sum(o == t for o, t in zip(ours_out, theirs_out))
-        total += len(lines)
-    print(f"{family}: greedy {same['greedy']}/{total}, beam {same['beam']}/{total} equal to generate(); max logit "
-          f"difference {largest:.2e}; the </s> row moved {eos_moved:.3f}; {changed} beam outputs changed by the tuning")
-    assert largest < 1e-4 and same == {"greedy": total, "beam": total} and changed >= 5
+            found[search] += sum(o == t for o, t in zip(ours_out, theirs_out))
+        found["total"] += len(lines)
     again = import_folder(out)["state_dict"]
     mine = {f"model.{k}": v for k, v in tuned.model.state_dict().items()}
     assert again.keys() == mine.keys()
@@ -653,6 +645,54 @@ def test_a_fine_tuned_model_exports_to_the_class_it_came_from(family, tmp_path):
             assert torch.equal(again[name][kept], value[kept]), name
         else:
             assert torch.equal(again[name], value), name
+    return found
+
+
+@pytest.mark.parametrize("family", ["m2m100", pytest.param("nllb", marks=pytest.mark.slow), "mbart"])
+def test_a_fine_tuned_model_exports_to_the_class_it_came_from(family, tmp_path):
+    """``train.py init_from=<folder>`` trains the imported model as the class computes it (its
+    decoder starts from ``</s>``'s row, BOS never an output: ``start_from_eos``; M2M100 without a
+    logits bias, mBART's trained), so ``nmt-export format=huggingface`` writes the tuned model
+    back: its logits equal ours within 1e-4 on the 40 sentences teacher-forced, ``generate()``
+    gives our greedy and beam outputs, and importing the folder again gives the tuned weights bit
+    for bit (the BOS row, never read, aside)."""
+    folder = m2m100_folder(tmp_path / "hf", family=family)
+    imported = import_folder(folder)["state_dict"]
+    base = load_checkpoint_of(imported, folder, tmp_path)
+    decoder = base.run_config["model"]["decoder"]
+    assert decoder["start_from_eos"] and decoder["logits_bias"] == (family == "mbart")
+    ckpt = fine_tuned(folder, tmp_path)
+    tuned = load_checkpoint(ckpt)
+    table = tuned.model.decoder.embed.weight.detach()
+    eos_moved = (table[EOS] - imported["model.decoder.embed.weight"][EOS]).abs().max().item()
+    assert eos_moved > 1e-3 and not torch.equal(table[BOS], table[EOS])  # what an export from a BOS row refused
+    if family == "mbart":
+        assert not torch.equal(tuned.model.decoder.out.bias[EOS:], imported["model.decoder.out.bias"][EOS:])
+    found = exported_as_ours(tuned, base, nmt_export(ckpt, tmp_path / "out"), family)
+    print(f"{family}: greedy {found['greedy']}/{found['total']}, beam {found['beam']}/{found['total']} equal to "
+          f"generate(); max logit difference {found['largest']:.2e}; the </s> row moved {eos_moved:.3f}; "
+          f"{found['changed']} beam outputs changed by the tuning")
+    assert found["largest"] < 1e-4 and found["greedy"] == found["beam"] == found["total"] and found["changed"] >= 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", [["module.lora.rank=4", "module.lora.targets=[q,k,v,out]"],
+                                       ["module.freeze=[embeddings]"]], ids=["lora", "frozen_embeddings"])
+def test_a_lora_or_frozen_embeddings_run_exports_too(folder, tmp_path, overrides):
+    """A run fine-tuned from an imported M2M100 with LoRA adapters on every attention map (merged
+    into the weights when its checkpoint is read) or with its embeddings frozen exports as the
+    plain run does: ``generate()`` gives our greedy and beam outputs, the logits are equal, and
+    importing the folder again gives the tuned weights."""
+    imported = import_folder(folder)["state_dict"]
+    base = load_checkpoint_of(imported, folder, tmp_path)
+    ckpt = fine_tuned(folder, tmp_path, *overrides, lr=0.03 if "lora" in overrides[0] else 0.003)  # B starts at 0
+    tuned = load_checkpoint(ckpt)
+    table = tuned.model.decoder.embed.weight.detach()
+    assert torch.equal(table, imported["model.decoder.embed.weight"])  # both leave the embeddings as they were
+    found = exported_as_ours(tuned, base, nmt_export(ckpt, tmp_path / "out"), "m2m100")
+    print(f"{overrides[0]}: greedy {found['greedy']}/{found['total']}, beam {found['beam']}/{found['total']}; max "
+          f"logit difference {found['largest']:.2e}; {found['changed']} beam outputs changed by the tuning")
+    assert found["largest"] < 1e-4 and found["greedy"] == found["beam"] == found["total"] and found["changed"] >= 5
 
 
 def load_checkpoint_of(state: dict, folder: Path, tmp_path: Path):
@@ -705,7 +745,7 @@ def test_a_file_imported_before_start_from_eos_translates_and_tunes_as_before(fo
         assert outputs[0] == outputs[1]
     exported = import_folder(to_huggingface(old.model, old.src_vocab, old.tgt_vocab, old.run_config, tmp_path / "out"))
     assert all(torch.equal(exported["state_dict"][k], release["state_dict"][k]) for k in release["state_dict"])
-    tuned = fine_tuned(tmp_path / "old.ckpt", tmp_path)
+    tuned = load_checkpoint(fine_tuned(tmp_path / "old.ckpt", tmp_path))
     table = tuned.model.decoder.embed.weight
     assert not tuned.model.decoder.start_from_eos and not torch.equal(table[BOS], table[EOS])
     with pytest.raises(ValueError) as refused:
