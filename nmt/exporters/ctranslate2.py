@@ -114,7 +114,10 @@ def _inputs(spec, module: nn.Module, vocab_size: int) -> None:
         _norm(spec.layernorm_embedding, emb.norm)
     spec.scale_embeddings = True  # x * sqrt(H), as _Embedding.scale
     embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
-    embeddings.weight = _w(emb.embed.weight[:vocab_size])  # the vocab_multiple padding rows dropped
+    table = emb.embed.weight[:vocab_size]  # the vocab_multiple padding rows dropped
+    if emb.start_from_eos:  # BOS reads EOS's row (model.decoder.start_from_eos); its logit is never generated
+        table = torch.cat([table[:BOS], table[EOS : EOS + 1], table[BOS + 1 :]])
+    embeddings.weight = _w(table)
 
 
 def build_spec(model: nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer):
