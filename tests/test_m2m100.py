@@ -530,10 +530,8 @@ def test_multilingual_fine_tuning_writes_the_models_own_codes(folder, tmp_path):
     run's checkpoint translates with ``src_lang`` and ``tgt_lang`` as the imported file does."""
     from pytorch_lightning import Callback
 
-    import nmt.training.builders
     from nmt.inference.translator import Translator
-    from nmt.train import train
-    from tests.conftest import TINY, compose_run
+    from tests.conftest import TINY, compose_run, train_with_callbacks
     from tests.test_multilingual import corpus
 
     class FirstBatch(Callback):
@@ -552,13 +550,7 @@ def test_multilingual_fine_tuning_writes_the_models_own_codes(folder, tmp_path):
                                                    f"init_from={folder}", "trainer.max_epochs=-1", "trainer.max_steps=3",
                                                    "trainer.val_check_interval=3", "trainer.check_val_every_n_epoch=null",
                                                    "data.val_sample=null", "test=false"], cache_dir=tmp_path / "cache")
-    original = nmt.training.builders.instantiate_group
-    nmt.training.builders.instantiate_group = lambda group: [*original(group), seen] if group is cfg.get("callbacks") \
-        else original(group)
-    try:
-        train(cfg)
-    finally:
-        nmt.training.builders.instantiate_group = original
+    train_with_callbacks(cfg, [seen])
     sp = seen.vocab.sp
     codes = {lang: sp.piece_to_id(f"\u2581{tag(lang)}") for lang in ("de", "en", "fr")}
     assert sp.unk_id() not in codes.values() and sp.piece_to_id(tag("fr")) == sp.unk_id()  # ▁<2fr>, not <2fr>
