@@ -102,10 +102,11 @@ def load_comet_model(cfg: DictConfig) -> Any:
 
 
 def request_languages(cfg: DictConfig, translators: dict[str, Any], sources: list[str],
-                      datamodule: Any) -> dict[str, dict[str, str]]:
-    """Each system's ``src_lang`` and ``tgt_lang`` (``cfg``'s, for the models that read both
-    languages; {} for the others, ``nmt.evaluation.directions.request_languages``); a one-line
-    ValueError where they are given and no system reads them."""
+                      datamodule: Any) -> dict[str, directions.Asked]:
+    """How each system is asked for its translations (``nmt.evaluation.directions.request_languages``):
+    a model that reads both languages with ``cfg``'s ``src_lang`` and ``tgt_lang``, or on a split of
+    several directions each direction with its own; the others with none. A one-line ValueError where
+    they are given and no system reads them."""
     src_lang, tgt_lang = cfg.get("src_lang"), cfg.get("tgt_lang")
     given = [f"{key}={value}" for key, value in (("src_lang", src_lang), ("tgt_lang", tgt_lang)) if value is not None]
     if given and not any(t.decoder_languages for t in translators.values()):

@@ -131,6 +131,24 @@ def compose_run(config_name: str, out_dir: Path, overrides: list[str], cache_dir
     return cfg
 
 
+def train_with_callbacks(cfg: DictConfig, callbacks: list) -> dict:
+    """``train(cfg)`` in this process with extra Lightning callback objects beside the config's."""
+    import nmt.training.builders
+    from nmt.train import train
+
+    original = nmt.training.builders.instantiate_group
+
+    def with_extra(group):
+        built = original(group)
+        return [*built, *callbacks] if group is cfg.get("callbacks") else built
+
+    nmt.training.builders.instantiate_group = with_extra
+    try:
+        return train(cfg)
+    finally:
+        nmt.training.builders.instantiate_group = original
+
+
 def evaluate_here(capsys, out_dir: Path, *overrides: str) -> Finished:
     """``evaluate.py <overrides>`` in this process, writing to ``out_dir`` (its run folder), with
     its exit status and nmt's log lines on stderr."""

@@ -184,3 +184,35 @@ def test_training_sentences_holding_unicode_line_separators_are_distilled(tmp_pa
     folder = distil(config(tmp_path, f"data.source.path={corpus}"))
     sources = read_lines(folder / "train.src")
     assert len(sources) == 100 and separator in sources[3] and len(read_lines(folder / "train.tgt")) == 100
+
+
+
+def test_a_teacher_reading_both_languages_is_given_the_corpus_codes(tmp_path):
+    """An imported M2M100 teacher (the source code a tag, the target code its first output token)
+    translates each training source with ``data.src_lang`` and ``data.tgt_lang``, the corpus's
+    codes in its own code system: the corpus holds what ``translate(src_lang=, tgt_lang=)`` gives;
+    a code the teacher does not know is refused in one line."""
+    pytest.importorskip("transformers")
+    from nmt.checkpoints.files import atomic_save
+    from nmt.checkpoints.m2m100 import import_folder
+    from tests.test_m2m100 import m2m100_folder
+
+    teacher = tmp_path / "m2m100.ckpt"
+    atomic_save(import_folder(m2m100_folder(tmp_path / "hf")), teacher)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split in ("train", "valid", "test"):
+        for side, langs in (("src", ("de",)), ("tgt", ("fr", "xx"))):
+            for lang in langs:
+                (corpus / f"{split}.{lang}").write_text((TINY / f"{split}.{side}").read_text())
+    common = [f"distill.teacher={teacher}", f"data.source.path={corpus}", "data.src_lang=de"]
+    cfg = config(tmp_path, *common, "data.tgt_lang=fr")
+    folder = distil(cfg)
+    sources = read_lines(corpus / "train.de", strip=True)
+    translator = Translator.load(str(teacher), precision="32", workers=1, decoding=dict(cfg.distill.decoding))
+    expected = [t.text for t in translator.translate(sources, src_lang="de", tgt_lang="fr")]
+    assert read_lines(folder / "train.fr") == expected
+    assert expected != [t.text for t in translator.translate(sources, src_lang="de", tgt_lang="zu")]  # the code counts
+    with pytest.raises(ValueError, match=r"^tgt_lang=xx: unknown language code") as refused:
+        distil(config(tmp_path / "xx", *common, "data.tgt_lang=xx"))
+    assert "\n" not in str(refused.value)

@@ -78,8 +78,9 @@ def encode(vocab, lines: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     ["model.encoder.norm=post", "model.decoder.num_heads=8", "model.encoder.num_layers=1", "model.share_src_tgt_embeddings=true"],
     ["model.encoder.positions=fairseq", "model.decoder.positions=fairseq"],  # M2M100's sinusoids
     [*POST_LEARNED, "model.encoder.embedding_norm=true", "model.decoder.embedding_norm=true"],  # mBART's layer norm
+    ["model.decoder.start_from_eos=true"],  # BOS reads EOS's row, as an imported M2M100's
 ], ids=["pre_sinusoidal_tied", "post_learned_untied", "mixed_sizes", "mixed_shared", "fairseq_positions",
-        "embedding_norm"])
+        "embedding_norm", "start_from_eos"])
 def test_log_probs_equal_ours(vocab, tmp_path, overrides):
     """Teacher-forced log-probs of CTranslate2's ``score_batch`` equal ours (PAD and BOS never
     generated, so renormalised without them), for a model with every weight perturbed so that

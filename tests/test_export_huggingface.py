@@ -193,7 +193,9 @@ def run_export(ckpt: Path, out: Path, **options) -> Path:
      "model.encoder.hidden_size=24, model.decoder.hidden_size=16: an encoder and a decoder of different widths"),
     (["model/decoder=lstm_luong", "model.share_src_tgt_embeddings=false", "model.tie_embeddings=false"],
      "model.decoder._target_=nmt.models.rnn.RNNDecoder: an LSTM decoder"),
-], ids=["learned", "rope", "window", "mixed_norms", "pre_separate", "widths", "hybrid"])
+    (["model.decoder.start_from_eos=true"], "model.decoder.start_from_eos=true: a decoder starting from EOS's row "
+                                            "outside M2M100 and mBART"),
+], ids=["learned", "rope", "window", "mixed_norms", "pre_separate", "widths", "hybrid", "start_from_eos"])
 def test_what_no_class_expresses_is_refused_in_one_line(vocabs, tmp_path, overrides, message):
     joint = vocabs[0]
     model, run_config = build(overrides, joint.vocab_size)
@@ -207,10 +209,10 @@ def test_what_no_class_expresses_is_refused_in_one_line(vocabs, tmp_path, overri
 
 @pytest.mark.parametrize("overrides, message", [
     (["model.encoder.positions=fairseq", "model.decoder.positions=fairseq"],
-     "model.decoder.positions=fairseq: exported only as the M2M100ForConditionalGeneration it was imported from"),
+     "model.decoder.start_from_eos=false: exported only as the M2M100ForConditionalGeneration it was imported from"),
     (["model.encoder.positions=learned", "model.decoder.positions=learned", "model.encoder.embedding_norm=true",
       "model.decoder.embedding_norm=true"],
-     "model.decoder.positions=learned: exported only as the MBartForConditionalGeneration it was imported from"),
+     "model.decoder.start_from_eos=false: exported only as the MBartForConditionalGeneration it was imported from"),
     (["model.encoder.positions=fairseq"], "model.decoder.positions=sinusoidal, model.decoder.embedding_norm=false: "
                                           "M2M100 has fairseq positions without an embedding layer norm"),
     (["model.encoder.embedding_norm=true"], "model.encoder.positions=sinusoidal, model.encoder.embedding_norm=true"),

@@ -28,6 +28,30 @@ def test_equals_torch_linear_and_cross_entropy(eps, block_rows):
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("eps, not_targets", [(0.0, ()), (0.1, ()), (0.1, (0, 2))])
+@pytest.mark.parametrize("block_rows", [1, 7, None])
+def test_a_bias_adds_to_each_blocks_logits_with_its_gradient(eps, not_targets, block_rows):
+    """The bias is added in the kernel (never joined to the weight, which copied the output layer
+    each step): loss and gradients of hidden, weight and bias equal the reference kernel's
+    ``F.linear(h, W, b)`` with its smoothing (whose softmax runs in fp32)."""
+    from nmt.kernels.reference import ReferenceOps
+
+    hidden = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(37, 16, dtype=torch.float64, requires_grad=True)
+    bias = (3 * torch.randn(37, dtype=torch.float64)).index_fill_(0, torch.tensor([2]), -1e4).requires_grad_()
+    target = torch.randint(3, 37, (50,))
+    loss, nll = output_cross_entropy(hidden, weight, target, eps, block_rows, not_targets, bias=bias)
+    ref, ref_nll = ReferenceOps().output_cross_entropy(hidden, weight, target, eps, not_targets, bias=bias)
+    close = {"check_dtype": False, "rtol": 1e-5, "atol": 1e-6}
+    torch.testing.assert_close(loss, ref, **close)
+    torch.testing.assert_close(nll, ref_nll, **close)
+    inputs = (hidden, weight, bias)
+    for got, want in zip(torch.autograd.grad(3 * loss, inputs), torch.autograd.grad(3 * ref, inputs)):
+        torch.testing.assert_close(got, want, **close)
+    with pytest.raises(ValueError, match=r"^output_cross_entropy: a bias of shape \(36,\) for 37 output rows$"):
+        output_cross_entropy(hidden, weight, target, eps, bias=bias[:36])
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_autocast_matches_fp32_with_fp32_loss_and_gradients(dtype):
     hidden = torch.randn(64, 32, requires_grad=True)

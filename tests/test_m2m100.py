@@ -456,34 +456,52 @@ def test_ctranslate2_export_translates_as_the_torch_translator(pair, exported, s
     assert same >= floor and compared >= 15
 
 
-def test_ctranslate2_export_of_a_fine_tuned_run_starts_from_its_bos_row(pair, tmp_path):
-    """A run fine-tuned from the folder has its BOS row trained apart from ``</s>``'s (here: moved
-    at random) and the run's own decoding: its export starts CTranslate2's decoder from that row, as
-    ours, and gives our greedy translations; the move changes some of them."""
+@pytest.mark.parametrize("reads_eos", [True, False], ids=["start_from_eos", "own_bos_row"])
+def test_ctranslate2_export_starts_the_decoder_from_the_row_ours_reads(pair, tmp_path, reads_eos):
+    """The decoder's first input. With ``start_from_eos`` (an import, and a run fine-tuned from one)
+    BOS reads ``</s>``'s row whatever the BOS row holds, and the export writes that row as BOS's; a
+    file imported before ``start_from_eos`` (its BOS row a copy of ``</s>``'s) and a run fine-tuned
+    from it (the row trained apart) read their own BOS row, which the export keeps. Here the BOS row
+    is moved at random and ``</s>``'s too (as training moves it): our greedy translations and
+    CTranslate2's agree on the 40 sentences either way; moving the BOS row changes none of ours with
+    ``start_from_eos`` and some without. The model's one vocabulary table (shared, tied) stays one
+    in the export."""
     import copy
     import dataclasses
 
-    from nmt.exporters.ctranslate2 import to_ctranslate2
+    from nmt.data.tokenizer import BOS, EOS
+    from nmt.exporters.ctranslate2 import build_spec, to_ctranslate2
 
     hf, tokenizer, loaded, folder, family = pair
     model = copy.deepcopy(loaded.model)
-    row = model.decoder.embed_tokens.embed.weight[BOS]
+    assert model.decoder.embed_tokens.start_from_eos
+    generator = torch.Generator().manual_seed(0)
+    table = model.decoder.embed_tokens.embed.weight
     with torch.no_grad():
-        row.add_(torch.randn(row.shape, generator=torch.Generator().manual_seed(0)))
+        table[EOS].add_(0.1 * torch.randn(table.size(1), generator=generator))
+        tuned = copy.deepcopy(model)
+        table[BOS].add_(torch.randn(table.size(1), generator=generator))
+    model.decoder.embed_tokens.start_from_eos = reads_eos  # off: the decoder reads the BOS row, as an older import
     run_config = {**loaded.run_config, "languages": {"source": "tag", "target": "decoder_prefix"}}
-    run_config.pop("test_decoding")
+    run_config.pop("test_decoding")  # a fine-tuned run decodes with its own settings
+    spec = build_spec(model, loaded.src_vocab, loaded.tgt_vocab)
+    spec.validate()
+    spec._alias_variables()
+    size = (loaded.tgt_vocab.vocab_size, table.size(1))
+    tables = [name for name, value in spec.variables().items() if not isinstance(value, str) and tuple(value.shape) == size]
+    assert len(tables) == 1, tables  # the decoder's, the encoder's and the output layer's
     out = to_ctranslate2(model, loaded.src_vocab, loaded.tgt_vocab, run_config, tmp_path / "ct2")
     greedy = {"_target_": "nmt.decoding.search.greedy_search", "max_len_a": 0, "max_len_b": 12}
     ours, theirs = both_backends(dataclasses.replace(loaded, model=model, run_config=run_config), out, greedy)
-    before = both_backends(loaded, out, greedy)[0]
+    before = both_backends(dataclasses.replace(loaded, model=tuned, run_config=run_config), out, greedy)[0]
     same, moved = 0, 0
     for src_lang, tgt_lang, lines in halves(family):
         mine = [t.text for t in ours.translate(lines, src_lang=src_lang, tgt_lang=tgt_lang)]
         got = [t.text for t in theirs.translate(lines, src_lang=src_lang, tgt_lang=tgt_lang)]
         same += sum(a == b for a, b in zip(mine, got))
         moved += sum(a != t.text for a, t in zip(mine, before.translate(lines, src_lang=src_lang, tgt_lang=tgt_lang)))
-    print(f"{family}: {same}/40 equal, {moved} changed by the BOS row")
-    assert same >= 39 and moved >= 3
+    print(f"{family}, start_from_eos={reads_eos}: {same}/40 equal, {moved} changed by the BOS row")
+    assert same >= 39 and (moved == 0 if reads_eos else moved >= 3)
 
 
 def test_ctranslate2_export_scores_and_refuses_as_the_torch_translator(pair, exported):
@@ -729,10 +747,8 @@ def test_multilingual_fine_tuning_writes_the_models_own_codes(folder, tmp_path):
     run's checkpoint translates with ``src_lang`` and ``tgt_lang`` as the imported file does."""
     from pytorch_lightning import Callback
 
-    import nmt.training.builders
     from nmt.inference.translator import Translator
-    from nmt.train import train
-    from tests.conftest import TINY, compose_run
+    from tests.conftest import TINY, compose_run, train_with_callbacks
     from tests.test_multilingual import corpus
 
     class FirstBatch(Callback):
@@ -751,13 +767,7 @@ def test_multilingual_fine_tuning_writes_the_models_own_codes(folder, tmp_path):
                                                    f"init_from={folder}", "trainer.max_epochs=-1", "trainer.max_steps=3",
                                                    "trainer.val_check_interval=3", "trainer.check_val_every_n_epoch=null",
                                                    "data.val_sample=null", "test=false"], cache_dir=tmp_path / "cache")
-    original = nmt.training.builders.instantiate_group
-    nmt.training.builders.instantiate_group = lambda group: [*original(group), seen] if group is cfg.get("callbacks") \
-        else original(group)
-    try:
-        train(cfg)
-    finally:
-        nmt.training.builders.instantiate_group = original
+    train_with_callbacks(cfg, [seen])
     sp = seen.vocab.sp
     codes = {lang: sp.piece_to_id(f"\u2581{tag(lang)}") for lang in ("de", "en", "fr")}
     assert sp.unk_id() not in codes.values() and sp.piece_to_id(tag("fr")) == sp.unk_id()  # ▁<2fr>, not <2fr>
@@ -772,3 +782,225 @@ def test_multilingual_fine_tuning_writes_the_models_own_codes(folder, tmp_path):
     assert seen.refs == 2 * (data / "val.fr").read_text().splitlines()  # de-fr, en-fr: scored without the code
     run = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
     assert run["validation"]["runs"][-1]["sentences"] == 12 and run["steps"] == 3
+
+
+def fine_tuned(folder: Path, tmp_path: Path, *overrides: str, lr: float = 0.003) -> Path:
+    """The last checkpoint of ``train.py init_from=<folder>``: four AdamW steps (weight decay 0.01,
+    label smoothing 0.1) at a high learning rate on the tiny corpus."""
+    from nmt.train import train
+    from tests.conftest import compose_train
+
+    cfg = compose_train(tmp_path / "run", [f"init_from={folder}", "trainer.max_epochs=-1", "trainer.max_steps=4",
+                                           "trainer.limit_val_batches=0", "test=false", "optimizer=adamw",
+                                           f"optimizer.lr={lr}", "scheduler.warmup_steps=1", *overrides],
+                        model="transformer")
+    train(cfg)
+    return Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+
+
+def nmt_export(ckpt: Path, out: Path) -> Path:
+    """``nmt-export ckpt=<ckpt> format=huggingface out=<out>``'s body."""
+    from omegaconf import OmegaConf
+
+    from nmt.export import export
+
+    export(OmegaConf.create({"ckpt": str(ckpt), "format": "huggingface", "out": str(out), "weights": "stored",
+                             "allow_pickle": False}))
+    return out
+
+
+def exported_as_ours(tuned, base, out: Path, family: str) -> dict:
+    """The exported folder against the fine-tuned checkpoint ``tuned`` on the 40 sentences: the
+    largest teacher-forced logit difference (every entry but BOS), how many greedy and beam outputs
+    (beam 4, length penalty 1.0, cap 12) ``generate()`` gives as ours, and how many beam outputs the
+    tuning changed from ``base``'s; importing the folder again gives ``tuned``'s weights bit for
+    bit (the BOS row, never read, a copy of ``</s>``'s)."""
+    hf, tokenizer = load_hf(out, family)
+    order = order_of(tokenizer, family, out, tuned)
+    found = {"largest": 0.0, "greedy": 0, "beam": 0, "total": 0, "changed": 0}
+    for src_lang, tgt_lang, lines in halves(family):
+        tokenizer.src_lang = src_lang
+        batch = tokenizer(lines, return_tensors="pt", padding=True)
+        src, src_mask = our_ids(tuned, lines, src_lang)
+        assert order[src].masked_fill(~src_mask, 1).tolist() == batch["input_ids"].tolist()
+        code = tuned.tgt_vocab.sp.piece_to_id(f"\u2581{tag(tgt_lang)}")
+        targets = [[BOS, code, *tuned.tgt_vocab.encode(line)[:8]] for line in lines_of("test.tgt")[: len(lines)]]
+        tgt_in = torch.tensor([t[: min(map(len, targets))] for t in targets])
+        with torch.no_grad():
+            ours = tuned.model(src, src_mask, tgt_in)
+            theirs = hf(**batch, decoder_input_ids=order[tgt_in]).logits[..., order]
+        kept = torch.arange(ours.size(-1)) != BOS
+        found["largest"] = max(found["largest"], (ours - theirs)[..., kept].abs().max().item())
+        prefix = torch.full((len(lines), 1), code)
+        greedy = greedy_search(tuned.model, src, src_mask, max_len_a=0, max_len_b=12, prefix=prefix).tokens
+        beam = beam_search(tuned.model, src, src_mask, beam_size=4, alpha=1.0, max_len_a=0, max_len_b=12,
+                           prefix=prefix, scoring="huggingface").tokens
+        before = beam_search(base.model, src, src_mask, beam_size=4, alpha=1.0, max_len_a=0, max_len_b=12,
+                             prefix=prefix, scoring="huggingface").tokens
+        found["changed"] += sum(b != o for b, o in zip(before, beam))
+        for search, ours_out, generate in (("greedy", greedy, {"num_beams": 1}), ("beam", beam, {
+                "num_beams": 4, "length_penalty": 1.0, "early_stopping": False})):  # the run's own beam is 5
+            theirs_out = their_outputs(hf, tokenizer, family, lines, src_lang, tgt_lang, order, max_new_tokens=12,
+                                       **generate)
+            found[search] += sum(o == t for o, t in zip(ours_out, theirs_out))
+        found["total"] += len(lines)
+    again = import_folder(out)["state_dict"]
+    mine = {f"model.{k}": v for k, v in tuned.model.state_dict().items()}
+    assert again.keys() == mine.keys()
+    for name, value in mine.items():
+        if name.endswith("embed.weight") or name == "model.decoder.out.weight":  # one tied table: BOS's row aside
+            assert torch.equal(again[name][EOS], again[name][BOS]) and torch.equal(again[name][kept], value[kept]), name
+        elif name == "model.decoder.out.bias":  # mBART: the BOS entry, never read, is the import's NEVER
+            assert torch.equal(again[name][kept], value[kept]), name
+        else:
+            assert torch.equal(again[name], value), name
+    return found
+
+
+@pytest.mark.parametrize("family", ["m2m100", pytest.param("nllb", marks=pytest.mark.slow), "mbart"])
+def test_a_fine_tuned_model_exports_to_the_class_it_came_from(family, tmp_path):
+    """``train.py init_from=<folder>`` trains the imported model as the class computes it (its
+    decoder starts from ``</s>``'s row, BOS never an output: ``start_from_eos``; M2M100 without a
+    logits bias, mBART's trained), so ``nmt-export format=huggingface`` writes the tuned model
+    back: its logits equal ours within 1e-4 on the 40 sentences teacher-forced, ``generate()``
+    gives our greedy and beam outputs, and importing the folder again gives the tuned weights bit
+    for bit (the BOS row, never read, aside)."""
+    folder = m2m100_folder(tmp_path / "hf", family=family)
+    imported = import_folder(folder)["state_dict"]
+    base = load_checkpoint_of(imported, folder, tmp_path)
+    decoder = base.run_config["model"]["decoder"]
+    assert decoder["start_from_eos"] and decoder["logits_bias"] == (family == "mbart")
+    ckpt = fine_tuned(folder, tmp_path)
+    tuned = load_checkpoint(ckpt)
+    table = tuned.model.decoder.embed.weight.detach()
+    eos_moved = (table[EOS] - imported["model.decoder.embed.weight"][EOS]).abs().max().item()
+    assert eos_moved > 1e-3 and not torch.equal(table[BOS], table[EOS])  # what an export from a BOS row refused
+    if family == "mbart":
+        assert not torch.equal(tuned.model.decoder.out.bias[EOS:], imported["model.decoder.out.bias"][EOS:])
+    found = exported_as_ours(tuned, base, nmt_export(ckpt, tmp_path / "out"), family)
+    print(f"{family}: greedy {found['greedy']}/{found['total']}, beam {found['beam']}/{found['total']} equal to "
+          f"generate(); max logit difference {found['largest']:.2e}; the </s> row moved {eos_moved:.3f}; "
+          f"{found['changed']} beam outputs changed by the tuning")
+    assert found["largest"] < 1e-4 and found["greedy"] == found["beam"] == found["total"] and found["changed"] >= 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", [["module.lora.rank=4", "module.lora.targets=[q,k,v,out]"],
+                                       ["module.freeze=[embeddings]"]], ids=["lora", "frozen_embeddings"])
+def test_a_lora_or_frozen_embeddings_run_exports_too(folder, tmp_path, overrides):
+    """A run fine-tuned from an imported M2M100 with LoRA adapters on every attention map (merged
+    into the weights when its checkpoint is read) or with its embeddings frozen exports as the
+    plain run does: ``generate()`` gives our greedy and beam outputs, the logits are equal, and
+    importing the folder again gives the tuned weights."""
+    imported = import_folder(folder)["state_dict"]
+    base = load_checkpoint_of(imported, folder, tmp_path)
+    ckpt = fine_tuned(folder, tmp_path, *overrides, lr=0.03 if "lora" in overrides[0] else 0.003)  # B starts at 0
+    tuned = load_checkpoint(ckpt)
+    table = tuned.model.decoder.embed.weight.detach()
+    assert torch.equal(table, imported["model.decoder.embed.weight"])  # both leave the embeddings as they were
+    found = exported_as_ours(tuned, base, nmt_export(ckpt, tmp_path / "out"), "m2m100")
+    print(f"{overrides[0]}: greedy {found['greedy']}/{found['total']}, beam {found['beam']}/{found['total']}; max "
+          f"logit difference {found['largest']:.2e}; {found['changed']} beam outputs changed by the tuning")
+    assert found["largest"] < 1e-4 and found["greedy"] == found["beam"] == found["total"] and found["changed"] >= 5
+
+
+def load_checkpoint_of(state: dict, folder: Path, tmp_path: Path):
+    """``import_folder(folder)`` saved and loaded (``state``: its weights, for the caller's checks)."""
+    release = import_folder(folder)
+    assert release["state_dict"].keys() == state.keys()
+    atomic_save(release, tmp_path / "imported.ckpt")
+    return load_checkpoint(tmp_path / "imported.ckpt")
+
+
+def previous_layout(release: dict) -> dict:
+    """The release file the import wrote before ``start_from_eos``: a BOS row copying ``</s>``'s
+    (as ``release``'s) and a logits bias (M2M100: zeros) of ``NEVER`` at BOS keeping it out of the
+    softmax."""
+    from nmt.specials import NEVER
+
+    model = json.loads(json.dumps(release["run_config"]["model"]))
+    del model["decoder"]["start_from_eos"]
+    model["decoder"]["logits_bias"] = True
+    state = dict(release["state_dict"])
+    table = state["model.decoder.embed.weight"]
+    assert torch.equal(table[BOS], table[EOS])
+    if "model.decoder.out.bias" not in state:
+        state["model.decoder.out.bias"] = torch.zeros(table.size(0)).index_fill_(0, torch.tensor([BOS]), NEVER)
+    return {**release, "state_dict": state, "run_config": {**release["run_config"], "model": model}}
+
+
+def test_a_file_imported_before_start_from_eos_translates_and_tunes_as_before(folder, tmp_path):
+    """A release file of the previous import (BOS a copy of the </s> row, a logits bias of NEVER
+    at BOS, no ``start_from_eos``) loads and gives the logits (all but BOS's) and greedy outputs of
+    today's import; it exports as it did; ``init_from`` fine-tunes it, and its tuned run, whose BOS
+    row training moved apart from ``</s>``'s, is refused by the export in one line."""
+    from nmt.exporters.huggingface import to_huggingface
+
+    release = import_folder(folder)
+    atomic_save(release, tmp_path / "new.ckpt")
+    atomic_save(previous_layout(release), tmp_path / "old.ckpt")
+    new, old = load_checkpoint(tmp_path / "new.ckpt"), load_checkpoint(tmp_path / "old.ckpt")
+    assert old.model.decoder.out.bias is not None and not old.model.decoder.start_from_eos
+    for src_lang, tgt_lang, lines in halves("m2m100"):
+        src, src_mask = our_ids(new, lines, src_lang)
+        prefix = torch.full((len(lines), 1), new.tgt_vocab.sp.piece_to_id(f"\u2581{tag(tgt_lang)}"))
+        tgt_in = torch.cat([torch.full_like(prefix, BOS), prefix], dim=1)
+        with torch.no_grad():
+            logits = [loaded.model(src, src_mask, tgt_in)[..., torch.arange(len(new.tgt_vocab.sp)) != BOS]
+                      for loaded in (new, old)]
+        torch.testing.assert_close(*logits, atol=1e-5, rtol=0)
+        outputs = [greedy_search(loaded.model, src, src_mask, max_len_a=0, max_len_b=12, prefix=prefix).tokens
+                   for loaded in (new, old)]
+        assert outputs[0] == outputs[1]
+    exported = import_folder(to_huggingface(old.model, old.src_vocab, old.tgt_vocab, old.run_config, tmp_path / "out"))
+    assert all(torch.equal(exported["state_dict"][k], release["state_dict"][k]) for k in release["state_dict"])
+    tuned = load_checkpoint(fine_tuned(tmp_path / "old.ckpt", tmp_path))
+    table = tuned.model.decoder.embed.weight
+    assert not tuned.model.decoder.start_from_eos and not torch.equal(table[BOS], table[EOS])
+    with pytest.raises(ValueError) as refused:
+        to_huggingface(tuned.model, tuned.src_vocab, tuned.tgt_vocab, tuned.run_config, tmp_path / "tuned")
+    assert str(refused.value) == (
+        "model.decoder.start_from_eos=false: exported only as the M2M100ForConditionalGeneration it was imported from "
+        "(its <s> piece, a decoder starting from </s>), and this model is not one (a run fine-tuned from a file "
+        "imported before start_from_eos existed trains its BOS apart from </s>: fine-tune from the folder itself); "
+        "the model does not export to Hugging Face")
+
+
+def test_the_training_loss_keeps_bos_out_as_the_model_does(pair):
+    """The training loss of an imported model (the output layer applied in the loss kernel) is the
+    label-smoothed cross-entropy of the model's own logits, BOS's the constant NEVER and outside the
+    smoothing, and no gradient reaches the BOS row (nor, for mBART, the BOS entry of the bias)."""
+    import functools
+
+    import torch.nn.functional as F
+
+    from nmt.training.lit_module import TranslationModule
+
+    hf, tokenizer, loaded, folder, family = pair
+    model = loaded.model  # in eval mode: no dropout, the same logits in both passes
+    try:
+        module = TranslationModule(model, optimizer=functools.partial(torch.optim.Adam), label_smoothing=0.1)
+        src_lang, tgt_lang, lines = halves(family)[0]
+        src, src_mask = our_ids(loaded, lines[:6], src_lang)
+        code = loaded.tgt_vocab.sp.piece_to_id(f"\u2581{tag(tgt_lang)}")
+        targets = [[code, *loaded.tgt_vocab.encode(line)[:6], EOS] for line in lines_of("test.tgt")[:6]]
+        tgt = torch.full((6, max(map(len, targets)) + 1), PAD)
+        for i, t in enumerate(targets):
+            tgt[i, : len(t) + 1] = torch.tensor([BOS, *t])
+        batch = {"src": src, "src_mask": src_mask, "tgt_in": tgt[:, :-1].masked_fill(tgt[:, :-1] == EOS, PAD),
+                 "tgt_out": tgt[:, 1:]}
+        loss, nll, _ = module.losses(batch)
+        logits = model(src, src_mask, batch["tgt_in"])[batch["tgt_out"] != PAD]
+        log_probs, target = logits.log_softmax(-1), batch["tgt_out"][batch["tgt_out"] != PAD]
+        smoothed = torch.ones(logits.size(-1)).index_fill_(0, torch.tensor([PAD, BOS]), 0)
+        want = 0.9 * F.nll_loss(log_probs, target) - 0.1 * (log_probs @ (smoothed / smoothed.sum())).mean()
+        torch.testing.assert_close(loss, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(nll, F.nll_loss(log_probs, target).detach(), atol=1e-5, rtol=1e-5)
+        loss.backward()
+        grad = model.decoder.embed.weight.grad
+        assert grad[EOS].abs().max() > 0 and torch.count_nonzero(grad[BOS]) == 0
+        if model.decoder.out.bias is not None:
+            assert torch.count_nonzero(model.decoder.out.bias.grad[BOS]) == 0
+    finally:
+        for p in model.parameters():
+            p.grad = None

@@ -634,10 +634,8 @@ def test_multilingual_fine_tuning_takes_the_models_own_tags(tmp_path):
     checkpoint translates with ``tgt_lang``."""
     from pytorch_lightning import Callback
 
-    import nmt.training.builders
     from nmt.inference.translator import Translator
-    from nmt.train import train
-    from tests.conftest import TINY, compose_run
+    from tests.conftest import TINY, compose_run, train_with_callbacks
     from tests.test_multilingual import corpus
 
     class FirstBatch(Callback):
@@ -656,13 +654,7 @@ def test_multilingual_fine_tuning_takes_the_models_own_tags(tmp_path):
                                                    "data.source.splits.test=test", "data.max_tokens=256",
                                                    f"init_from={folder}", "trainer.max_epochs=-1", "trainer.max_steps=2",
                                                    "trainer.limit_val_batches=0", "test=false"], cache_dir=tmp_path / "cache")
-    original = nmt.training.builders.instantiate_group
-    nmt.training.builders.instantiate_group = lambda group: [*original(group), seen] if group is cfg.get("callbacks") \
-        else original(group)
-    try:
-        train(cfg)
-    finally:
-        nmt.training.builders.instantiate_group = original
+    train_with_callbacks(cfg, [seen])
     tags = {seen.sp.piece_to_id(f"\u2581<2{lang}>") for lang in ("fr", "de")}
     assert seen.sp.unk_id() not in tags and set(seen.src[:, 0].tolist()) <= tags
     translator = Translator.load(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt", device="cpu", workers=1)

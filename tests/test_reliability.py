@@ -28,7 +28,7 @@ from nmt.train import train
 from nmt.inference.translator import translate_lines
 from nmt.text_lines import read_lines
 from tests.callbacks import PoisonAt
-from tests.conftest import CONF_DIR, KERNELS, ROOT, TINY, compose_train, translate_here
+from tests.conftest import CONF_DIR, KERNELS, ROOT, TINY, compose_train, train_with_callbacks, translate_here
 
 pytestmark = pytest.mark.filterwarnings("ignore:The dirpath has changed")  # resuming writes a new run folder
 
@@ -99,17 +99,7 @@ def assert_same_weights(path_a: Path, path_b: Path) -> None:
 def in_process(tmp_path: Path, overrides: list[str], callbacks: list[Callback] = ()):
     """train() on the RESUME config writing to ``tmp_path/run``, with extra callback objects."""
     cfg = compose_train(tmp_path, [*RESUME, *overrides])
-    original = nmt.training.builders.instantiate_group
-
-    def with_extra(group):
-        built = original(group)
-        return [*built, *callbacks] if group is cfg.get("callbacks") else built
-
-    nmt.training.builders.instantiate_group = with_extra
-    try:
-        return cfg, train(cfg)
-    finally:
-        nmt.training.builders.instantiate_group = original
+    return cfg, train_with_callbacks(cfg, list(callbacks))
 
 
 def reference_run(tmp_path: Path, overrides: list[str] = ()):

@@ -29,7 +29,7 @@ from nmt.runs.files import CHECKPOINTS
 MAY_DIFFER = ("dropout", "attention_dropout", "activation_dropout", "gradient_checkpointing", "position_shift", "init")
 # Model keys added since files were first written, with the value a file without them was trained with.
 ADDED = {"activation": "relu", "logits_bias": False, "self_heads": None, "cross_heads": None, "embedding_norm": False,
-         "output": "tanh", "initial_state": "final"}
+         "start_from_eos": False, "output": "tanh", "initial_state": "final"}
 INIT_OPTIMIZER = ("fresh", "keep")  # init_optimizer: a new optimizer state, or the file's per-parameter state
 
 

@@ -19,13 +19,22 @@ The vocabulary is ``M2M100Tokenizer``'s: ``sentencepiece.bpe.model`` cuts the te
 ids, and after it come the language codes ``__fr__`` (``LANGUAGES``, in the order of
 ``tokenizer_config.json``'s ``language_codes``) and fairseq's ``madeupword`` fillers up to the
 config's ``vocab_size``. As for Marian (``nmt.checkpoints.marian.Vocabulary``), our id ``i`` is
-their id ``order[i]``: PAD their pad, UNK their unk, BOS a second row of their ``</s>`` (their
-decoder starts from it; its logit is kept out of the softmax), EOS their ``</s>``; a language code
+their id ``order[i]``: PAD their pad, UNK their unk, BOS their decoder start ``</s>``, EOS their
+``</s>``; a language code
 becomes the piece ``▁<2fr>`` (one of our tags, ``nmt.languages.tags``). NLLB-200's
 ``NllbTokenizer`` keeps the same fairseq dictionary in ``tokenizer.json`` (the SentencePiece pieces
 one id up after ``<s> <pad> </s> <unk>``, then its added tokens: the 202 codes ``fra_Latn`` and
 ``<mask>``); its ids are read from there and its text cut with the ``sentencepiece.bpe.model`` the
 hub's folders hold beside it (``_nllb_pieces``); ``fra_Latn`` becomes ``▁<2fra_Latn>``.
+
+The decoder starts from ``</s>``: ``start_from_eos`` (``nmt.models.transformer``) makes BOS read the
+``</s>`` row of the embedding and gives it the constant logit ``NEVER`` (out of the softmax), so
+fine-tuning trains nothing the class does not have (the BOS row, holding a copy of ``</s>``'s, is
+never read) and ``nmt.exporters.huggingface_m2m100`` writes the tuned model back exactly. M2M100
+has no logits bias (``logits_bias: false``, unless pieces their tokenizer maps to ``<unk>`` need one
+of ``NEVER``); mBART's ``final_logits_bias`` is ours. Files imported before ``start_from_eos``
+existed hold a BOS row copying ``</s>``'s and a logits bias of ``NEVER`` at BOS; they load,
+translate and fine-tune as they did (the export refuses them once tuned).
 
 M2M100 and NLLB-200 (``legacy_behaviour`` false, its default) write the *source* language first
 (``[__en__] + pieces + [</s>]``: ``src_lang`` as a source
@@ -247,6 +256,10 @@ def import_m2m100(folder: Path, allow_pickle: bool = False, source: str | None =
         raise ImportRefused(str(e)) from None
     size = len(vocab.pieces)
     model = model_config(config, size, size, shared, tied)
+    model["decoder"]["start_from_eos"] = True  # BOS reads the </s> row and is never an output: no weight of its own
+    if config["architecture"] == ARCHITECTURE and not vocab.extra:  # M2M100 has no logits bias
+        model["decoder"]["logits_bias"] = False
+        del state["decoder.out.bias"]
     return {"nmt_format": FORMAT, "kind": "release", "state_dict": {f"model.{k}": v for k, v in state.items()},
             "run_config": {"model": model, "test_decoding": decoding_of(folder),
                            "languages": {"source": "tag", "target": "decoder_prefix", "codes": languages}},

@@ -45,7 +45,7 @@ from nmt.checkpoints.files import FORMAT, CheckpointError, _refused_global, chec
 from nmt.checkpoints.folder_limits import check_safetensors_header, count_pieces, json_object
 from nmt.data.tokenizer import Tokenizer
 from nmt.languages.tags import LANGUAGE
-from nmt.specials import BOS, EOS, PAD, UNK
+from nmt.specials import BOS, EOS, NEVER, PAD, UNK
 
 # Bounds on config.json's sizes, checked before any tensor is allocated (OPUS-MT big: 1024 wide,
 # 6+6 layers, 4096 feed-forward, ~60k pieces, 512 positions).
@@ -59,7 +59,6 @@ ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"
 # config.json keys of Marian's relatives that change the computation; true (or set) is refused.
 NOT_COMPUTED = ("normalize_before", "add_final_layer_norm", "layernorm_embedding", "normalize_embedding",
                 "add_bias_logits", "static_position_embeddings")
-NEVER = -1e4  # the logit bias of a piece their tokenizer maps to <unk>: never generated
 FILES = ["config.json", "generation_config.json", "model.safetensors", "source.spm", "target.spm", "vocab.json",
          "target_vocab.json", "tokenizer_config.json", "special_tokens_map.json",
          "sentencepiece.bpe.model", "tokenizer.json"]  # what a hub download fetches (M2M100, NLLB-200 too)

@@ -6,9 +6,10 @@ Hu et al. (2019), with any model of ``nmt.models`` through its ``Seq2Seq`` inter
 constraint state is a node of its sentence's phrase automaton and how often it has written each
 phrase (``nmt.decoding.constraint_automaton``), so overlapping and repeated phrases are found and
 nothing is read from the device but once a step, to stop. A step's candidates are the K best
-continuations of a sentence's beams, each beam's best token, and each beam's tokens that advance
-a constraint: the next of the phrase it is inside, or the first of each phrase it has not met. A
-candidate that breaks off a phrase midway loses that progress. The K beams are then shared out
+continuations of a sentence's beams, each beam's best token (with ``huggingface``, its best but EOS:
+there an EOS outside the K best ends nothing), and each beam's tokens that advance a constraint: the
+next of the phrase it is inside, or the first of each phrase it has not met. A candidate that breaks
+off a phrase midway loses that progress. The K beams are then shared out
 over banks by the number of constraint tokens met, the same number each, a bank's unused places
 going to the others, best scores first within a bank (``allocate``), so that hypotheses that have
 met more constraints are not crowded out by ones that score better without them. EOS is allowed
@@ -20,7 +21,10 @@ into a longer phrase (then the shorter one is not met there). Scores are the mod
 over the GNMT length penalty, as beam search's; with ``scoring="huggingface"``, over ``|Y| ** alpha``
 with transformers' rules, as ``nmt.decoding.search.beam_search`` applies them (a forced EOS at the
 cap scores 0, only an EOS among a step's K best candidates ends a hypothesis, K ended ones are
-kept, transformers' stopping rule), so that without constraints it is that beam search.
+kept, transformers' stopping rule), so that without constraints it is that beam search. A target
+``prefix`` (the language code an imported M2M100, NLLB-200 or mBART-50 model writes first) is forced
+as beam search forces it, before any constraint token: a forced token leaves every hypothesis's
+constraint state as it was, so it never meets a phrase, and the cap must leave room for it too.
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ import torch
 from torch import Tensor
 
 from nmt.decoding.constraint_automaton import ConstraintAutomata, Phrase
-from nmt.decoding.scoring import (Hypotheses, best_possible, hf_penalty, hf_stops, length_penalty, log_probs,
-                                  max_lengths, to_lists)
+from nmt.decoding.scoring import (Hypotheses, best_possible, check_prefix, force_tokens, hf_penalty, hf_stops,
+                                  length_penalty, log_probs, max_lengths, to_lists)
 from nmt.decoding.settings import SCORINGS
 from nmt.models.base import select
 from nmt.specials import BOS, EOS, PAD
@@ -40,14 +44,16 @@ from nmt.specials import BOS, EOS, PAD
 log = logging.getLogger(__name__)
 
 
-def check_constraints(constraints: list[Phrase], cap: int) -> None:
-    """Every constraint a non-empty phrase, and all of them together (with EOS) within ``cap``."""
+def check_constraints(constraints: list[Phrase], cap: int, forced: int = 0) -> None:
+    """Every constraint a non-empty phrase, and all of them together (with EOS and the ``forced``
+    tokens the output starts with, a target-language code) within ``cap``."""
     if any(len(p) == 0 for p in constraints):
         raise ValueError("an empty constraint")
     total = sum(len(p) for p in constraints)
-    if total >= cap:
+    if total + forced >= cap:
+        after = f", {forced} of them the forced target-language code" if forced else ""
         raise ValueError(f"the constraints hold {total} target tokens, but the translation is capped at {cap} "
-                         "(decoding.max_len_a * source tokens + decoding.max_len_b, EOS included)")
+                         f"(decoding.max_len_a * source tokens + decoding.max_len_b, EOS included{after})")
 
 
 def allocate(banks: Tensor, valid: Tensor, k: int, levels: int) -> Tensor:
@@ -70,13 +76,16 @@ def allocate(banks: Tensor, valid: Tensor, k: int, levels: int) -> Tensor:
 def constrained_beam_search(model, src: Tensor, src_mask: Tensor, constraints: list[list[Phrase]], beam_size: int = 5,
                             alpha: float = 0.6, max_len_a: float = 1.5, max_len_b: int = 10,
                             need_attn: bool = False, nbest: int = 1, continuation: Tensor | None = None,
-                            scoring: str = "gnmt", early_stopping: bool | str = False) -> Hypotheses:
+                            scoring: str = "gnmt", early_stopping: bool | str = False,
+                            prefix: Tensor | None = None) -> Hypotheses:
     """Beam search in which sentence i's output holds every phrase of ``constraints[i]`` (a
     phrase given twice, twice). src, src_mask: (B, S). ``continuation`` (vocabulary,) bools: the
     pieces that continue a word (no "▁"); a constraint is then met only as whole words: the token
     after it must start a word (or be EOS). Attention weights are not returned. ``scoring``
     (``SCORINGS``) and ``early_stopping``: how ended hypotheses rank and when a sentence stops, as
-    ``nmt.decoding.search.beam_search``'s."""
+    ``nmt.decoding.search.beam_search``'s. ``prefix`` (B, P), PAD-padded: target tokens every
+    output of a sentence starts with (an imported model's target-language code), forced as beam
+    search forces them (their log-probs, or 0 with ``huggingface``); they never advance a constraint."""
     if scoring not in SCORINGS:
         raise ValueError(f"decoding.scoring={scoring!r}: choose one of {', '.join(SCORINGS)}")
     hf = scoring == "huggingface"
@@ -85,8 +94,10 @@ def constrained_beam_search(model, src: Tensor, src_mask: Tensor, constraints: l
     caps = max_lengths(src_mask, max_len_a, max_len_b)
     phrases = [[tuple(int(t) for t in p) for p in cons] for cons in constraints]
     cap_list = caps.tolist()
-    for cons, cap in zip(phrases, cap_list):
-        check_constraints(cons, cap)
+    check_prefix(prefix, caps)
+    forced = [0] * batch if prefix is None else (prefix != PAD).sum(1).tolist()
+    for cons, cap, lead in zip(phrases, cap_list, forced):
+        check_constraints(cons, cap, lead)
     automata = ConstraintAutomata(phrases, device)
     steps = max(cap_list)
     memory = model.encode(src, src_mask)  # (B, ...): one copy serves a sentence's K beams
@@ -109,6 +120,10 @@ def constrained_beam_search(model, src: Tensor, src_mask: Tensor, constraints: l
         logits, state, _ = model.decode_step(prev, memory, state)
         x = log_probs(logits, model.tgt_vocab_size, model.kernels)  # (n*K, W)
         width = x.size(1)
+        inside = None  # (n,): the sentences whose step t is a forced prefix token
+        if prefix is not None and t < prefix.size(1):
+            inside = prefix[active, t] != PAD
+            x = force_tokens(x, prefix[active, t].repeat_interleave(k), hf)
         sent = active.unsqueeze(1).expand(n, k)
         x[:, EOS] = x[:, EOS].masked_fill(automata.unmet(sent, count).any(-1).view(-1), float("-inf"))
         wanted, real, deeper = automata.wanted(sent, node, count)  # (n, K, D), (n, K, D), (n, K)
@@ -125,8 +140,14 @@ def constrained_beam_search(model, src: Tensor, src_mask: Tensor, constraints: l
         # candidates, as flat indices beam * W + token (n, M): the K best (huggingface: 2K, transformers'
         # candidates, so the K best that do not end are among them), each beam's best, the tokens that advance
         best_k = total.topk(2 * k if hf else k, dim=1).indices
+        if hf:  # each beam's best token but EOS: an EOS outside the K best ends nothing, and a beam that has met
+            # every constraint and would rather end must still go on (else it drops out and the search falls back)
+            two = total.view(n, k, width).topk(2, dim=-1).indices  # (n, K, 2)
+            beam_best = torch.where(two[..., 0] == EOS, two[..., 1], two[..., 0])
+        else:
+            beam_best = total.view(n, k, width).argmax(-1)
         flat = torch.cat([best_k,
-                          total.view(n, k, width).argmax(-1) + beam_index * width,
+                          beam_best + beam_index * width,
                           torch.where(real, beam_index.unsqueeze(1) * width + wanted, -1).view(n, -1)], 1)
         m = flat.size(1)
         flat = torch.where(flat >= 0, flat, -1 - torch.arange(m, device=device))  # padding: distinct, negative
@@ -159,6 +180,11 @@ def constrained_beam_search(model, src: Tensor, src_mask: Tensor, constraints: l
             undo = just_met.gather(1, beam) & continuation[token.clamp(max=continuation.numel() - 1)]
             cand_before = torch.where(undo.unsqueeze(-1), before.gather(1, by_cand), cand_before)
         cand_node, cand_count, cand_met = automata.advance(cand_sent, node.gather(1, beam), cand_before, token)
+        if inside is not None:  # a forced token leaves the constraint state as it was
+            held = inside.unsqueeze(1)
+            cand_node = torch.where(held, node.gather(1, beam), cand_node)
+            cand_count = torch.where(held.unsqueeze(-1), cand_before, cand_count)
+            cand_met = cand_met & ~held
         # a sentence searches on until K hypotheses have ended, or until none that goes on can still
         # beat the last of its n best (which changes no result), or none goes on
         best_going = score.masked_fill(~going, float("-inf")).amax(1)

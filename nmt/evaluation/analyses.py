@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from nmt.languages import writing
 from nmt.evaluation import reordering, segment_scores, word_frequency
+from nmt.evaluation.directions import Asked
 from nmt.evaluation.length_report import (Unit, bleu_cell, bucket_bounds, bucket_indices, length_report, source_lengths,
                                           write_report)
 from nmt.evaluation.significance import significance
@@ -62,18 +63,28 @@ def training_counts(datamodule: Any, tokenize: str | None = None, chunk: int = 5
     return total
 
 
+def asked_rows(asked: Asked | None, count: int) -> Asked:
+    """``asked`` (``nmt.evaluation.directions.request_languages``), or all ``count`` rows at once with no languages."""
+    return asked or [(list(range(count)), {})]
+
+
 def translate_with_entropy(translator: Any, sources: list[str], attention: bool,
-                           languages: dict[str, str] | None = None) -> tuple[list[str], list[float | None]]:
+                           asked: Asked | None = None) -> tuple[list[str], list[float | None]]:
     """Each source's translation and, with ``attention``, the entropy of its attention
     (``nmt.evaluation.reordering.sentence_entropy``; None without attention), a batch's weights dropped
-    once read, so memory does not grow with the test set. ``languages``: ``src_lang`` and ``tgt_lang``
-    of a model that reads both (``nmt.evaluation.directions.request_languages``)."""
+    once read, so memory does not grow with the test set. ``asked``: the rows translated together and
+    their ``src_lang`` and ``tgt_lang`` for a model that reads both (each direction of a split its own,
+    ``nmt.evaluation.directions.request_languages``)."""
     texts, entropy = [""] * len(sources), [None] * len(sources)
-    for batch in translator.batches(sources, attention=attention, **(languages or {})):
-        for i, translation in batch:
-            texts[i] = translation.text
-            if translation.attention is not None:
-                entropy[i] = reordering.sentence_entropy(translation.attention.weights)
+    for rows, languages in asked_rows(asked, len(sources)):  # a direction's rows follow one another
+        if not rows:
+            continue
+        for batch in translator.batches([sources[i] for i in rows], attention=attention, first_line=rows[0] + 1,
+                                        **languages):
+            for j, translation in batch:
+                texts[rows[j]] = translation.text
+                if translation.attention is not None:
+                    entropy[rows[j]] = reordering.sentence_entropy(translation.attention.weights)
     return texts, entropy
 
 
@@ -158,12 +169,12 @@ def by_reordering(cfg: DictConfig, test: Scored, aligned: tuple[str, list[Any], 
 
 def robustness(cfg: DictConfig, translators: dict[str, Any], variants: list[str], test: Scored,
                inputs: dict[str, list[str]], reports: dict[str, dict[str, Any]], out_dir: Path,
-               languages: dict[str, dict[str, str]] | None = None) -> Path:
+               languages: dict[str, Asked] | None = None) -> Path:
     """Each checkpoint on augmented copies of the test set (``nmt.data.augment.augmented_copy``:
     ``upper`` in capitals, both sides; ``noise``: typing errors in the sources): a report per
     system and copy (``<name>.<variant>/``) and ``robustness.{json,md}``, BLEU beside the clean set's.
-    ``inputs``: each system's sources as it reads them (with its language tags); ``languages``: the
-    ``src_lang`` and ``tgt_lang`` of a system that reads both."""
+    ``inputs``: each system's sources as it reads them (with its language tags); ``languages``: how
+    a system that reads both languages is asked (``translate_with_entropy``'s ``asked``)."""
     from nmt.data.augment import augmented_copy
 
     sources, refs = test.sources, test.refs
@@ -173,9 +184,8 @@ def robustness(cfg: DictConfig, translators: dict[str, Any], variants: list[str]
     for variant in variants:
         copy_sources, copy_refs = augmented_copy(variant, sources, refs, seed=int(cfg.seed))
         for name, translator in translators.items():
-            hyps = [t.text for t in translator.translate([s if lang is None else f"{tag(lang)} {s}"
-                                                          for lang, s in zip(langs[name], copy_sources)],
-                                                         **(languages or {}).get(name, {}))]
+            read = [s if lang is None else f"{tag(lang)} {s}" for lang, s in zip(langs[name], copy_sources)]
+            hyps = translate_with_entropy(translator, read, False, (languages or {}).get(name))[0]
             (out_dir / f"{name}.{variant}.hyp.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
             report = length_report(copy_sources, hyps, copy_refs, test.edges, unit=test.unit,
                                    tokenize=test.tokenize, n_bootstrap=cfg.n_bootstrap)

@@ -85,23 +85,48 @@ def model_inputs(translator: Any, name: str, tagged: list[str], sources: list[st
     return translator.prepare(Request(sources, datamodule.tgt_lang), naming).sources
 
 
+# How a system is asked for a split's translations: groups of (the split's rows, the languages they are
+# translated with: src_lang and tgt_lang of a model that reads both, {} for the others).
+Asked = list[tuple[list[int], dict[str, str]]]
+
+
 def request_languages(translator: Any, name: str, sources: list[str], datamodule: Any, src_lang: str | None,
-                      tgt_lang: str | None) -> dict[str, str]:
-    """What a model that reads both languages (``decoder_languages``: an imported M2M100, NLLB-200 or
-    mBART-50, or a checkpoint fine-tuned from one) is asked with: ``src_lang`` and ``tgt_lang``, checked
-    against its codes on the untagged ``sources``; {} for any other model. A ``RequestError`` naming
-    ``name``: either missing, or a test split of several directions (translated in one)."""
+                      tgt_lang: str | None) -> Asked:
+    """How ``translator`` is asked for the translations of the untagged ``sources``: every row at once
+    with no languages for a model that takes the split's tags or none; for a model that reads both
+    languages (``decoder_languages``: an imported M2M100, NLLB-200 or mBART-50, or a checkpoint
+    fine-tuned from one) with ``src_lang`` and ``tgt_lang`` on a split of one direction, and on a
+    split of several each direction's rows with its own two languages (the direction's name, in the
+    model's codes). Checked against its codes before any translation: a ``RequestError`` naming
+    ``name`` (and the direction), for a language missing or unknown, or ``src_lang``/``tgt_lang``
+    given for a split of several directions."""
+    every = list(range(len(sources)))
     if not translator.decoder_languages:
-        return {}
-    if datamodule.origins.get("test") is not None:
-        raise RequestError(f"ckpts: {name} reads its languages as src_lang and tgt_lang, one pair per run, but the "
-                           f"test split has several directions ({', '.join(datamodule.origin_names)}): evaluate it "
-                           "on one direction's data")
-    try:
-        translator.prepare(Request(sources, tgt_lang, src_lang=src_lang), Naming(item="test pair"))
-    except RequestError as e:
-        raise RequestError(f"ckpts: {name}: {e}") from None
-    return {"src_lang": str(src_lang), "tgt_lang": str(tgt_lang)}
+        return [(every, {})]
+    origins = datamodule.origins.get("test")
+    if origins is None:
+        try:
+            translator.prepare(Request(sources, tgt_lang, src_lang=src_lang), Naming(item="test pair"))
+        except RequestError as e:
+            raise RequestError(f"ckpts: {name}: {e}") from None
+        return [(every, {"src_lang": str(src_lang), "tgt_lang": str(tgt_lang)})]
+    if src_lang is not None or tgt_lang is not None:
+        raise RequestError(f"ckpts: {name}: src_lang, tgt_lang: the test split has several directions "
+                           f"({', '.join(datamodule.origin_names)}), each translated from and into its own languages; "
+                           "leave src_lang and tgt_lang unset")
+    asked: Asked = []
+    for d, direction in enumerate(datamodule.origin_names):
+        rows = np.flatnonzero(origins == d).tolist()
+        if not rows:
+            continue
+        src, tgt = direction.split("-")
+        try:
+            translator.prepare(Request([sources[i] for i in rows], tgt, src_lang=src),
+                               Naming(numbers=[i + 1 for i in rows], item="test pair"))
+        except RequestError as e:
+            raise RequestError(f"ckpts: {name}: the test split's direction {direction}: {e}") from None
+        asked.append((rows, {"src_lang": src, "tgt_lang": tgt}))
+    return asked
 
 
 def wrong_language(texts: Sequence[str], expected: str, languages: Sequence[str]) -> dict[str, Any]:

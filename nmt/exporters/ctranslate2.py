@@ -16,10 +16,12 @@ and saved through its ``Converter``, which also quantizes the weights. The layou
 - the vocabulary rows past the SentencePiece sizes (``vocab_multiple`` padding) are dropped, and
   the output layer gets a bias of -inf on PAD and BOS, which ``nmt.decoding.search`` never generates;
 - the source gets EOS appended (``add_source_eos``) and the decoder starts from BOS, as ours. An
-  imported M2M100, NLLB-200 or mBART-50 starts from ``</s>``: its BOS row is a copy of ``</s>``'s
-  (``nmt.checkpoints.m2m100``), so CTranslate2 reads what transformers reads, and its BOS logit,
-  kept out of the softmax by a bias of -1e4, gets -inf here, the same probabilities; a run
-  fine-tuned from one starts from its trained BOS row, as ours;
+  imported M2M100, NLLB-200 or mBART-50 starts from ``</s>`` (``model.decoder.start_from_eos``:
+  BOS reads EOS's row, its logit the constant ``NEVER``): the export writes EOS's row as BOS's, in
+  the output layer and a shared encoder table too (BOS is never generated nor a source token), so
+  a table shared and tied in the model is one in ``model.bin``. A file imported before that option
+  holds a copy of ``</s>``'s row, and a run fine-tuned from it its trained BOS row: kept, as ours
+  reads it. The BOS logit, ``NEVER`` or a bias of -1e4, is -inf here: the same probabilities;
 - a model that writes the target language as its first token (``run_config.languages``:
   ``DECODER_LANGUAGES``) is recorded so in ``nmt_export.json``: the backend then takes
   ``src_lang`` and ``tgt_lang`` and forces the target code as CTranslate2's ``target_prefix``.
@@ -119,7 +121,13 @@ def _ffn(spec, ff: nn.Sequential, norm: nn.LayerNorm) -> None:
     _norm(spec.layer_norm, norm)
 
 
-def _inputs(spec, module: nn.Module, vocab_size: int) -> None:
+def _eos_for_bos(table: Tensor) -> Tensor:
+    """``table`` (V, H) with BOS's row replaced by EOS's: what a ``start_from_eos`` decoder reads for BOS."""
+    return torch.cat([table[:BOS], table[EOS : EOS + 1], table[BOS + 1 :]])
+
+
+def _inputs(spec, module: nn.Module, vocab_size: int, eos_for_bos: bool = False) -> None:
+    """Positions, embedding norm and table; ``eos_for_bos``: BOS's row is EOS's (see ``build_spec``)."""
     emb = module.embed_tokens
     table = emb.pos.weight if emb.positions == "learned" else emb.pos_table  # sinusoidal or fairseq: our table
     spec.position_encodings.encodings = _w(table)  # (max_len, H)
@@ -127,7 +135,8 @@ def _inputs(spec, module: nn.Module, vocab_size: int) -> None:
         _norm(spec.layernorm_embedding, emb.norm)
     spec.scale_embeddings = True  # x * sqrt(H), as _Embedding.scale
     embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
-    embeddings.weight = _w(emb.embed.weight[:vocab_size])  # the vocab_multiple padding rows dropped
+    table = emb.embed.weight[:vocab_size]  # the vocab_multiple padding rows dropped
+    embeddings.weight = _w(_eos_for_bos(table) if eos_for_bos else table)
 
 
 def build_spec(model: nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer):
@@ -153,21 +162,28 @@ def build_spec(model: nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer):
                                alignment_layer=-1, alignment_heads=dec.layers[0].cross_attn.num_heads,
                                activation=act(dec), layernorm_embedding=dec.embed_tokens.norm is not None),
     )
-    _inputs(spec.encoder, enc, src_size)
+    # start_from_eos: BOS reads EOS's row (model.decoder.start_from_eos) and its logit is never generated;
+    # the same row is written wherever BOS's is never read (the projection, an encoder sharing the
+    # table), so that a table tied or shared in the model is one table in the export (CTranslate2
+    # aliases equal weights)
+    eos_for_bos = bool(getattr(dec.embed_tokens, "start_from_eos", False))
+    shared = enc.embed_tokens.embed.weight is dec.embed_tokens.embed.weight
+    _inputs(spec.encoder, enc, src_size, eos_for_bos and shared)
     for layer_spec, layer in zip(spec.encoder.layer, enc.layers):
         _attention(layer_spec.self_attention, layer.self_attn, layer.norms[0], self_attention=True)
         _ffn(layer_spec.ffn, layer.ff, layer.norms[1])
     if enc.layers[0].pre_norm:
         _norm(spec.encoder.layer_norm, enc.final_norm)
 
-    _inputs(spec.decoder, dec, tgt_size)
+    _inputs(spec.decoder, dec, tgt_size, eos_for_bos)
     for layer_spec, layer in zip(spec.decoder.layer, dec.layers):
         _attention(layer_spec.self_attention, layer.self_attn, layer.norms[0], self_attention=True)
         _attention(layer_spec.attention, layer.cross_attn, layer.norms[1], self_attention=False)
         _ffn(layer_spec.ffn, layer.ff, layer.norms[2])
     if dec.layers[0].pre_norm:
         _norm(spec.decoder.layer_norm, dec.final_norm)
-    spec.decoder.projection.weight = _w(dec.out.weight[:tgt_size])  # tied: CTranslate2 aliases equal weights
+    projection = dec.out.weight[:tgt_size]
+    spec.decoder.projection.weight = _w(_eos_for_bos(projection) if eos_for_bos else projection)  # tied: aliased
     bias = torch.zeros(tgt_size) if dec.out.bias is None else dec.out.bias[:tgt_size].detach().float().cpu().clone()
     bias[[PAD, BOS]] = float("-inf")  # never generated (nmt.decoding.scoring.log_probs)
     spec.decoder.projection.bias = bias

@@ -77,6 +77,9 @@ def model_class(model: nn.Module, run_config: dict) -> str:
     for key in pruned_keys(model):
         _refuse(key, "attention heads pruned (fewer in some layers than others)")
     enc, dec = model.encoder, model.decoder
+    if dec.start_from_eos and imported is None:
+        _refuse("model.decoder.start_from_eos=true", "a decoder starting from EOS's row outside M2M100 and mBART "
+                "(MarianMT and Pegasus start from a row of their own, in their softmax)")
     norms = {enc.layers[0].pre_norm, dec.layers[0].pre_norm}
     if len(norms) > 1:
         _refuse(f"model.encoder.norm={'pre' if enc.layers[0].pre_norm else 'post'}, model.decoder.norm="

@@ -10,13 +10,17 @@
 
 Both are pre-norm with a final layer norm per stack, scaled embeddings, one embedding for both sides
 tied to the output layer; the units keep their order. The vocabulary is written back in fairseq's
-order (``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3, the pieces, the codes): our BOS, the import's
-second copy of ``</s>`` kept out of the softmax, is dropped, and the decoder starts from ``</s>`` as
-theirs does. M2M100 has no logits bias, so a model whose bias is not zero (but on BOS) is refused;
-mBART's is its ``final_logits_bias``. The tokenizer is built by ``transformers`` from a SentencePiece
-model in that order, and every id it gives is checked against ours before the folder is written, so
-``nmt-import`` reads the folder back to the same weights and vocabulary. A run fine-tuned from such a
-model is refused: training moves its BOS row away from ``</s>``'s (and M2M100's bias from zero).
+order (``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3, the pieces, the codes): our BOS is dropped,
+and the decoder starts from ``</s>`` as theirs does. That is what the import's decoder computes
+(``start_from_eos``: BOS reads the ``</s>`` row and its logit is a constant out of the softmax), so
+a run fine-tuned from an imported model (``init_from=<folder>``; its LoRA adapters merged when it
+is loaded) exports exactly too. A file imported before that option existed holds a BOS row copying
+``</s>``'s and a logits bias of ``NEVER`` at BOS: it exports while they hold, and is refused in one
+line once fine-tuning has moved the row. M2M100 has no logits bias, so a model whose bias is not
+zero (but on BOS) is refused; mBART's is its ``final_logits_bias``. The tokenizer is built by
+``transformers`` from a SentencePiece model in that order, and every id it gives is checked against
+ours before the folder is written, so ``nmt-import`` reads the folder back to the same weights and
+vocabulary.
 """
 
 from __future__ import annotations
@@ -71,11 +75,15 @@ def their_rows(model: nn.Module, src_vocab: Tokenizer, tgt_vocab: Tokenizer, kin
         _refuse("tokenizers", "one vocabulary for both sides")
     sp, table, bias = tgt_vocab.sp, dec.embed.weight, dec.out.bias
     start = [i for i in range(sp.get_piece_size()) if sp.id_to_piece(i) == "<s>"]
-    if bias is None or not start or not torch.equal(table[BOS], table[EOS]) or float(bias[BOS].detach()) > NEVER / 2:
-        _refuse(f"model.decoder.positions={dec.embed_tokens.positions}", f"exported only as the {FAMILIES[kind]} it "
-                "was imported from (its <s> piece, a BOS row copying </s> and kept out of the softmax), and this "
-                "model is not one")
-    if kind == "m2m100" and bool(bias.detach().clone().index_fill_(0, torch.tensor([BOS]), 0).ne(0).any()):
+    fairseq_start = getattr(dec, "start_from_eos", False) or (  # an import's; or an older import's copy of </s>
+        bias is not None and torch.equal(table[BOS], table[EOS]) and float(bias[BOS].detach()) <= NEVER / 2)
+    if not start or not fairseq_start:
+        _refuse(f"model.decoder.start_from_eos={str(getattr(dec, 'start_from_eos', False)).lower()}",
+                f"exported only as the {FAMILIES[kind]} it was imported from (its <s> piece, a decoder starting from "
+                "</s>), and this model is not one (a run fine-tuned from a file imported before start_from_eos "
+                "existed trains its BOS apart from </s>: fine-tune from the folder itself)")
+    if kind == "m2m100" and bias is not None and bool(
+            bias.detach().clone().index_fill_(0, torch.tensor([BOS]), 0).ne(0).any()):
         _refuse("model.decoder.logits_bias=true", "a logits bias that is not zero (M2M100 has none)")
     return [start[0], PAD, EOS, UNK] + [i for i in range(4, tgt_vocab.vocab_size) if i != start[0]]
 
@@ -218,7 +226,7 @@ def build_model(model: nn.Module, rows: list[int], kind: str, activation: str) -
             if own[name].shape != value.shape:
                 raise ValueError(f"{name}: shape {tuple(value.shape)} for {FAMILIES[kind]}'s {tuple(own[name].shape)}")
             own[name].copy_(value)
-        if "final_logits_bias" in own:
+        if "final_logits_bias" in own and dec.out.bias is not None:  # our BOS's, not in ``rows``, is not theirs
             own["final_logits_bias"][0].copy_(dec.out.bias[index])
     return hf
 

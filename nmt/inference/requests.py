@@ -70,10 +70,11 @@ class Prepared:
 class RequestMeaning:
     """What the translators share: ``prepare`` checks a request against the model. A translator
     sets ``target_languages`` (empty for one direction) and ``backend``; one that decodes guides
-    sets ``can_guide`` and gives ``guide_ids``."""
+    sets ``can_guide`` and gives ``guide_ids`` (``lead``: the forced tokens every output starts with,
+    which a guide must leave room for)."""
 
     backend = "?"
-    can_guide = False  # True: the translator has guide_ids(key, guides, sources, where, numbers, item)
+    can_guide = False  # True: the translator has guide_ids(key, guides, sources, where, numbers, item, lead)
     target_languages: list[str]
     decoder_languages = False  # True: the source language is a tag, the target one the decoder's first token
 
@@ -97,9 +98,6 @@ class RequestMeaning:
                                        f"{known}")
                 if lang not in self.target_languages:
                     raise RequestError(f"{key}={str(lang)[:40]}: unknown language code; this model knows {known}")
-            if request.constraints is not None:
-                raise RequestError(f"{naming.constraints}: not decoded for a model whose target language is its first "
-                                   "output token")
             texts, lang, lead = list(request.texts), request.src_lang, self.lead_ids(request.tgt_lang)  # type: ignore[attr-defined]
             where = naming.src_lang
         else:
@@ -128,7 +126,7 @@ class RequestMeaning:
         todo = [i for i, text in enumerate(sources) if text.strip()]
         guide_ids = self.guide_ids  # type: ignore[attr-defined]  # a translator that can_guide has it
         ids = guide_ids(key, [guides[i] for i in todo], [sources[i] for i in todo], where, [numbers[i] for i in todo],
-                        naming.item)
+                        naming.item, lead)
         per_text: list[Any] = [[] for _ in sources]
         for i, value in zip(todo, ids):
             per_text[i] = value

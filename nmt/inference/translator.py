@@ -302,6 +302,12 @@ class Translator(RequestMeaning):
                                   weights.tolist())
         return Translation(hypotheses, attention)
 
+    def _language_codes(self) -> dict[int, str]:
+        """The target ids of the model's language codes (``▁<2xx>``) and their pieces."""
+        sp = self.tgt_vocab.sp
+        pieces = (f"\u2581{tag(lang)}" for lang in self.target_languages)
+        return {code: piece for piece in pieces if sp.id_to_piece(code := sp.piece_to_id(piece)) == piece}
+
     def lead_ids(self, lang: str) -> list[int]:
         """The target ids an output in ``lang`` starts with: its language code (``▁<2xx>``)."""
         piece = f"\u2581{tag(lang)}"
@@ -353,17 +359,18 @@ class Translator(RequestMeaning):
         return self._attention
 
     def guide_ids(self, key: str, guides: list[Any], sources: list[str], where: str, numbers: list[int],
-                  item: str) -> list[Any]:
-        """``prefix_ids`` or ``constraint_ids`` (``key``) of a request's guides (``nmt.inference.requests``)."""
+                  item: str, lead: list[int] | None = None) -> list[Any]:
+        """``prefix_ids`` or ``constraint_ids`` (``key``) of a request's guides (``nmt.inference.requests``);
+        ``lead``: the target-language code every output starts with (``Prepared.lead``)."""
         ids = self.prefix_ids if key == "prefixes" else self.constraint_ids
-        return ids(guides, sources, where=where, numbers=numbers, item=item)
+        return ids(guides, sources, where=where, numbers=numbers, item=item, lead=lead)
 
     def prefix_ids(self, prefixes: list[str], sources: list[str], where: str = "prefix",
-                   numbers: list[int] | None = None, item: str = "line") -> list[list[int]]:
+                   numbers: list[int] | None = None, item: str = "line", lead: list[int] | None = None) -> list[list[int]]:
         """The target ids each translation of ``sources`` must start with (``prefixes``: one text
         per source; "" for none), or a one-line ``RequestError`` naming the ``item`` (``numbers``:
         their numbers, default 1..n): a piece the target vocabulary lacks, or a prefix that leaves
-        no room for EOS under the source's length cap."""
+        no room for EOS under the source's length cap (after the forced ``lead``)."""
         numbers = numbers or list(range(1, len(sources) + 1))
         source_ids = encode_sources(sources, self.src_vocab, self.max_src_len, numbers)
         out = []
@@ -374,10 +381,12 @@ class Translator(RequestMeaning):
                                    "lacks (they would be <unk>)")
             cap = min(search_functions.length_cap(len(src), self.settings.max_len_a, self.settings.max_len_b),
                       self.max_tgt_len)
-            if len(ids) >= cap:
+            forced = len(lead or [])
+            if len(ids) + forced >= cap:
+                after = f", {forced} of them the forced target-language code" if forced else ""
                 raise RequestError(f"{where}, {item} {number}: {len(ids)} target tokens, but the {item}'s translation "
                                    f"is capped at {cap} (decoding.max_len_a * source tokens + decoding.max_len_b, EOS "
-                                   "included)")
+                                   f"included{after})")
             out.append(ids)
         return out
 
@@ -389,12 +398,15 @@ class Translator(RequestMeaning):
                             device=self.device)
 
     def constraint_ids(self, constraints: list[list[str]], sources: list[str], where: str = "constraints",
-                       numbers: list[int] | None = None, item: str = "line") -> list[list[tuple[int, ...]]]:
+                       numbers: list[int] | None = None, item: str = "line",
+                       lead: list[int] | None = None) -> list[list[tuple[int, ...]]]:
         """The target ids of each source's constraints (phrases its translation must hold), or a
         one-line ``RequestError`` naming the ``item``: an empty phrase, characters the target
-        vocabulary lacks, or phrases that do not fit under the source's length cap."""
+        vocabulary lacks, a language code of a model that writes one as its first token (only there,
+        forced), or phrases that do not fit under the source's length cap after the forced ``lead``."""
         numbers = numbers or list(range(1, len(sources) + 1))
         source_ids = encode_sources(sources, self.src_vocab, self.max_src_len, numbers)
+        codes = self._language_codes() if self.decoder_languages else {}
         out = []
         for phrases, src, number in zip(constraints, source_ids, numbers):
             ids = []
@@ -405,10 +417,13 @@ class Translator(RequestMeaning):
                 if UNK in encoded:
                     raise RequestError(f"{where}, {item} {number}: {phrase!r} holds characters the target "
                                        "vocabulary lacks (they would be <unk>)")
+                if code := next((codes[t] for t in encoded if t in codes), None):
+                    raise RequestError(f"{where}, {item} {number}: {phrase!r} holds the language code {code}, which "
+                                       "this model writes only as its first token (forced, and never a constraint)")
                 ids.append(encoded)
             cap = search_functions.length_cap(len(src), self.settings.max_len_a, self.settings.max_len_b)
             try:
-                check_constraints(ids, cap)
+                check_constraints(ids, cap, len(lead or []))
             except ValueError as e:
                 raise RequestError(f"{where}, {item} {number}: {e}") from None
             out.append(ids)

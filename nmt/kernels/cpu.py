@@ -63,8 +63,8 @@ class CPUOps(ReferenceOps):
         return torch._log_softmax(x, -1, False, out=x)
 
     def output_cross_entropy(self, hidden: Tensor, weight: Tensor, target: Tensor, eps: float,
-                             not_targets: tuple[int, ...] = ()) -> tuple[Tensor, Tensor]:
-        return loss.output_cross_entropy(hidden, weight, target, eps, not_targets=not_targets)
+                             not_targets: tuple[int, ...] = (), bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        return loss.output_cross_entropy(hidden, weight, target, eps, not_targets=not_targets, bias=bias)
 
 
 class Int8Ops(CPUOps):

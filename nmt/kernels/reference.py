@@ -168,13 +168,13 @@ class ReferenceOps:
         return torch.log_softmax(x, -1, dtype=torch.float32)
 
     def output_cross_entropy(self, hidden: Tensor, weight: Tensor, target: Tensor, eps: float,
-                             not_targets: tuple[int, ...] = ()) -> tuple[Tensor, Tensor]:
-        """Mean label-smoothed loss of the logits ``hidden @ weight.T`` (N, V) against targets (N,),
+                             not_targets: tuple[int, ...] = (), bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Mean label-smoothed loss of the logits ``hidden @ weight.T + bias`` (N, V) against targets (N,),
         and the mean plain NLL (no gradient, for perplexity). Label smoothing (Szegedy et al. 2016)
         spreads ``eps`` evenly over the entries a target can be: all but ``not_targets`` (padding
         and BOS), as OpenNMT-py leaves padding out; with none left out it is ``F.cross_entropy``'s
         ``label_smoothing``."""
-        logits = F.linear(hidden, weight).float()
+        logits = F.linear(hidden, weight, bias).float()
         nll = F.cross_entropy(logits.detach(), target)
         if not eps or not not_targets:
             return F.cross_entropy(logits, target, label_smoothing=eps), nll

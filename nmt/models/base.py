@@ -24,8 +24,9 @@ states ``"final_h"``/``"final_c"`` (B, L, H). Decoders expose ``prepare_memory``
 depends on the source only, e.g. projected attention keys), ``init_state``, ``decode_step``,
 ``features``, ``forward`` and the
 output layer ``out`` (a bias-free Linear, which the training loss applies to the real target
-positions only), and say through ``needs_init_state`` whether they
-start from a source summary.
+positions only; a decoder whose output layer gives some ids a constant logit applies it in its
+``logits`` and says which in ``fixed_logits``: a Transformer decoder with ``start_from_eos``), and
+say through ``needs_init_state`` whether they start from a source summary.
 """
 
 from __future__ import annotations
@@ -212,7 +213,8 @@ class Seq2Seq(nn.Module):
 
     def forward(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V)."""
-        return self.decoder.out(self.features(src, src_mask, tgt_in))
+        logits = getattr(self.decoder, "logits", self.decoder.out)  # a decoder that fixes some logits says so
+        return logits(self.features(src, src_mask, tgt_in))
 
     def features(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced decoder states (B, T, H) before the output layer ``decoder.out``: the

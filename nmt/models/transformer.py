@@ -17,7 +17,10 @@ projected once per sentence in ``prepare_memory``. SDPA returns no weights, so a
 take an eager path (``need_attn``). ``activation`` is the feed-forward non-linearity (``relu``,
 ``gelu``, ``swish``) and ``logits_bias`` gives the decoder's output layer a bias (both as Marian's
 models have them, ``nmt.checkpoints.marian``); ``embedding_norm`` puts a layer norm after the
-embeddings and positions (mBART's ``layernorm_embedding``, ``nmt.checkpoints.m2m100``). Every
+embeddings and positions (mBART's ``layernorm_embedding``, ``nmt.checkpoints.m2m100``);
+``start_from_eos`` makes the decoder start as fairseq's does (M2M100, NLLB-200, mBART-50): BOS
+reads the EOS row of the embedding, and its logit is the constant ``NEVER``, so no weight is read
+or trained for it and the model is exactly one whose decoder starts from EOS. Every
 attention can mask its heads' outputs (``head_mask``) or drop heads from its weights
 (``keep_heads``): a pruned encoder or decoder has its heads per layer (``self_heads``,
 ``cross_heads``; ``nmt.models.head_mask``).
@@ -36,7 +39,7 @@ from nmt.kernels import UsesKernels
 from nmt.models.attention import grouped
 from nmt.models.attention_patterns import ALL_OPTIONS, Pattern, make_pattern
 from nmt.models.dropout import Dropout
-from nmt.specials import PAD
+from nmt.specials import BOS, EOS, NEVER, PAD
 
 POSITIONS = ("sinusoidal", "learned", "rope", "fairseq")
 FAIRSEQ_OFFSET = 2  # fairseq's first position: its padding id (1) + 1
@@ -327,11 +330,13 @@ class DecoderLayer(_Block):
 
 class _Embedding(nn.Module):
     """Token embedding scaled by sqrt(H), plus absolute positions unless they are rotary, then
-    (``norm``) a layer norm, as mBART's ``layernorm_embedding``."""
+    (``norm``) a layer norm, as mBART's ``layernorm_embedding``; ``start_from_eos``: BOS reads the
+    EOS row (fairseq's decoders start from ``</s>``)."""
 
     def __init__(self, vocab_size: int, hidden_size: int, dropout: float, positions: str, max_len: int,
-                 norm: bool = False):
+                 norm: bool = False, start_from_eos: bool = False):
         super().__init__()
+        self.start_from_eos = start_from_eos
         if positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
         self.embed = nn.Embedding(vocab_size, hidden_size, padding_idx=PAD)
@@ -359,6 +364,8 @@ class _Embedding(nn.Module):
         """Positions start at ``offset`` (a decoding step; a tensor (B,): each row's position, for
         one-token rows, checked against ``max_len`` by whoever made it), or per sentence at
         ``shift``: the starts (B,) and their bound (training with ``position_shift``)."""
+        if self.start_from_eos:
+            tokens = tokens.masked_fill(tokens == BOS, EOS)
         if isinstance(offset, Tensor):
             x = self.embed(tokens) * self.scale
             if self.positions == "rope":
@@ -522,13 +529,15 @@ class TransformerDecoder(nn.Module):
         embedding_norm: bool = False,
         self_heads: list[int] | None = None,
         cross_heads: list[int] | None = None,
+        start_from_eos: bool = False,
     ) -> None:
         super().__init__()
         check_sizes(hidden_size, num_layers, num_heads, ff_size, max_len, positions)
         heads = zip(layer_heads("self_heads", self_heads, num_layers, num_heads),
                     layer_heads("cross_heads", cross_heads, num_layers, num_heads))
         rotary = Rotary(hidden_size // num_heads, max_len) if positions == "rope" else None
-        self.embed_tokens = _Embedding(vocab_size, hidden_size, dropout, positions, max_len, embedding_norm)
+        self.embed_tokens = _Embedding(vocab_size, hidden_size, dropout, positions, max_len, embedding_norm,
+                                       start_from_eos)
         self.embed = self.embed_tokens.embed
         self.layers = nn.ModuleList(
             DecoderLayer(hidden_size, h, ff_size, dropout, norm, rotary, memory_size or hidden_size,
@@ -540,6 +549,9 @@ class TransformerDecoder(nn.Module):
         self.out = nn.Linear(hidden_size, vocab_size, bias=logits_bias)
         if logits_bias:  # a bias per output piece (Marian's output layer has one), starting at zero
             nn.init.zeros_(self.out.bias)
+        self.start_from_eos = start_from_eos  # BOS is never an output: its logit is NEVER, read from no weight
+        self.register_buffer("fixed_logits", torch.arange(vocab_size) == BOS if start_from_eos else None,
+                             persistent=False)  # (V,) True where the logit is NEVER, or None
         self.num_heads = num_heads
         self.attention = _patterns("decoder", self.layers, attention, max_len, {"window": window, "global_tokens": global_tokens})
         self.gradient_checkpointing = False
@@ -607,8 +619,14 @@ class TransformerDecoder(nn.Module):
         x, weights = self._layers(self.embed_tokens(tgt_in, shift=shift), memory, None, False, index)
         return x, weights[index]
 
+    def logits(self, x: Tensor) -> Tensor:
+        """The output layer on states (..., H): logits (..., V), BOS's the constant ``NEVER`` with
+        ``start_from_eos``."""
+        logits = self.out(x)
+        return logits if self.fixed_logits is None else logits.masked_fill(self.fixed_logits, NEVER)
+
     def forward(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> Tensor:
-        return self.out(self.features(tgt_in, memory))  # (B, T, V)
+        return self.logits(self.features(tgt_in, memory))  # (B, T, V)
 
     def decode_step(
         self, prev: Tensor, memory: dict[str, Tensor], state: dict[str, Any], need_attn: bool = False
@@ -618,7 +636,7 @@ class TransformerDecoder(nn.Module):
         x, weights = self._layers(self.embed_tokens(prev.unsqueeze(1), pos), memory, state, need_attn)
         state["pos"] = pos + 1
         attn = weights[-1].mean(1)[:, 0] if need_attn else None  # last layer, mean over heads: (B, S)
-        return self.out(x[:, 0]), state, attn
+        return self.logits(x[:, 0]), state, attn
 
     def cross_attention(self, tgt_in: Tensor, memory: dict[str, Tensor]) -> Tensor:
         """(B, layers, heads, T, S); a pruned layer's missing heads are filled with its heads' mean

@@ -107,13 +107,20 @@ def _open_teacher(cfg: DictConfig, work: Path) -> Any:
     return open_translator(_translator_config(cfg, converted, "ctranslate2"))
 
 
-def _check_languages(translator: Any, cfg: DictConfig) -> None:
+def _languages(translator: Any, cfg: DictConfig) -> dict[str, str]:
+    """What each ``translate`` call names: a teacher that reads the source language and writes the
+    target's first (an imported M2M100, NLLB-200 or mBART-50, or a run fine-tuned from one) is
+    given the corpus's, ``data.src_lang`` and ``data.tgt_lang`` in its own codes (``deu_Latn``),
+    and its translator refuses a code it does not know; any other must translate that pair."""
     info = translator.info() if hasattr(translator, "info") else {}
-    pair = (info.get("src_lang"), info.get("tgt_lang"))
     wanted = (str(cfg.data.src_lang), str(cfg.data.tgt_lang))
+    if info.get("reads_src_lang"):
+        return {"src_lang": wanted[0], "tgt_lang": wanted[1]}
+    pair = (info.get("src_lang"), info.get("tgt_lang"))
     if None not in pair and pair != wanted:
         raise ValueError(f"distill.teacher={cfg.distill.teacher} translates {pair[0]}->{pair[1]}, but data is "
                          f"{wanted[0]}->{wanted[1]}: give the teacher of this corpus (or data= its corpus)")
+    return {}
 
 
 def _chunks(source: Any, size: int) -> Iterator[tuple[list[str], list[str]]]:
@@ -174,14 +181,14 @@ def distil(cfg: DictConfig, loading: Callable[[], AbstractContextManager[Any]] =
     _write_atomic(work / "key.json", json.dumps(key, indent=1) + "\n")
     with loading():
         translator = _open_teacher(cfg, work)
-    _check_languages(translator, cfg)
+    languages = _languages(translator, cfg)
     total = sum(len(s) for s, _ in _chunks(source, chunk_lines))  # reading is cheap beside translating
     done, start, translated_now = 0, time.perf_counter(), 0
     for i, (src, _) in enumerate(_chunks(source, chunk_lines)):
         part = work / f"train.{i:06d}.jsonl"
         if not part.is_file():
             rows = [{"src": s, "hyp": t.text, "score": t.hypotheses[0].score if t.hypotheses else None}
-                    for s, t in zip(src, translator.translate(src))]
+                    for s, t in zip(src, translator.translate(src, **languages))]
             _write_atomic(part, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
             translated_now += len(src)
         done += len(src)

@@ -40,6 +40,7 @@ from nmt.evaluation import directions
 from nmt.checkpoints.files import FORMAT, nonfinite
 from nmt.checkpoints.finetune import load_optimizer_state
 from nmt.data.tokenizer import BOS, PAD
+from nmt.specials import NEVER
 from nmt.decoding import fixed_beam
 from nmt.evaluation.length_report import length_report, write_report
 from nmt.evaluation.metrics import corpus_scores
@@ -178,13 +179,16 @@ class TranslationModule(L.LightningModule):
         real = batch["tgt_out"] != PAD
         hidden, target = hidden[real], batch["tgt_out"][real]
         # Rows of the output layer past the vocabulary (padded to a multiple of 8) are never targets.
-        weight = self.model.decoder.out.weight[: self.model.tgt_vocab_size]
+        size = self.model.tgt_vocab_size
+        weight = self.model.decoder.out.weight[:size]
         bias = getattr(self.model.decoder.out, "bias", None)
-        if bias is not None:  # logits h W^T + b as [h, 1] [W, b]^T: the kernel's one matrix product
-            hidden = torch.cat([hidden, hidden.new_ones(hidden.size(0), 1)], dim=1)
-            weight = torch.cat([weight, bias[: self.model.tgt_vocab_size, None].to(weight.dtype)], dim=1)
+        bias = None if bias is None else bias[:size]
+        fixed = getattr(self.model.decoder, "fixed_logits", None)  # (V,) True where the logit is NEVER
+        if fixed is not None:  # NEVER added to those logits: their softmax is 0, so their rows get no gradient
+            bias = (weight.new_zeros(size) if bias is None else bias).masked_fill(fixed[:size], NEVER)
         eps = self.hparams.label_smoothing  # spread over the entries a target can be: not PAD, not BOS
-        return (*self.model.kernels.ops(hidden).output_cross_entropy(hidden, weight, target, eps, NOT_TARGETS), align)
+        ops = self.model.kernels.ops(hidden)
+        return (*ops.output_cross_entropy(hidden, weight, target, eps, NOT_TARGETS, bias=bias), align)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         if self._check_compiled and getattr(self.model, "compiled", False):  # the first batch, compiled: checked
