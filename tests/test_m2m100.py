@@ -9,6 +9,7 @@ src_lang and tgt_lang; what a folder must not hold is refused in one line."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -504,6 +505,49 @@ def test_ctranslate2_export_starts_the_decoder_from_the_row_ours_reads(pair, tmp
     assert same >= 39 and (moved == 0 if reads_eos else moved >= 3)
 
 
+@pytest.mark.parametrize("family", ["m2m100", "mbart"])
+def test_ctranslate2_export_of_a_run_fine_tuned_on_one_direction(family, tmp_path):
+    """``train.py init_from=<folder>`` on the tiny corpus (one direction, no ``languages`` record: its
+    codes are source tags, as a multilingual nmt model's) moves ``</s>``'s row, which its decoder reads for BOS;
+    ``nmt-export format=ctranslate2`` of its last checkpoint gives our greedy translations of the
+    40 sentences and our log-probs of their references within ``PER_TOKEN``, and its shared, tied
+    vocabulary table is one table in ``model.bin``."""
+    from omegaconf import OmegaConf
+
+    from nmt.data.tokenizer import EOS
+    from nmt.export import export
+    from nmt.exporters.ctranslate2 import build_spec
+
+    pytest.importorskip("ctranslate2")
+    folder = m2m100_folder(tmp_path / "hf", family=family)
+    ckpt = fine_tuned(folder, tmp_path)
+    tuned = load_checkpoint(ckpt)
+    table = tuned.model.decoder.embed.weight.detach()
+    assert tuned.model.decoder.embed_tokens.start_from_eos and not torch.equal(table[BOS], table[EOS])
+    assert tuned.run_config.get("languages") is None
+    out = tmp_path / "ct2"
+    export(OmegaConf.create({"ckpt": str(ckpt), "format": "ctranslate2", "out": str(out), "weights": "stored",
+                             "allow_pickle": False, "quantization": None}))
+    spec = build_spec(tuned.model, tuned.src_vocab, tuned.tgt_vocab)
+    spec.validate()
+    spec._alias_variables()
+    tables = [name for name, value in spec.variables().items()
+              if not isinstance(value, str) and tuple(value.shape) == tuple(table.shape)]
+    ours, theirs = both_backends(tuned, out, {"_target_": "nmt.decoding.search.greedy_search", "max_len_a": 0,
+                                              "max_len_b": 12})
+    lines, lang = lines_of("test.src", "valid.src"), PAIRS[family][0][1]  # its codes are source tags here
+    assert not theirs.decoder_languages and theirs.target_languages == ours.target_languages
+    mine = [t.text for t in ours.translate(lines, tgt_lang=lang)]
+    same = sum(a == b.text for a, b in zip(mine, theirs.translate(lines, tgt_lang=lang)))
+    print(f"{family}: {same}/{len(lines)} greedy outputs equal ({len(set(mine))} distinct); vocabulary tables in "
+          f"model.bin: {tables}")
+    assert same >= len(lines) - 1 and len(set(mine)) > 1 and len(tables) == 1
+    prepared = ours.prepare(Request(lines, lang))  # the references' per-token log-probs: every position reads BOS
+    references = lines_of("test.tgt", "valid.tgt")
+    for a, b in zip(ours.score(prepared.sources, references), theirs.score(prepared.sources, references)):
+        assert len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b)) < PER_TOKEN
+
+
 def test_ctranslate2_export_scores_and_refuses_as_the_torch_translator(pair, exported):
     """``mode=score`` on the folder reads the target code unscored, as the torch Translator: the
     per-token log-probs of the greedy translations agree within ``PER_TOKEN``; a missing or
@@ -744,7 +788,8 @@ def test_multilingual_fine_tuning_writes_the_models_own_codes(folder, tmp_path):
     reads its languages: each source starts with its own language's code ``▁<2de>``, each target
     with the target's ``▁<2fr>`` (after BOS: the decoder's first token), both the folder's pieces
     (nmt's ``<2fr>`` tags are not in its vocabulary); the references are scored without it, and the
-    run's checkpoint translates with ``src_lang`` and ``tgt_lang`` as the imported file does."""
+    run's checkpoint translates with ``src_lang`` and ``tgt_lang`` as the imported file does, and so
+    does its CTranslate2 export (the same greedy text of the validation sources)."""
     from pytorch_lightning import Callback
 
     from nmt.inference.translator import Translator
@@ -782,6 +827,16 @@ def test_multilingual_fine_tuning_writes_the_models_own_codes(folder, tmp_path):
     assert seen.refs == 2 * (data / "val.fr").read_text().splitlines()  # de-fr, en-fr: scored without the code
     run = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
     assert run["validation"]["runs"][-1]["sentences"] == 12 and run["steps"] == 3
+    if importlib.util.find_spec("ctranslate2") is not None:
+        from nmt.exporters.ctranslate2 import to_ctranslate2
+
+        tuned = load_checkpoint(ckpt)
+        exported = to_ctranslate2(tuned.model, tuned.src_vocab, tuned.tgt_vocab, tuned.run_config, tmp_path / "ct2")
+        greedy = {"_target_": "nmt.decoding.search.greedy_search"}
+        ours, theirs = both_backends(tuned, exported, greedy)
+        sources = (data / "val.de").read_text().splitlines()
+        assert [t.text for t in theirs.translate(sources, src_lang="de", tgt_lang="fr")] == \
+            [t.text for t in ours.translate(sources, src_lang="de", tgt_lang="fr")]
 
 
 def fine_tuned(folder: Path, tmp_path: Path, *overrides: str, lr: float = 0.003) -> Path:
