@@ -68,14 +68,30 @@ def compare(cfg: DictConfig) -> Path:
     out = run_dir / "comparison"
     names = ", ".join(f"{name}: {path}" for name, path in systems.items())
     baseline = ["baseline=teacher"] if "teacher" in systems else []
-    evaluation = compose("evaluate", overrides=[f"ckpts={{{names}}}", *baseline, f"paths.cache_dir={cfg.paths.cache_dir}",
-                                                "word_frequency=false", "reordering=false"])
+    # a teacher that reads both languages is given the corpus's, as it was for the translations (the others ignore them)
+    languages = [f"src_lang={cfg.data.src_lang}", f"tgt_lang={cfg.data.tgt_lang}"] if reads_languages(
+        teachers, bool(cfg.get("allow_pickle", False))) else []
+    evaluation = compose("evaluate", overrides=[f"ckpts={{{names}}}", *baseline, *languages,
+                                                f"paths.cache_dir={cfg.paths.cache_dir}", "word_frequency=false",
+                                                "reordering=false"])
     with open_dict(evaluation):
         evaluation.paths.output_dir = str(out)
     out.mkdir(parents=True, exist_ok=True)
     evaluate(evaluation)
     log.info("the teacher and the students side by side: %s", out / "comparison.md")
     return out / "comparison.md"
+
+
+def reads_languages(teachers: list, allow_pickle: bool = False) -> bool:
+    """Whether the (first) teacher file reads the source language and writes the target's first (its
+    run config's ``languages``); a CTranslate2 folder is not compared."""
+    from nmt.checkpoints.files import read_checkpoint
+    from nmt.inference.ctranslate2 import is_export
+
+    if is_export(teachers[0]):
+        return False
+    languages = read_checkpoint(teachers[0], allow_pickle).get("run_config", {}).get("languages")
+    return isinstance(languages, dict) and languages.get("target") == "decoder_prefix"
 
 
 main = hydra_command("distill", run_distillation, set_up)  # nmt-distill, python distill.py: nmt/conf/distill.yaml

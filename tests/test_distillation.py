@@ -190,9 +190,11 @@ def test_training_sentences_holding_unicode_line_separators_are_distilled(tmp_pa
 def test_a_teacher_reading_both_languages_is_given_the_corpus_codes(tmp_path):
     """An imported M2M100 teacher (the source code a tag, the target code its first output token)
     translates each training source with ``data.src_lang`` and ``data.tgt_lang``, the corpus's
-    codes in its own code system: the corpus holds what ``translate(src_lang=, tgt_lang=)`` gives;
-    a code the teacher does not know is refused in one line."""
+    codes in its own code system: the corpus holds what ``translate(src_lang=, tgt_lang=)`` gives
+    (and the comparison after the test gives it those codes too); a code the teacher does not know
+    is refused in one line."""
     pytest.importorskip("transformers")
+    import nmt.distill as distillation_compare
     from nmt.checkpoints.files import atomic_save
     from nmt.checkpoints.m2m100 import import_folder
     from tests.test_m2m100 import m2m100_folder
@@ -213,6 +215,7 @@ def test_a_teacher_reading_both_languages_is_given_the_corpus_codes(tmp_path):
     expected = [t.text for t in translator.translate(sources, src_lang="de", tgt_lang="fr")]
     assert read_lines(folder / "train.fr") == expected
     assert expected != [t.text for t in translator.translate(sources, src_lang="de", tgt_lang="zu")]  # the code counts
+    assert distillation_compare.reads_languages([teacher]) and not distillation_compare.reads_languages([TEACHER])
     with pytest.raises(ValueError, match=r"^tgt_lang=xx: unknown language code") as refused:
         distil(config(tmp_path / "xx", *common, "data.tgt_lang=xx"))
     assert "\n" not in str(refused.value)

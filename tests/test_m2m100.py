@@ -811,7 +811,8 @@ def test_multilingual_fine_tuning_writes_the_models_own_codes(folder, tmp_path):
                                                    "data.source.splits.test=test", "data.max_tokens=256",
                                                    f"init_from={folder}", "trainer.max_epochs=-1", "trainer.max_steps=3",
                                                    "trainer.val_check_interval=3", "trainer.check_val_every_n_epoch=null",
-                                                   "data.val_sample=null", "test=false"], cache_dir=tmp_path / "cache")
+                                                   "data.val_sample=null", "optimizer.lr=1e-6", "decoding@test_decoding=greedy"],
+                      cache_dir=tmp_path / "cache")
     train_with_callbacks(cfg, [seen])
     sp = seen.vocab.sp
     codes = {lang: sp.piece_to_id(f"\u2581{tag(lang)}") for lang in ("de", "en", "fr")}
@@ -827,6 +828,13 @@ def test_multilingual_fine_tuning_writes_the_models_own_codes(folder, tmp_path):
     assert seen.refs == 2 * (data / "val.fr").read_text().splitlines()  # de-fr, en-fr: scored without the code
     run = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
     assert run["validation"]["runs"][-1]["sentences"] == 12 and run["steps"] == 3
+    # the run's test forces each target's code as translate.py does: the same outputs (the folder's
+    # random weights, barely moved, do not write the code first by themselves)
+    fp32 = Translator.load(ckpt, device="cpu", workers=1, precision="32",
+                           decoding={"_target_": "nmt.decoding.search.greedy_search"})
+    ours = [t.text for lang in ("de", "en")
+            for t in fp32.translate((data / f"test.{lang}").read_text().splitlines(), src_lang=lang, tgt_lang="fr")]
+    assert (Path(cfg.paths.output_dir) / "test_hyps.txt").read_text().splitlines() == ours and any(ours)
     if importlib.util.find_spec("ctranslate2") is not None:
         from nmt.exporters.ctranslate2 import to_ctranslate2
 

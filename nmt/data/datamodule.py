@@ -505,6 +505,12 @@ class TranslationDataModule(L.LightningDataModule):
             self._raw[split] = (sources, self.untagged_targets(targets))
         return self._raw[split]
 
+    @property
+    def target_prefixed(self) -> bool:
+        """Whether each target starts with its language's code, the decoder's first token
+        (`MultilingualSource(target_language="decoder_prefix")`): forced when decoding."""
+        return bool(getattr(self.source, "target_prefixed", False))
+
     def untagged_targets(self, texts: list[str]) -> list[str]:
         """Target texts as they are scored: a source whose targets start with their language's tag
         (`MultilingualSource(target_language="decoder_prefix")`) has it cut; the texts otherwise."""

@@ -334,16 +334,23 @@ class TranslationModule(L.LightningModule):
     # --- evaluation -----------------------------------------------------------------------
     def _decode(self, batch: dict[str, Any], stage: str) -> None:
         search = self.val_decoding if stage == "val" else self.test_decoding
+        datamodule = self.trainer.datamodule
+        forced = {}
+        if getattr(datamodule, "target_prefixed", False) and "tgt_out" in batch:
+            forced["prefix"] = batch["tgt_out"][:, :1]  # each target language's code, forced as translate.py forces it
         cap = self.hparams.val_len_cap
         if stage == "val" and cap and "tgt_out" in batch:  # stop hypotheses at a * reference length + b (+ EOS)
             ref_len = (batch["tgt_out"] != PAD).sum(1) - 1
-            hyps = search(self.model, batch["src"], batch["src_mask"], max_len=(cap[0] * ref_len + cap[1]).long() + 1)
+            hyps = search(self.model, batch["src"], batch["src_mask"], max_len=(cap[0] * ref_len + cap[1]).long() + 1,
+                          **forced)
         else:
-            hyps = search(self.model, batch["src"], batch["src_mask"])
-        datamodule = self.trainer.datamodule
-        texts = datamodule.tgt_vocab.decode_batch(hyps.tokens)
-        if hasattr(datamodule, "untagged_targets"):  # an output starting with its language's tag is scored without it
-            texts = datamodule.untagged_targets(texts)
+            hyps = search(self.model, batch["src"], batch["src_mask"], **forced)
+        if forced:  # the forced code is cut, as translate.py cuts it
+            texts = datamodule.tgt_vocab.decode_batch([tokens[1:] for tokens in hyps.tokens])
+        else:
+            texts = datamodule.tgt_vocab.decode_batch(hyps.tokens)
+            if hasattr(datamodule, "untagged_targets"):  # an output starting with its language's tag is scored without it
+                texts = datamodule.untagged_targets(texts)
         self._outputs[stage].extend(zip(batch["ids"].tolist(), texts))
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
