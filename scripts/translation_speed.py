@@ -2,7 +2,7 @@
 
     python scripts/translation_speed.py --input $NMT_DATA_DIR/multi30k/test_2016_flickr.de \
         --model teacher=<run>/checkpoints/last.ckpt --model student=<run>/checkpoints/last.ckpt \
-        [--lines 1000] [--beam 5] [--model-beam student=1] [--out speed.json]
+        [--lines 1000] [--beam 5] [--model-beam student=1] [--out speed.json] [--src-lang deu_Latn --tgt-lang fra_Latn]
 
 For each model, on the first ``--lines`` input lines: its parameter count, and the seconds to
 translate them with beam search (``--beam``, or ``--model-beam NAME=K`` for one model: 1 is greedy
@@ -10,6 +10,9 @@ search; the run's own length penalty) on one thread:
 the torch backend in fp32 (``Translator``, batches of 2,048 source tokens), and, when
 ``ctranslate2`` is installed and the model exports, CTranslate2 with int8 weights (exported into a
 temporary folder). Each timing is the best of ``--repeats`` runs, after one warm-up batch.
+A model that reads the source language and writes the target's first (an imported M2M100,
+NLLB-200 or mBART-50, or a run fine-tuned from one) translates with ``--src-lang`` and
+``--tgt-lang``, its codes; the other models ignore them.
 Prints and writes the numbers as JSON, with each one's ratio to the first model.
 """
 
@@ -41,6 +44,8 @@ def main() -> None:
     parser.add_argument("--model-beam", action="append", default=[], help="name=K: this model's beam size (1: greedy)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--src-lang", default=None, help="the source language's code, for models that read it")
+    parser.add_argument("--tgt-lang", default=None, help="the target language's code, for models that read both")
     args = parser.parse_args()
 
     import torch
@@ -67,9 +72,10 @@ def main() -> None:
         decoding = ({"_target_": "nmt.decoding.search.greedy_search"} if beam == 1 else
                     {"_target_": "nmt.decoding.search.beam_search", "beam_size": beam, "alpha": alpha})
         translator = Translator.load(path, device="cpu", precision="32", decoding=decoding, max_tokens=2048, workers=1)
-        translator.translate(lines[:16])  # warm-up
+        languages = {"src_lang": args.src_lang, "tgt_lang": args.tgt_lang} if translator.decoder_languages else {}
+        translator.translate(lines[:16], **languages)  # warm-up
         row = {"ckpt": path, "beam": beam, "parameters": sum(p.numel() for p in {id(p): p for p in loaded.model.parameters()}.values()),
-               "torch_fp32_s": round(best_of(args.repeats, lambda: translator.translate(lines)), 2)}
+               "torch_fp32_s": round(best_of(args.repeats, lambda: translator.translate(lines, **languages)), 2)}
         try:
             from nmt.exporters.ctranslate2 import to_ctranslate2
             from nmt.inference.ctranslate2 import CTranslate2Translator
@@ -85,8 +91,8 @@ def main() -> None:
                 else:
                     ct2 = CTranslate2Translator(folder, decoding, device="cpu", max_tokens=2048, workers=1,
                                                 intra_threads=1)
-                    ct2.translate(lines[:16])
-                    row["ctranslate2_int8_s"] = round(best_of(args.repeats, lambda: ct2.translate(lines)), 2)
+                    ct2.translate(lines[:16], **languages)
+                    row["ctranslate2_int8_s"] = round(best_of(args.repeats, lambda: ct2.translate(lines, **languages)), 2)
         results[name] = row
         print(name, row, flush=True)
     first = next(iter(results.values()))
