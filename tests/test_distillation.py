@@ -187,6 +187,7 @@ def test_training_sentences_holding_unicode_line_separators_are_distilled(tmp_pa
 
 
 
+@pytest.mark.slow  # an M2M100 folder built, imported and translating the corpus
 def test_a_teacher_reading_both_languages_is_given_the_corpus_codes(tmp_path):
     """An imported M2M100 teacher (the source code a tag, the target code its first output token)
     translates each training source with ``data.src_lang`` and ``data.tgt_lang``, the corpus's

@@ -111,7 +111,11 @@ def load_hf(folder: Path, family: str):
     return kind.from_pretrained(folder).eval(), tokenizer
 
 
-@pytest.fixture(scope="module", params=list(PAIRS))
+# M2M100 in the default tier; NLLB-200 and mBART-50, the same checks on their folders, in the slow tier
+FAMILIES = ["m2m100", *(pytest.param(family, marks=pytest.mark.slow) for family in PAIRS if family != "m2m100")]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
 def pair(request, tmp_path_factory):
     """(their model, their tokenizer, our Loaded, the folder, the family) of an M2M100, an NLLB-200
     and an mBART-50 folder."""
