@@ -4,8 +4,9 @@ with frozen parts (``module.freeze``) and with low-rank adapters (``module.lora`
     OMP_NUM_THREADS=1 python scripts/finetune_memory.py [--steps 3] [--warmup 1] [--batch 8] [--length 32]
 
 The model is nmt's Transformer as ``nmt-import`` builds it from an ``M2M100ForConditionalGeneration``
-folder (``nmt.checkpoints.marian.model_config``: pre-norm, fairseq's sinusoids, a logits bias, one
-embedding shared by encoder, decoder and output layer), with NLLB-200-distilled-600M's sizes:
+folder (``nmt.checkpoints.marian.model_config``: pre-norm, fairseq's sinusoids, one embedding
+shared by encoder, decoder and output layer, the decoder starting from ``</s>``'s row and no logits
+bias: ``start_from_eos``), with NLLB-200-distilled-600M's sizes:
 d_model 1024, 12 + 12 layers, 16 heads, feed-forward 4096, 256,206 pieces; random weights (no
 folder is read). Each configuration runs in a process of its own: the model is built, the
 ``TranslationModule`` applies the configuration (``nmt.training.trainable``), and Adam (the
@@ -86,7 +87,9 @@ def build(name: str, seed: int = 0):
 
     torch.manual_seed(seed)
     freeze, lora = CONFIGS[name]
-    model = instantiate_model(model_config(NLLB_600M, VOCAB, VOCAB, shared=True, tied=True)).set_kernels("auto")
+    config = model_config(NLLB_600M, VOCAB, VOCAB, shared=True, tied=True)
+    config["decoder"].update(start_from_eos=True, logits_bias=False)  # as nmt.checkpoints.m2m100 imports NLLB-200
+    model = instantiate_model(config).set_kernels("auto")
     return TranslationModule(model, functools.partial(torch.optim.Adam, lr=1e-4), freeze=freeze, lora=lora)
 
 
