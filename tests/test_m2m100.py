@@ -509,7 +509,7 @@ def test_ctranslate2_export_starts_the_decoder_from_the_row_ours_reads(pair, tmp
     assert same >= 39 and (moved == 0 if reads_eos else moved >= 3)
 
 
-@pytest.mark.parametrize("family", ["m2m100", "mbart"])
+@pytest.mark.parametrize("family", ["m2m100", pytest.param("mbart", marks=pytest.mark.slow)])  # a training run each
 def test_ctranslate2_export_of_a_run_fine_tuned_on_one_direction(family, tmp_path):
     """``train.py init_from=<folder>`` on the tiny corpus (one direction, no ``languages`` record: its
     codes are source tags, as a multilingual nmt model's) moves ``</s>``'s row, which its decoder reads for BOS;
@@ -924,7 +924,7 @@ def exported_as_ours(tuned, base, out: Path, family: str) -> dict:
     return found
 
 
-@pytest.mark.parametrize("family", ["m2m100", pytest.param("nllb", marks=pytest.mark.slow), "mbart"])
+@pytest.mark.parametrize("family", ["m2m100", *(pytest.param(f, marks=pytest.mark.slow) for f in ("nllb", "mbart"))])
 def test_a_fine_tuned_model_exports_to_the_class_it_came_from(family, tmp_path):
     """``train.py init_from=<folder>`` trains the imported model as the class computes it (its
     decoder starts from ``</s>``'s row, BOS never an output: ``start_from_eos``; M2M100 without a

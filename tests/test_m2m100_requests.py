@@ -209,7 +209,7 @@ def direction_corpus(folder: Path) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("target_language", ["source_tag", "decoder_prefix"])
+@pytest.mark.parametrize("target_language", [pytest.param("source_tag", marks=pytest.mark.slow), "decoder_prefix"])
 def test_evaluate_translates_each_direction_with_its_own_languages(folder, tmp_path, capsys, target_language):
     """``evaluate.py`` on a test split of two directions (de-fr, en-zu; the split tagged either way):
     each pair is translated with its direction's src_lang and tgt_lang, as translate.py translates that
